@@ -1,0 +1,1 @@
+"""Gemini's contracts: the θ specification and the agent↔Booster protobuf API."""

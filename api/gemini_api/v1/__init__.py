@@ -1,0 +1,1 @@
+"""Version 1 of the agent↔Booster API (protobuf package ``gemini.booster.v1``)."""

@@ -1,0 +1,1 @@
+"""Booster: the contextual Bayesian-optimisation control plane for Fusion's θ."""

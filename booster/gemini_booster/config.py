@@ -1,0 +1,62 @@
+"""Booster's typed settings: environment variables ``GEMINI_BOOSTER_*`` over an optional TOML file.
+
+Defaults are safe for a single machine: embedded PostgreSQL under ``data_dir``, loopback-only
+listeners, and no credential that is not created on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+CONFIG_FILE_ENV = "GEMINI_BOOSTER_CONFIG"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GEMINI_BOOSTER_", extra="forbid")
+
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="postgresql+psycopg://… of an external PostgreSQL; unset = embedded server",
+    )
+    data_dir: Path = Field(
+        default=Path("var/booster"), description="embedded PostgreSQL lives here"
+    )
+    grpc_listen: str = "127.0.0.1:50051"
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    grpc_workers: int = Field(default=32, ge=1, le=512)
+    max_report_bytes: int = Field(default=1 << 20, ge=1024)
+    max_aggregates_per_report: int = Field(default=4096, ge=1)
+    ingest_batch_max: int = Field(default=256, ge=1)
+    ingest_linger_ms: float = Field(default=2.0, ge=0)
+    refit_interval_s: float = Field(default=10.0, gt=0)
+    refresh_after_s: int = Field(default=300, ge=1)
+    bootstrap_operator_token: SecretStr | None = Field(
+        default=None, description="if set, an operator token with this value exists at start"
+    )
+    bootstrap_agent_token: SecretStr | None = None
+    log_level: str = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = os.environ.get(CONFIG_FILE_ENV)
+        if path:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)

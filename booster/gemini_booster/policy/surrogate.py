@@ -1,0 +1,113 @@
+"""The Gaussian-process surrogate f(θ, h) on scikit-optimize's GP and search space.
+
+θ is encoded by scikit-optimize's ``Space`` (Integer dimensions in spec units, so Table III's
+granularity holds by construction, normalised to [0, 1]); the context by integer codes that the
+``ContextKernel`` compares. Observation noise is per trial (``alpha``): var(utility)/flows.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from gemini_api.theta import ThetaSpec
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.gaussian_process.kernels import ConstantKernel, Matern
+from skopt.learning import GaussianProcessRegressor
+from skopt.space import Integer, Space
+
+from .kernels import ContextKernel, OnColumns
+
+CONTEXT_ATTRIBUTES = ("src_region", "src_isp", "dst_region", "dst_isp", "time_block")
+JITTER = 1e-6
+
+
+class ThetaSpace:
+    """θ in spec units ↔ points in [0, 1]^d; parameters pinned by the bounds are not searched."""
+
+    def __init__(self, spec: ThetaSpec, bounds: Mapping[str, tuple[int, int]]):
+        self.names = spec.names
+        self.fixed = {n: bounds[n][0] for n in self.names if bounds[n][0] == bounds[n][1]}
+        self.free = tuple(n for n in self.names if n not in self.fixed)
+        self.space = Space(
+            [Integer(bounds[n][0], bounds[n][1], name=n, transform="normalize") for n in self.free]
+        )
+
+    @property
+    def dims(self) -> int:
+        return len(self.free)
+
+    def sample(self, n: int, rng: np.random.Generator) -> list[dict[str, int]]:
+        seed = int(rng.integers(2**31 - 1))
+        return [self.theta(row) for row in self.space.rvs(n, random_state=seed)]
+
+    def theta(self, free_values: Sequence[int]) -> dict[str, int]:
+        values = dict(zip(self.free, (int(v) for v in free_values), strict=True))
+        return {n: values.get(n, self.fixed.get(n)) for n in self.names}
+
+    def encode(self, thetas: Sequence[Mapping[str, int]]) -> np.ndarray:
+        rows = [[t[n] for n in self.free] for t in thetas]
+        return np.asarray(self.space.transform(rows), dtype=float).reshape(len(rows), self.dims)
+
+    def decode(self, points: np.ndarray) -> list[dict[str, int]]:
+        clipped = np.clip(points, 0.0, 1.0)
+        return [self.theta(row) for row in self.space.inverse_transform(clipped)]
+
+
+def make_kernel(theta_dims: int, context_dims: int) -> ConstantKernel:
+    matern = Matern(length_scale=np.full(theta_dims, 0.5), length_scale_bounds=(0.02, 20.0), nu=2.5)
+    amplitude = ConstantKernel(1.0, (1e-2, 1e2))
+    if context_dims == 0:
+        return amplitude * matern
+    theta_cols = tuple(range(theta_dims))
+    ctx_cols = tuple(range(theta_dims, theta_dims + context_dims))
+    context = ContextKernel(weights=(0.1,) * (context_dims + 1))
+    return amplitude * OnColumns(matern, theta_cols) * OnColumns(context, ctx_cols)
+
+
+@dataclass
+class FittedSurrogate:
+    """A GP fit on the normalised *loss* −(f − mean)/std, the form scikit-optimize's acquisition
+    functions minimise, plus the scaling that maps it back to utility units."""
+
+    gp: GaussianProcessRegressor
+    y_mean: float
+    y_std: float
+
+    def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mu, sd = self.gp.predict(X, return_std=True)
+        return self.y_mean - mu * self.y_std, sd * self.y_std
+
+    def to_loss(self, utility: np.ndarray | float) -> np.ndarray | float:
+        return (self.y_mean - utility) / self.y_std
+
+
+def fit_surrogate(
+    X: np.ndarray,
+    y: np.ndarray,
+    noise_var: np.ndarray,
+    context_dims: int,
+    seed: int,
+    warm_kernel=None,
+) -> FittedSurrogate:
+    """Fit on utilities (maximised); a warm kernel from the last refit saves optimiser restarts."""
+    y_mean = float(np.mean(y))
+    y_std = float(np.std(y)) or 1.0
+    loss = (y_mean - y) / y_std
+    alpha = noise_var / (y_std * y_std) + JITTER
+    kernel = warm_kernel or make_kernel(X.shape[1] - context_dims, context_dims)
+    gp = GaussianProcessRegressor(
+        kernel=kernel,
+        alpha=alpha,
+        normalize_y=False,
+        n_restarts_optimizer=0 if warm_kernel is not None else 2,
+        random_state=seed,
+    )
+    with warnings.catch_warnings():
+        # Length scales at their bounds are expected (a θ parameter that does not matter in
+        # a context); they are not a failed fit.
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        gp.fit(X, loss)
+    return FittedSurrogate(gp=gp, y_mean=y_mean, y_std=y_std)

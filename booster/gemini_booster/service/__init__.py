@@ -1,0 +1,1 @@
+"""Booster's front doors: gRPC for agents, REST for operators, Prometheus metrics."""

@@ -1,0 +1,102 @@
+"""Assembling a running Booster: database, migrations, credentials, core, gRPC and REST."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+import grpc
+import uvicorn
+from sqlalchemy import Engine
+
+from ..config import Settings
+from ..storage import database
+from ..storage import repository as repo
+from .auth import TokenAuthority
+from .core import Booster
+from .grpc_server import build_server
+from .rest import create_app
+
+log = logging.getLogger(__name__)
+
+
+def database_url(settings: Settings) -> str:
+    if settings.database_url is not None:
+        return settings.database_url.get_secret_value()
+    return database.start_embedded(settings.data_dir / "postgres")
+
+
+def bootstrap_tokens(engine: Engine, settings: Settings) -> None:
+    for name, role, value in (
+        ("bootstrap-operator", "operator", settings.bootstrap_operator_token),
+        ("bootstrap-agent", "agent", settings.bootstrap_agent_token),
+    ):
+        if value is not None:
+            repo.ensure_token(engine, name, role, value.get_secret_value())
+
+
+@dataclass
+class BoosterServer:
+    """A whole Booster in this process; ``start`` returns once both ports are listening."""
+
+    settings: Settings
+    engine: Engine | None = None
+    booster: Booster | None = None
+    grpc_server: grpc.Server | None = None
+    grpc_port: int = 0
+    http_port: int = 0
+    _uvicorn: uvicorn.Server | None = None
+    _http_thread: threading.Thread | None = field(default=None, repr=False)
+
+    def start(self) -> BoosterServer:
+        s = self.settings
+        self.engine = database.make_engine(database_url(s))
+        database.migrate(self.engine)
+        bootstrap_tokens(self.engine, s)
+        self.booster = Booster(self.engine, s)
+        self.booster.start()
+        auth = TokenAuthority(self.engine)
+        self.grpc_server, self.grpc_port = build_server(
+            self.booster, auth, s.grpc_listen, s.grpc_workers, s.max_report_bytes
+        )
+        self.grpc_server.start()
+        config = uvicorn.Config(
+            create_app(self.booster, auth),
+            host=s.http_host,
+            port=s.http_port,
+            log_level="warning",
+            access_log=False,
+        )
+        self._uvicorn = uvicorn.Server(config)
+        self._http_thread = threading.Thread(target=self._uvicorn.run, name="http", daemon=True)
+        self._http_thread.start()
+        while not self._uvicorn.started:
+            if not self._http_thread.is_alive():
+                raise RuntimeError(f"REST API could not start on {s.http_host}:{s.http_port}")
+            threading.Event().wait(0.02)
+        self.http_port = self._uvicorn.servers[0].sockets[0].getsockname()[1]
+        log.info(
+            "Booster serving: gRPC on port %d, REST on http://%s:%d",
+            self.grpc_port,
+            s.http_host,
+            self.http_port,
+        )
+        return self
+
+    def stop(self) -> None:
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+            self._http_thread.join(timeout=10)
+        if self.grpc_server is not None:
+            self.grpc_server.stop(grace=2).wait()
+        if self.booster is not None:
+            self.booster.stop()
+        if self.engine is not None:
+            self.engine.dispose()
+
+    def __enter__(self) -> BoosterServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

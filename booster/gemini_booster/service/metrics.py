@@ -1,0 +1,69 @@
+"""Booster's Prometheus metrics, on a registry of its own so that several instances (tests,
+benchmarks) can live in one process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+REFIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.reports = Counter(
+            "gemini_booster_reports",
+            "Agent reports by outcome (accepted, duplicate, rejected)",
+            ["outcome", "reason"],
+            registry=r,
+        )
+        self.aggregates = Counter(
+            "gemini_booster_aggregates_stored", "Aggregates stored", registry=r
+        )
+        self.grpc_latency = Histogram(
+            "gemini_booster_grpc_request_seconds",
+            "gRPC request latency",
+            ["method", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.http_latency = Histogram(
+            "gemini_booster_http_request_seconds",
+            "REST request latency",
+            ["method", "route", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ingest_batch = Histogram(
+            "gemini_booster_ingest_batch_reports",
+            "Reports per ingestion transaction",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=r,
+        )
+        self.refit_seconds = Histogram(
+            "gemini_booster_refit_seconds",
+            "Model refit duration per policy",
+            ["policy"],
+            buckets=REFIT_BUCKETS,
+            registry=r,
+        )
+        self.model_points = Gauge(
+            "gemini_booster_model_points",
+            "Trials the policy's model was last fit on",
+            ["policy"],
+            registry=r,
+        )
+        self.best_utility = Gauge(
+            "gemini_booster_best_utility",
+            "Predicted eq. 9 utility of the incumbent θ",
+            ["policy", "context"],
+            registry=r,
+        )
+        self.auth_failures = Counter(
+            "gemini_booster_auth_failures",
+            "Requests refused for their credential",
+            ["api", "reason"],
+            registry=r,
+        )

@@ -1,0 +1,189 @@
+"""Checks on every received report, all before anything is stored.
+
+A report is accepted whole or not at all, so every check runs first and every problem is named
+with its field path (``aggregates[3].theta.mult_decrease: …``). Statistics must be finite and
+physically possible: sums of squares can't be smaller than Cauchy–Schwarz allows, slow flows
+can't outnumber flows, size buckets must add up to the flow count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from datetime import UTC, datetime
+
+from gemini_api import sketch as sketches
+from gemini_api.theta import ThetaSpec
+from gemini_api.v1 import booster_pb2 as pb
+from google.protobuf import unknown_fields
+from google.protobuf.message import Message
+
+from ..models import Policy
+from ..storage.ingest import AggregateRow, ContextKey, ReportRow
+
+MAX_ID_LEN = 128
+MAX_LABEL_LEN = 64
+MAX_INTERVAL_MS = 24 * 3600 * 1000
+SIZE_BUCKETS = 5
+REL_TOL = 1e-6
+
+
+class InvalidReport(ValueError):
+    """Every problem found, one per line, each starting with its field path."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+    @property
+    def reason(self) -> str:
+        return "unknown_policy" if self.problems[0].startswith("policy:") else "invalid"
+
+
+def unknown_field_paths(msg: Message, path: str = "") -> list[str]:
+    """Field numbers the schema does not know, anywhere in ``msg`` (e.g. from a newer client)."""
+    found = [
+        f"{path or 'request'}: unknown field number {f.field_number}"
+        for f in unknown_fields.UnknownFieldSet(msg)
+    ]
+    for field, value in msg.ListFields():
+        if field.message_type is None:
+            continue
+        children = value if field.is_repeated else [value]
+        for i, child in enumerate(children):
+            sub = f"{path}.{field.name}" if path else field.name
+            found += unknown_field_paths(child, f"{sub}[{i}]" if field.is_repeated else sub)
+    return found
+
+
+def _label(value: str, path: str, problems: list[str]) -> None:
+    if not value:
+        problems.append(f"{path}: empty (use 'unknown')")
+    elif len(value) > MAX_LABEL_LEN or not value.isprintable():
+        problems.append(f"{path}: not a printable label of at most {MAX_LABEL_LEN} characters")
+
+
+def context_key(ctx: pb.Context, path: str, problems: list[str]) -> ContextKey:
+    for name in ("src_region", "src_isp", "dst_region", "dst_isp"):
+        _label(getattr(ctx, name), f"{path}.{name}", problems)
+    if ctx.hour > 23:
+        problems.append(f"{path}.hour: {ctx.hour} is not an hour of the day (0..23)")
+    return (ctx.src_region, ctx.src_isp, ctx.dst_region, ctx.dst_isp, ctx.hour)
+
+
+def theta_dict(theta: pb.Theta, spec: ThetaSpec) -> dict[str, int]:
+    return {n: getattr(theta, n) for n in spec.names}
+
+
+def _moments(a: pb.Aggregate, path: str, problems: list[str]) -> None:
+    n = a.flow_count
+    stats = {
+        "throughput_mbps_sum": a.throughput_mbps_sum,
+        "throughput_mbps_sq_sum": a.throughput_mbps_sq_sum,
+        "queue_delay_ms_sum": a.queue_delay_ms_sum,
+        "queue_delay_ms_sq_sum": a.queue_delay_ms_sq_sum,
+        "throughput_queue_delay_sum": a.throughput_queue_delay_sum,
+    }
+    bad = False
+    for name, v in stats.items():
+        if not math.isfinite(v):
+            problems.append(f"{path}.{name}: {v} is not finite")
+            bad = True
+        elif v < 0:
+            problems.append(f"{path}.{name}: {v} is negative")
+            bad = True
+    if bad or n == 0:
+        return
+    for total, squares in (
+        ("throughput_mbps_sum", "throughput_mbps_sq_sum"),
+        ("queue_delay_ms_sum", "queue_delay_ms_sq_sum"),
+    ):
+        if stats[squares] * (1 + REL_TOL) + 1e-9 < stats[total] ** 2 / n:
+            problems.append(f"{path}.{squares}: smaller than ({total})²/flow_count allows")
+
+
+def aggregate_row(
+    a: pb.Aggregate, path: str, spec: ThetaSpec, policy: Policy, problems: list[str]
+) -> AggregateRow | None:
+    start = len(problems)
+    if not a.HasField("theta"):
+        problems.append(f"{path}.theta: missing")
+        theta = None
+    else:
+        theta = theta_dict(a.theta, spec)
+        problems += [f"{path}.theta.{v}" for v in spec.violations(theta, policy.resolved_bounds())]
+    if not a.HasField("context"):
+        problems.append(f"{path}.context: missing")
+    ctx = context_key(a.context, f"{path}.context", problems)
+    if a.flow_count == 0:
+        problems.append(f"{path}.flow_count: must be at least 1")
+    _moments(a, path, problems)
+    if a.slow_flow_count > a.flow_count:
+        problems.append(f"{path}.slow_flow_count: {a.slow_flow_count} > flow_count {a.flow_count}")
+    buckets = tuple(a.size_bucket_counts)
+    if buckets and (len(buckets) != SIZE_BUCKETS or sum(buckets) != a.flow_count):
+        problems.append(
+            f"{path}.size_bucket_counts: need {SIZE_BUCKETS} counts adding up to flow_count"
+        )
+    problems += [
+        f"{path}.throughput_sketch: {e}" for e in sketches.sketch_errors(a.throughput_sketch)
+    ]
+    if len(problems) > start or theta is None:
+        return None
+    return AggregateRow(
+        context=ctx,
+        theta_key=spec.key(theta),
+        theta_version=a.theta_version,
+        flow_count=a.flow_count,
+        tpt_sum=a.throughput_mbps_sum,
+        tpt_sq_sum=a.throughput_mbps_sq_sum,
+        delay_sum=a.queue_delay_ms_sum,
+        delay_sq_sum=a.queue_delay_ms_sq_sum,
+        tpt_delay_sum=a.throughput_queue_delay_sum,
+        slow_flows=a.slow_flow_count,
+        size_buckets=buckets or (0,) * SIZE_BUCKETS,
+        sketch=a.throughput_sketch.SerializeToString(deterministic=True),
+    )
+
+
+def _identity(req: pb.ReportRequest, max_aggregates: int, problems: list[str]) -> None:
+    for name in ("report_id", "host_id"):
+        v = getattr(req, name)
+        if not v or len(v) > MAX_ID_LEN or not v.isprintable():
+            problems.append(f"{name}: need a printable id of 1..{MAX_ID_LEN} characters")
+    s, e = req.interval_start_unix_ms, req.interval_end_unix_ms
+    if not 0 < s < e or e - s > MAX_INTERVAL_MS:
+        problems.append("interval_end_unix_ms: interval must be positive, end after start, ≤ 1 day")
+    if not req.aggregates:
+        problems.append("aggregates: empty report")
+    elif len(req.aggregates) > max_aggregates:
+        problems.append(f"aggregates: {len(req.aggregates)} > {max_aggregates} per report")
+
+
+def report_row(
+    raw: bytes,
+    req: pb.ReportRequest,
+    spec: ThetaSpec,
+    policies: dict[str, Policy],
+    max_aggregates: int,
+) -> ReportRow:
+    problems = unknown_field_paths(req)
+    _identity(req, max_aggregates, problems)
+    policy = policies.get(req.policy)
+    if policy is None:
+        raise InvalidReport([f"policy: unknown policy {req.policy!r}", *problems])
+    rows = [
+        aggregate_row(a, f"aggregates[{i}]", spec, policy, problems)
+        for i, a in enumerate(req.aggregates[:max_aggregates])
+    ]
+    if problems:
+        raise InvalidReport(problems)
+    return ReportRow(
+        report_id=req.report_id,
+        digest=hashlib.sha256(raw).digest(),
+        host_id=req.host_id,
+        policy_id=policy.id,
+        interval_start=datetime.fromtimestamp(req.interval_start_unix_ms / 1000, UTC),
+        interval_end=datetime.fromtimestamp(req.interval_end_unix_ms / 1000, UTC),
+        aggregates=tuple(r for r in rows if r is not None),
+    )

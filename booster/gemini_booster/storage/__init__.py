@@ -1,0 +1,1 @@
+"""Booster's datastore: PostgreSQL through SQLAlchemy, embedded (pgserver) or by URL."""

@@ -1,0 +1,295 @@
+"""Reads and writes of everything but the ingestion hot path (see ``ingest.py``)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from ..models import Policy, PolicyCreate, PolicyFields, PolicyUpdate
+from .ingest import ContextKey
+from .schema import ApiToken, AuditEntry, Context, Plan, ReportAggregate, Trial
+from .schema import Policy as PolicyRow
+
+ROLES = ("agent", "operator", "viewer")
+TOKEN_PREFIX = "gmn_"
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Conflict(Exception):
+    pass
+
+
+def _policy(row) -> Policy:
+    """A ``policies`` row (as a mapping) → the domain model; stored bounds are kept only when
+    custom, because named regions always follow the θ spec."""
+    fields = {k: row[k] for k in Policy.model_fields if k in row}
+    if row["region"] != "custom":
+        fields["bounds"] = None
+    return Policy(**fields)
+
+
+def _select_policy(conn: Connection, *where):
+    return conn.execute(select(PolicyRow.__table__).where(*where)).mappings().one_or_none()
+
+
+def audit(conn: Connection, actor: str, action: str, target: str, detail: dict) -> None:
+    conn.execute(
+        pg_insert(AuditEntry).values(actor=actor, action=action, target=target, detail=detail)
+    )
+
+
+def create_policy(engine: Engine, spec: PolicyCreate, actor: str) -> Policy:
+    values = spec.model_dump()
+    values["bounds"] = spec.resolved_bounds()
+    with engine.begin() as conn:
+        new_id = conn.execute(
+            pg_insert(PolicyRow)
+            .values(**values, revision=1)
+            .on_conflict_do_nothing(index_elements=["name"])
+            .returning(PolicyRow.id)
+        ).scalar_one_or_none()
+        if new_id is None:
+            raise Conflict(f"policy {spec.name!r} exists")
+        audit(conn, actor, "policy.create", spec.name, spec.model_dump(mode="json"))
+        return _policy(_select_policy(conn, PolicyRow.id == new_id))
+
+
+def update_policy(engine: Engine, name: str, change: PolicyUpdate, actor: str) -> Policy:
+    with engine.begin() as conn:
+        row = (
+            conn.execute(
+                select(PolicyRow.__table__).where(PolicyRow.name == name).with_for_update()
+            )
+            .mappings()
+            .one_or_none()
+        )
+        if row is None:
+            raise NotFound(f"policy {name!r}")
+        merged = _policy(row).model_dump(exclude={"id", "name", "revision"})
+        merged.update(change.model_dump(exclude_unset=True))
+        if merged["region"] != "custom":
+            merged["bounds"] = None
+        checked = PolicyFields.model_validate(merged)  # whole-policy rules, e.g. bounds ⊆ Θ'
+        values = checked.model_dump()
+        values["bounds"] = checked.resolved_bounds()
+        conn.execute(
+            update(PolicyRow)
+            .where(PolicyRow.id == row["id"])
+            .values(**values, revision=row["revision"] + 1, updated_at=func.now())
+        )
+        audit(
+            conn, actor, "policy.update", name, change.model_dump(mode="json", exclude_unset=True)
+        )
+        return _policy(_select_policy(conn, PolicyRow.id == row["id"]))
+
+
+def list_policies(engine: Engine) -> list[Policy]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(PolicyRow.__table__).order_by(PolicyRow.id)).mappings()
+        return [_policy(r) for r in rows]
+
+
+def get_policy(engine: Engine, name: str) -> Policy:
+    with engine.connect() as conn:
+        row = _select_policy(conn, PolicyRow.name == name)
+    if row is None:
+        raise NotFound(f"policy {name!r}")
+    return _policy(row)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    context_id: int
+    theta_key: str
+    flow_count: int
+    tpt_sum: float
+    tpt_sq_sum: float
+    delay_sum: float
+    delay_sq_sum: float
+    tpt_delay_sum: float
+    slow_flows: int
+    report_count: int
+    last_seen: datetime
+
+
+def load_trials(
+    engine: Engine, policy_id: int, history: timedelta | None = None
+) -> list[TrialRecord]:
+    q = select(
+        Trial.context_id,
+        Trial.theta_key,
+        Trial.flow_count,
+        Trial.tpt_sum,
+        Trial.tpt_sq_sum,
+        Trial.delay_sum,
+        Trial.delay_sq_sum,
+        Trial.tpt_delay_sum,
+        Trial.slow_flows,
+        Trial.report_count,
+        Trial.last_seen,
+    ).where(Trial.policy_id == policy_id)
+    if history is not None:
+        q = q.where(Trial.last_seen >= func.now() - history)
+    with engine.connect() as conn:
+        return [TrialRecord(*r) for r in conn.execute(q.order_by(Trial.id))]
+
+
+def trial_sketches(engine: Engine, policy_id: int, context_id: int, theta_key: str) -> list[bytes]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                select(ReportAggregate.sketch).where(
+                    ReportAggregate.policy_id == policy_id,
+                    ReportAggregate.context_id == context_id,
+                    ReportAggregate.theta_key == theta_key,
+                )
+            ).scalars()
+        )
+
+
+def load_contexts(engine: Engine) -> dict[int, ContextKey]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                Context.id,
+                Context.src_region,
+                Context.src_isp,
+                Context.dst_region,
+                Context.dst_isp,
+                Context.hour,
+            )
+        )
+        return {r[0]: tuple(r[1:]) for r in rows}
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    policy_id: int
+    context_id: int
+    plan_version: int
+    incumbent_key: str
+    incumbent_utility: float | None
+    candidate_keys: tuple[str, ...]
+
+
+def save_plans(engine: Engine, plans: list[PlanRecord]) -> None:
+    if not plans:
+        return
+    stmt = pg_insert(Plan).values(
+        [
+            {
+                "policy_id": p.policy_id,
+                "context_id": p.context_id,
+                "plan_version": p.plan_version,
+                "incumbent_key": p.incumbent_key,
+                "incumbent_utility": p.incumbent_utility,
+                "candidate_keys": list(p.candidate_keys),
+            }
+            for p in plans
+        ]
+    )
+    with engine.begin() as conn:
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["policy_id", "context_id"],
+                set_={
+                    c: getattr(stmt.excluded, c)
+                    for c in (
+                        "plan_version",
+                        "incumbent_key",
+                        "incumbent_utility",
+                        "candidate_keys",
+                    )
+                }
+                | {"updated_at": func.now()},
+            )
+        )
+
+
+def load_plans(engine: Engine) -> list[PlanRecord]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                Plan.policy_id,
+                Plan.context_id,
+                Plan.plan_version,
+                Plan.incumbent_key,
+                Plan.incumbent_utility,
+                Plan.candidate_keys,
+            )
+        )
+        return [PlanRecord(r[0], r[1], r[2], r[3], r[4], tuple(r[5])) for r in rows]
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(engine: Engine, name: str, role: str, actor: str, value: str | None = None) -> str:
+    """Create a credential and return it; only its hash is kept, so it is shown this once."""
+    if role not in ROLES:
+        raise ValueError(f"role {role!r}: expected one of {ROLES}")
+    token = value or TOKEN_PREFIX + secrets.token_urlsafe(32)
+    with engine.begin() as conn:
+        row = conn.execute(
+            pg_insert(ApiToken)
+            .values(name=name, role=role, token_sha256=hash_token(token), revoked=False)
+            .on_conflict_do_nothing()
+            .returning(ApiToken.id)
+        ).scalar_one_or_none()
+        if row is None:
+            raise Conflict(f"a token named {name!r} (or with that value) exists")
+        audit(conn, actor, "token.create", name, {"role": role})
+    return token
+
+
+def ensure_token(engine: Engine, name: str, role: str, value: str) -> None:
+    """Idempotent bootstrap of a configured credential (no-op when it is already there)."""
+    with engine.begin() as conn:
+        conn.execute(
+            pg_insert(ApiToken)
+            .values(
+                name=name,
+                role=role,
+                token_sha256=hash_token(value),
+                revoked=False,
+            )
+            .on_conflict_do_nothing()
+        )
+
+
+def revoke_token(engine: Engine, name: str, actor: str) -> None:
+    with engine.begin() as conn:
+        n = conn.execute(
+            update(ApiToken).where(ApiToken.name == name).values(revoked=True)
+        ).rowcount
+        if not n:
+            raise NotFound(f"token {name!r}")
+        audit(conn, actor, "token.revoke", name, {})
+
+
+def lookup_tokens(engine: Engine) -> dict[str, tuple[str, str]]:
+    """sha256 → (name, role) for every live token; the auth layer caches this."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(ApiToken.token_sha256, ApiToken.name, ApiToken.role).where(
+                ApiToken.revoked.is_(False)
+            )
+        )
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def audit_entries(engine: Engine, limit: int = 100) -> list[dict]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(AuditEntry.__table__).order_by(AuditEntry.id.desc()).limit(limit)
+        ).mappings()
+        return [{**r, "at": r["at"].isoformat()} for r in rows]

@@ -1,0 +1,180 @@
+"""Booster's PostgreSQL schema (SQLAlchemy 2). Alembic migrations in ``migrations/`` create it.
+
+Raw aggregates are kept exactly as agents sent them; ``trials`` folds them into running sums per
+(policy, context, θ). Because eq. 9 is linear in the sums, a change of σ recomputes utilities
+from ``trials`` without collecting anything again.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Double,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def _now() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
+
+
+class Policy(Base):
+    """An operator's optimisation goal: σ, the θ region, the CC, and how to explore."""
+
+    __tablename__ = "policies"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    sigma: Mapped[float] = mapped_column(Double, nullable=False)
+    region: Mapped[str] = mapped_column(String(16), nullable=False)
+    bounds: Mapped[dict] = mapped_column(JSONB, nullable=False)
+    target_cc: Mapped[str] = mapped_column(String(32), nullable=False)
+    exploration_share: Mapped[float] = mapped_column(Double, nullable=False)
+    mode: Mapped[str] = mapped_column(String(16), nullable=False)
+    acq_func: Mapped[str] = mapped_column(String(16), nullable=False)
+    n_initial_points: Mapped[int] = mapped_column(Integer, nullable=False)
+    time_buckets: Mapped[int] = mapped_column(SmallInteger, nullable=False)
+    history_hours: Mapped[float] = mapped_column(Double, nullable=False)
+    max_model_points: Mapped[int] = mapped_column(Integer, nullable=False)
+    min_flows: Mapped[int] = mapped_column(Integer, nullable=False)
+    revision: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+
+class Context(Base):
+    """The hidden variables h (Table II): who talks to whom, over which ISPs, at what hour."""
+
+    __tablename__ = "contexts"
+    __table_args__ = (UniqueConstraint("src_region", "src_isp", "dst_region", "dst_isp", "hour"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    src_region: Mapped[str] = mapped_column(String(64), nullable=False)
+    src_isp: Mapped[str] = mapped_column(String(64), nullable=False)
+    dst_region: Mapped[str] = mapped_column(String(64), nullable=False)
+    dst_isp: Mapped[str] = mapped_column(String(64), nullable=False)
+    hour: Mapped[int] = mapped_column(SmallInteger, nullable=False)
+
+
+class Report(Base):
+    """One agent report, stored once per idempotency key; the digest detects a reused key."""
+
+    __tablename__ = "reports"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    report_id: Mapped[str] = mapped_column(String(128), unique=True, nullable=False)
+    digest: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    host_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), nullable=False)
+    interval_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    interval_end: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    aggregate_count: Mapped[int] = mapped_column(Integer, nullable=False)
+    received_at: Mapped[datetime] = _now()
+
+
+class ReportAggregate(Base):
+    """An aggregate exactly as received (the raw material for any later recomputation)."""
+
+    __tablename__ = "report_aggregates"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    report_pk: Mapped[int] = mapped_column(
+        ForeignKey("reports.id", ondelete="CASCADE"), index=True, nullable=False
+    )
+    policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), nullable=False)
+    context_id: Mapped[int] = mapped_column(ForeignKey("contexts.id"), nullable=False)
+    theta_key: Mapped[str] = mapped_column(String(96), nullable=False)
+    theta_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    flow_count: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    tpt_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    tpt_sq_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    delay_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    delay_sq_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    tpt_delay_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    slow_flows: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    size_buckets: Mapped[list[int]] = mapped_column(ARRAY(BigInteger), nullable=False)
+    sketch: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+
+
+TRIAL_SUMS = (
+    "flow_count",
+    "tpt_sum",
+    "tpt_sq_sum",
+    "delay_sum",
+    "delay_sq_sum",
+    "tpt_delay_sum",
+    "slow_flows",
+    "report_count",
+)
+
+
+class Trial(Base):
+    """Running sums of every aggregate for one (policy, context, θ): one point for the model."""
+
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("policy_id", "context_id", "theta_key"),)
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), nullable=False)
+    context_id: Mapped[int] = mapped_column(ForeignKey("contexts.id"), nullable=False)
+    theta_key: Mapped[str] = mapped_column(String(96), nullable=False)
+    flow_count: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    tpt_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    tpt_sq_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    delay_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    delay_sq_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    tpt_delay_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    slow_flows: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    report_count: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    first_seen: Mapped[datetime] = _now()
+    last_seen: Mapped[datetime] = _now()
+
+
+class Plan(Base):
+    """Booster's current answer for one (policy, context): kept so a restart answers the same."""
+
+    __tablename__ = "plans"
+    policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), primary_key=True)
+    context_id: Mapped[int] = mapped_column(ForeignKey("contexts.id"), primary_key=True)
+    plan_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    incumbent_key: Mapped[str] = mapped_column(String(96), nullable=False)
+    incumbent_utility: Mapped[float | None] = mapped_column(Double)
+    candidate_keys: Mapped[list[str]] = mapped_column(JSONB, nullable=False)
+    updated_at: Mapped[datetime] = _now()
+
+
+class ApiToken(Base):
+    """A bearer credential; only its SHA-256 is stored."""
+
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    role: Mapped[str] = mapped_column(String(16), nullable=False)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    created_at: Mapped[datetime] = _now()
+    revoked: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+
+
+class AuditEntry(Base):
+    """Who changed what: every state-changing operator call leaves one row."""
+
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    at: Mapped[datetime] = _now()
+    actor: Mapped[str] = mapped_column(String(64), nullable=False)
+    action: Mapped[str] = mapped_column(String(64), nullable=False)
+    target: Mapped[str] = mapped_column(String(128), nullable=False)
+    detail: Mapped[dict] = mapped_column(JSONB, nullable=False)
+    note: Mapped[str | None] = mapped_column(Text)

@@ -1,0 +1,1 @@
+"""Alembic migrations for Booster's PostgreSQL schema (``booster migrate`` runs them)."""

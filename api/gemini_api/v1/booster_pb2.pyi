@@ -1,15 +1,13 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Theta(_message.Message):
-    __slots__ = ("add_increase", "init_cwnd", "loss_threshold", "mult_decrease", "mult_increase", "rtt_threshold", "window_intervals")
+    __slots__ = ("init_cwnd", "mult_increase", "add_increase", "mult_decrease", "loss_threshold", "rtt_threshold", "window_intervals")
     INIT_CWND_FIELD_NUMBER: _ClassVar[int]
     MULT_INCREASE_FIELD_NUMBER: _ClassVar[int]
     ADD_INCREASE_FIELD_NUMBER: _ClassVar[int]
@@ -24,10 +22,10 @@ class Theta(_message.Message):
     loss_threshold: int
     rtt_threshold: int
     window_intervals: int
-    def __init__(self, init_cwnd: int | None = ..., mult_increase: int | None = ..., add_increase: int | None = ..., mult_decrease: int | None = ..., loss_threshold: int | None = ..., rtt_threshold: int | None = ..., window_intervals: int | None = ...) -> None: ...
+    def __init__(self, init_cwnd: _Optional[int] = ..., mult_increase: _Optional[int] = ..., add_increase: _Optional[int] = ..., mult_decrease: _Optional[int] = ..., loss_threshold: _Optional[int] = ..., rtt_threshold: _Optional[int] = ..., window_intervals: _Optional[int] = ...) -> None: ...
 
 class Context(_message.Message):
-    __slots__ = ("dst_isp", "dst_region", "hour", "src_isp", "src_region")
+    __slots__ = ("src_region", "src_isp", "dst_region", "dst_isp", "hour")
     SRC_REGION_FIELD_NUMBER: _ClassVar[int]
     SRC_ISP_FIELD_NUMBER: _ClassVar[int]
     DST_REGION_FIELD_NUMBER: _ClassVar[int]
@@ -38,10 +36,10 @@ class Context(_message.Message):
     dst_region: str
     dst_isp: str
     hour: int
-    def __init__(self, src_region: str | None = ..., src_isp: str | None = ..., dst_region: str | None = ..., dst_isp: str | None = ..., hour: int | None = ...) -> None: ...
+    def __init__(self, src_region: _Optional[str] = ..., src_isp: _Optional[str] = ..., dst_region: _Optional[str] = ..., dst_isp: _Optional[str] = ..., hour: _Optional[int] = ...) -> None: ...
 
 class QuantileSketch(_message.Message):
-    __slots__ = ("counts", "offset", "relative_accuracy", "zero_count")
+    __slots__ = ("relative_accuracy", "offset", "counts", "zero_count")
     RELATIVE_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     COUNTS_FIELD_NUMBER: _ClassVar[int]
@@ -50,10 +48,10 @@ class QuantileSketch(_message.Message):
     offset: int
     counts: _containers.RepeatedScalarFieldContainer[float]
     zero_count: float
-    def __init__(self, relative_accuracy: float | None = ..., offset: int | None = ..., counts: _Iterable[float] | None = ..., zero_count: float | None = ...) -> None: ...
+    def __init__(self, relative_accuracy: _Optional[float] = ..., offset: _Optional[int] = ..., counts: _Optional[_Iterable[float]] = ..., zero_count: _Optional[float] = ...) -> None: ...
 
 class Aggregate(_message.Message):
-    __slots__ = ("context", "flow_count", "queue_delay_ms_sq_sum", "queue_delay_ms_sum", "size_bucket_counts", "slow_flow_count", "theta", "theta_version", "throughput_mbps_sq_sum", "throughput_mbps_sum", "throughput_queue_delay_sum", "throughput_sketch")
+    __slots__ = ("theta", "theta_version", "context", "flow_count", "throughput_mbps_sum", "throughput_mbps_sq_sum", "queue_delay_ms_sum", "queue_delay_ms_sq_sum", "throughput_queue_delay_sum", "throughput_sketch", "slow_flow_count", "size_bucket_counts")
     THETA_FIELD_NUMBER: _ClassVar[int]
     THETA_VERSION_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
@@ -78,10 +76,10 @@ class Aggregate(_message.Message):
     throughput_sketch: QuantileSketch
     slow_flow_count: int
     size_bucket_counts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, theta: Theta | _Mapping | None = ..., theta_version: int | None = ..., context: Context | _Mapping | None = ..., flow_count: int | None = ..., throughput_mbps_sum: float | None = ..., throughput_mbps_sq_sum: float | None = ..., queue_delay_ms_sum: float | None = ..., queue_delay_ms_sq_sum: float | None = ..., throughput_queue_delay_sum: float | None = ..., throughput_sketch: QuantileSketch | _Mapping | None = ..., slow_flow_count: int | None = ..., size_bucket_counts: _Iterable[int] | None = ...) -> None: ...
+    def __init__(self, theta: _Optional[_Union[Theta, _Mapping]] = ..., theta_version: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., flow_count: _Optional[int] = ..., throughput_mbps_sum: _Optional[float] = ..., throughput_mbps_sq_sum: _Optional[float] = ..., queue_delay_ms_sum: _Optional[float] = ..., queue_delay_ms_sq_sum: _Optional[float] = ..., throughput_queue_delay_sum: _Optional[float] = ..., throughput_sketch: _Optional[_Union[QuantileSketch, _Mapping]] = ..., slow_flow_count: _Optional[int] = ..., size_bucket_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("aggregates", "host_id", "interval_end_unix_ms", "interval_start_unix_ms", "policy", "report_id")
+    __slots__ = ("report_id", "host_id", "policy", "interval_start_unix_ms", "interval_end_unix_ms", "aggregates")
     REPORT_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -94,28 +92,28 @@ class ReportRequest(_message.Message):
     interval_start_unix_ms: int
     interval_end_unix_ms: int
     aggregates: _containers.RepeatedCompositeFieldContainer[Aggregate]
-    def __init__(self, report_id: str | None = ..., host_id: str | None = ..., policy: str | None = ..., interval_start_unix_ms: int | None = ..., interval_end_unix_ms: int | None = ..., aggregates: _Iterable[Aggregate | _Mapping] | None = ...) -> None: ...
+    def __init__(self, report_id: _Optional[str] = ..., host_id: _Optional[str] = ..., policy: _Optional[str] = ..., interval_start_unix_ms: _Optional[int] = ..., interval_end_unix_ms: _Optional[int] = ..., aggregates: _Optional[_Iterable[_Union[Aggregate, _Mapping]]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
-    __slots__ = ("aggregates_stored", "duplicate")
+    __slots__ = ("duplicate", "aggregates_stored")
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     AGGREGATES_STORED_FIELD_NUMBER: _ClassVar[int]
     duplicate: bool
     aggregates_stored: int
-    def __init__(self, duplicate: bool | None = ..., aggregates_stored: int | None = ...) -> None: ...
+    def __init__(self, duplicate: _Optional[bool] = ..., aggregates_stored: _Optional[int] = ...) -> None: ...
 
 class GetParametersRequest(_message.Message):
-    __slots__ = ("contexts", "host_id", "policy")
+    __slots__ = ("host_id", "policy", "contexts")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     CONTEXTS_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     policy: str
     contexts: _containers.RepeatedCompositeFieldContainer[Context]
-    def __init__(self, host_id: str | None = ..., policy: str | None = ..., contexts: _Iterable[Context | _Mapping] | None = ...) -> None: ...
+    def __init__(self, host_id: _Optional[str] = ..., policy: _Optional[str] = ..., contexts: _Optional[_Iterable[_Union[Context, _Mapping]]] = ...) -> None: ...
 
 class ContextParameters(_message.Message):
-    __slots__ = ("context", "exploratory", "plan_version", "predicted_utility", "theta")
+    __slots__ = ("context", "theta", "plan_version", "exploratory", "predicted_utility")
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     THETA_FIELD_NUMBER: _ClassVar[int]
     PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -126,10 +124,10 @@ class ContextParameters(_message.Message):
     plan_version: int
     exploratory: bool
     predicted_utility: float
-    def __init__(self, context: Context | _Mapping | None = ..., theta: Theta | _Mapping | None = ..., plan_version: int | None = ..., exploratory: bool | None = ..., predicted_utility: float | None = ...) -> None: ...
+    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., theta: _Optional[_Union[Theta, _Mapping]] = ..., plan_version: _Optional[int] = ..., exploratory: _Optional[bool] = ..., predicted_utility: _Optional[float] = ...) -> None: ...
 
 class GetParametersResponse(_message.Message):
-    __slots__ = ("default_theta", "parameters", "refresh_after_seconds", "target_cc")
+    __slots__ = ("parameters", "default_theta", "target_cc", "refresh_after_seconds")
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_THETA_FIELD_NUMBER: _ClassVar[int]
     TARGET_CC_FIELD_NUMBER: _ClassVar[int]
@@ -138,4 +136,4 @@ class GetParametersResponse(_message.Message):
     default_theta: Theta
     target_cc: str
     refresh_after_seconds: int
-    def __init__(self, parameters: _Iterable[ContextParameters | _Mapping] | None = ..., default_theta: Theta | _Mapping | None = ..., target_cc: str | None = ..., refresh_after_seconds: int | None = ...) -> None: ...
+    def __init__(self, parameters: _Optional[_Iterable[_Union[ContextParameters, _Mapping]]] = ..., default_theta: _Optional[_Union[Theta, _Mapping]] = ..., target_cc: _Optional[str] = ..., refresh_after_seconds: _Optional[int] = ...) -> None: ...

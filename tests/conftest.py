@@ -1,0 +1,98 @@
+"""Shared fixtures: a real PostgreSQL (embedded via pgserver, or GEMINI_TEST_DATABASE_URL), a
+fresh migrated database per test, and a whole Booster (gRPC + REST) on loopback ports."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+import httpx
+import pytest
+from sqlalchemy import create_engine, make_url, text
+
+from gemini_api.v1 import booster_pb2_grpc as pb_grpc
+from gemini_booster.config import Settings
+from gemini_booster.service.app import BoosterServer
+from gemini_booster.storage import database
+
+OPERATOR = "test-operator-token"
+AGENT = "test-agent-token"
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory) -> str:
+    url = os.environ.get("GEMINI_TEST_DATABASE_URL")
+    if url:
+        return url
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(tmp_path_factory.mktemp("runtime")))
+    return database.start_embedded(tmp_path_factory.mktemp("pg"))
+
+
+@pytest.fixture
+def db_url(pg_admin_url) -> Iterator[str]:
+    """A new database on the real server, migrated to head, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
+    engine = database.make_engine(url)
+    database.migrate(engine)
+    engine.dispose()
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@dataclass
+class Running:
+    server: BoosterServer
+    grpc_target: str
+    http: httpx.Client
+
+    @property
+    def booster(self):
+        return self.server.booster
+
+    @property
+    def engine(self):
+        return self.server.engine
+
+    def stub(self) -> pb_grpc.BoosterStub:
+        return pb_grpc.BoosterStub(grpc.insecure_channel(self.grpc_target))
+
+
+def make_settings(db_url: str, **overrides) -> Settings:
+    values = dict(
+        database_url=db_url,
+        grpc_listen="127.0.0.1:0",
+        http_port=0,
+        bootstrap_operator_token=OPERATOR,
+        bootstrap_agent_token=AGENT,
+        refit_interval_s=3600,
+    )
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+def booster(db_url) -> Iterator[Running]:
+    server = BoosterServer(make_settings(db_url)).start()
+    http = httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30)
+    try:
+        yield Running(server, f"127.0.0.1:{server.grpc_port}", http)
+    finally:
+        http.close()
+        server.stop()
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+def agent_md(token: str = AGENT) -> tuple:
+    return (("authorization", f"Bearer {token}"),)

@@ -1,0 +1,255 @@
+"""Reports over real gRPC into real PostgreSQL: stored exactly once, bad input stores nothing."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+from sqlalchemy import text
+
+from gemini_api.theta import load_spec
+from gemini_api.v1 import booster_pb2 as pb
+from gemini_booster import simulation as sim
+from gemini_booster.models import PolicyCreate
+from gemini_booster.storage import repository as repo
+
+from .conftest import OPERATOR, agent_md
+
+POLICY = "p1"
+
+
+@pytest.fixture
+def svc(booster):
+    repo.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
+    booster.booster.reload_policies()
+    return booster
+
+
+def report(seed: int = 0, flows: int = 20, theta=None) -> pb.ReportRequest:
+    rng = np.random.default_rng(seed)
+    theta = theta or load_spec().default()
+    aggs = [sim.make_aggregate(c, theta, 1.0, flows, rng) for c in sim.DEFAULT_CONTEXTS]
+    return sim.make_report("host-1", POLICY, aggs, 1_700_000_000_000)
+
+
+def counts(engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()
+                for t in ("reports", "report_aggregates", "trials")}
+
+
+def flow_total(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT coalesce(sum(flow_count), 0) FROM trials")).scalar_one()
+
+
+def test_report_is_stored_and_folded_into_trials(svc):
+    req = report(flows=30)
+    resp = svc.stub().ReportAggregates(req, metadata=agent_md())
+    assert not resp.duplicate and resp.aggregates_stored == 2
+    assert counts(svc.engine) == {"reports": 1, "report_aggregates": 2, "trials": 2}
+    assert flow_total(svc.engine) == 60
+    with svc.engine.connect() as conn:
+        tpt = conn.execute(text("SELECT sum(tpt_sum) FROM trials")).scalar_one()
+    assert math.isclose(tpt, sum(a.throughput_mbps_sum for a in req.aggregates))
+
+
+def test_second_report_on_same_trial_adds_up(svc):
+    stub = svc.stub()
+    stub.ReportAggregates(report(seed=1, flows=10), metadata=agent_md())
+    stub.ReportAggregates(report(seed=2, flows=15), metadata=agent_md())
+    assert counts(svc.engine) == {"reports": 2, "report_aggregates": 4, "trials": 2}
+    assert flow_total(svc.engine) == 50
+
+
+def test_sequential_duplicate_is_stored_once(svc):
+    req = report()
+    stub = svc.stub()
+    first = stub.ReportAggregates(req, metadata=agent_md())
+    again = stub.ReportAggregates(req, metadata=agent_md())
+    assert not first.duplicate and again.duplicate and again.aggregates_stored == 0
+    assert counts(svc.engine)["reports"] == 1
+    assert flow_total(svc.engine) == 40
+
+
+def test_concurrent_duplicates_are_stored_once(svc):
+    req = report(flows=7)
+    stub = svc.stub()
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda _: stub.ReportAggregates(req, metadata=agent_md()),
+                                range(32)))
+    assert sum(not r.duplicate for r in results) == 1
+    assert counts(svc.engine) == {"reports": 1, "report_aggregates": 2, "trials": 2}
+    assert flow_total(svc.engine) == 14
+
+
+def test_concurrent_duplicates_across_two_boosters_are_stored_once(svc, db_url):
+    """Two replicas on one database: the unique key, not process memory, dedupes."""
+    from gemini_booster.service.app import BoosterServer
+
+    from .conftest import make_settings
+
+    other = BoosterServer(make_settings(db_url)).start()
+    try:
+        stubs = [svc.stub(), pb_stub(f"127.0.0.1:{other.grpc_port}")]
+        req = report(flows=3)
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(
+                lambda i: stubs[i % 2].ReportAggregates(req, metadata=agent_md()), range(16)))
+    finally:
+        other.stop()
+    assert sum(not r.duplicate for r in results) == 1
+    assert flow_total(svc.engine) == 6
+
+
+def pb_stub(target):
+    from gemini_api.v1 import booster_pb2_grpc as pb_grpc
+
+    return pb_grpc.BoosterStub(grpc.insecure_channel(target))
+
+
+def test_reused_key_with_other_content_is_refused(svc):
+    req = report(seed=1)
+    stub = svc.stub()
+    stub.ReportAggregates(req, metadata=agent_md())
+    changed = pb.ReportRequest()
+    changed.CopyFrom(req)
+    changed.aggregates[0].flow_count += 1
+    changed.aggregates[0].size_bucket_counts[0] += 1
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ReportAggregates(changed, metadata=agent_md())
+    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert flow_total(svc.engine) == 40
+
+
+def _mutate(fn):
+    req = report(seed=5)
+    fn(req)
+    return req
+
+
+def _set_stat(name, value):
+    return lambda r: setattr(r.aggregates[1], name, value)
+
+
+def _theta(name, value):
+    return lambda r: setattr(r.aggregates[0].theta, name, value)
+
+
+BAD_REPORTS = {
+    "nan throughput": (_set_stat("throughput_mbps_sum", float("nan")), "throughput_mbps_sum"),
+    "infinite delay": (_set_stat("queue_delay_ms_sum", float("inf")), "queue_delay_ms_sum"),
+    "negative delay": (_set_stat("queue_delay_ms_sum", -1.0), "is negative"),
+    "impossible moments": (_set_stat("throughput_mbps_sq_sum", 1.0), "throughput_mbps_sq_sum"),
+    "zero flows": (_set_stat("flow_count", 0), "flow_count"),
+    "more slow than flows": (_set_stat("slow_flow_count", 10**6), "slow_flow_count"),
+    "λ outside region": (_theta("mult_decrease", 95), "theta.mult_decrease: 95 outside"),
+    "ω outside region": (_theta("init_cwnd", 500), "theta.init_cwnd: 500 outside"),
+    "missing θ": (lambda r: r.aggregates[0].ClearField("theta"), "aggregates[0].theta: missing"),
+    "unknown policy": (lambda r: setattr(r, "policy", "nope"), "unknown policy 'nope'"),
+    "hour 25": (lambda r: setattr(r.aggregates[0].context, "hour", 25), "context.hour"),
+    "empty region": (lambda r: setattr(r.aggregates[0].context, "dst_region", ""),
+                     "context.dst_region: empty"),
+    "empty report id": (lambda r: setattr(r, "report_id", ""), "report_id"),
+    "backwards interval": (lambda r: setattr(r, "interval_end_unix_ms", 1), "interval"),
+    "no aggregates": (lambda r: r.ClearField("aggregates"), "aggregates: empty"),
+    "bad sketch": (lambda r: r.aggregates[0].throughput_sketch.counts.append(-3.0),
+                   "throughput_sketch"),
+    "bad size buckets": (lambda r: r.aggregates[0].size_bucket_counts.append(1),
+                         "size_bucket_counts"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REPORTS))
+def test_bad_report_is_rejected_whole_and_named(svc, case):
+    """One bad aggregate (the second of two, or a field of the report) rejects everything."""
+    mutate, expected = BAD_REPORTS[case]
+    with pytest.raises(grpc.RpcError) as e:
+        svc.stub().ReportAggregates(_mutate(mutate), metadata=agent_md())
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert expected in e.value.details()
+    assert counts(svc.engine) == {"reports": 0, "report_aggregates": 0, "trials": 0}
+
+
+def _raw_call(target: str, payload: bytes, metadata=None):
+    channel = grpc.insecure_channel(target)
+    call = channel.unary_unary("/gemini.booster.v1.Booster/ReportAggregates")
+    return call(payload, metadata=metadata or agent_md(), timeout=10)
+
+
+def test_unknown_field_is_rejected(svc):
+    payload = report().SerializeToString() + bytes([0xF8, 0x07, 0x01])  # field 127, varint
+    with pytest.raises(grpc.RpcError) as e:
+        _raw_call(svc.grpc_target, payload)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown field number 127" in e.value.details()
+    assert counts(svc.engine)["reports"] == 0
+
+
+def test_garbled_payload_is_rejected(svc):
+    with pytest.raises(grpc.RpcError) as e:
+        _raw_call(svc.grpc_target, b"\xff\xff\xff\xff garbage")
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a ReportRequest" in e.value.details()
+    assert counts(svc.engine)["reports"] == 0
+
+
+def test_oversized_payload_is_rejected(svc):
+    req = report()
+    req.host_id = "h" * 100
+    req.aggregates[0].throughput_sketch.counts.extend([1.0] * 200_000)  # ~1.6 MB > 1 MiB limit
+    with pytest.raises(grpc.RpcError) as e:
+        svc.stub().ReportAggregates(req, metadata=agent_md())
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert counts(svc.engine)["reports"] == 0
+
+
+@pytest.mark.parametrize(
+    ("metadata", "code"),
+    [
+        ((), grpc.StatusCode.UNAUTHENTICATED),
+        ((("authorization", "Bearer forged-token"),), grpc.StatusCode.UNAUTHENTICATED),
+        ((("authorization", "Basic abc"),), grpc.StatusCode.UNAUTHENTICATED),
+    ],
+)
+def test_missing_or_forged_credentials_are_refused(svc, metadata, code):
+    with pytest.raises(grpc.RpcError) as e:
+        svc.stub().ReportAggregates(report(), metadata=metadata)
+    assert e.value.code() == code
+    assert counts(svc.engine)["reports"] == 0
+
+
+def test_viewer_token_may_not_report(svc):
+    token = repo.create_token(svc.engine, "viewer-1", "viewer", actor="test")
+    with pytest.raises(grpc.RpcError) as e:
+        svc.stub().ReportAggregates(report(), metadata=agent_md(token))
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert counts(svc.engine)["reports"] == 0
+
+
+def test_get_parameters_for_unseen_context_is_default_then_planned(svc):
+    req = pb.GetParametersRequest(host_id="h1", policy=POLICY,
+                                  contexts=[c.message() for c in sim.DEFAULT_CONTEXTS])
+    resp = svc.stub().GetParameters(req, metadata=agent_md())
+    default = pb.Theta(**load_spec().default())
+    assert [p.theta for p in resp.parameters] == [default, default]
+    assert resp.target_cc == "fusion" and resp.default_theta == default
+    svc.booster.refit_dirty()
+    resp = svc.stub().GetParameters(req, metadata=agent_md())
+    assert all(p.plan_version == 1 for p in resp.parameters)
+
+
+def test_get_parameters_rejects_bad_context(svc):
+    req = pb.GetParametersRequest(host_id="h1", policy=POLICY, contexts=[pb.Context(hour=30)])
+    with pytest.raises(grpc.RpcError) as e:
+        svc.stub().GetParameters(req, metadata=agent_md())
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "contexts[0].src_region: empty" in e.value.details()
+
+
+def test_operator_token_is_also_accepted_for_agent_calls(svc):
+    resp = svc.stub().ReportAggregates(report(), metadata=agent_md(OPERATOR))
+    assert resp.aggregates_stored == 2

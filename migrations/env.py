@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from alembic import context
-from gemini_booster.storage.schema import Base
 from sqlalchemy import create_engine
+
+from gemini_booster.storage.schema import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -18,4 +18,5 @@ def test_generated_stubs_are_current(tmp_path):
     for rel in produced:
         committed = ROOT / "api" / rel
         assert committed.read_bytes() == (tmp_path / rel).read_bytes(), (
-            f"{rel} is stale: run `make proto`")
+            f"{rel} is stale: run `make proto`"
+        )

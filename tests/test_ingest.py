@@ -37,8 +37,10 @@ def report(seed: int = 0, flows: int = 20, theta=None) -> pb.ReportRequest:
 
 def counts(engine) -> dict[str, int]:
     with engine.connect() as conn:
-        return {t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()
-                for t in ("reports", "report_aggregates", "trials")}
+        return {
+            t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()
+            for t in ("reports", "report_aggregates", "trials")
+        }
 
 
 def flow_total(engine) -> int:
@@ -79,8 +81,9 @@ def test_concurrent_duplicates_are_stored_once(svc):
     req = report(flows=7)
     stub = svc.stub()
     with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(lambda _: stub.ReportAggregates(req, metadata=agent_md()),
-                                range(32)))
+        results = list(
+            pool.map(lambda _: stub.ReportAggregates(req, metadata=agent_md()), range(32))
+        )
     assert sum(not r.duplicate for r in results) == 1
     assert counts(svc.engine) == {"reports": 1, "report_aggregates": 2, "trials": 2}
     assert flow_total(svc.engine) == 14
@@ -97,8 +100,11 @@ def test_concurrent_duplicates_across_two_boosters_are_stored_once(svc, db_url):
         stubs = [svc.stub(), pb_stub(f"127.0.0.1:{other.grpc_port}")]
         req = report(flows=3)
         with ThreadPoolExecutor(8) as pool:
-            results = list(pool.map(
-                lambda i: stubs[i % 2].ReportAggregates(req, metadata=agent_md()), range(16)))
+            results = list(
+                pool.map(
+                    lambda i: stubs[i % 2].ReportAggregates(req, metadata=agent_md()), range(16)
+                )
+            )
     finally:
         other.stop()
     assert sum(not r.duplicate for r in results) == 1
@@ -151,15 +157,21 @@ BAD_REPORTS = {
     "missing θ": (lambda r: r.aggregates[0].ClearField("theta"), "aggregates[0].theta: missing"),
     "unknown policy": (lambda r: setattr(r, "policy", "nope"), "unknown policy 'nope'"),
     "hour 25": (lambda r: setattr(r.aggregates[0].context, "hour", 25), "context.hour"),
-    "empty region": (lambda r: setattr(r.aggregates[0].context, "dst_region", ""),
-                     "context.dst_region: empty"),
+    "empty region": (
+        lambda r: setattr(r.aggregates[0].context, "dst_region", ""),
+        "context.dst_region: empty",
+    ),
     "empty report id": (lambda r: setattr(r, "report_id", ""), "report_id"),
     "backwards interval": (lambda r: setattr(r, "interval_end_unix_ms", 1), "interval"),
     "no aggregates": (lambda r: r.ClearField("aggregates"), "aggregates: empty"),
-    "bad sketch": (lambda r: r.aggregates[0].throughput_sketch.counts.append(-3.0),
-                   "throughput_sketch"),
-    "bad size buckets": (lambda r: r.aggregates[0].size_bucket_counts.append(1),
-                         "size_bucket_counts"),
+    "bad sketch": (
+        lambda r: r.aggregates[0].throughput_sketch.counts.append(-3.0),
+        "throughput_sketch",
+    ),
+    "bad size buckets": (
+        lambda r: r.aggregates[0].size_bucket_counts.append(1),
+        "size_bucket_counts",
+    ),
 }
 
 
@@ -231,8 +243,9 @@ def test_viewer_token_may_not_report(svc):
 
 
 def test_get_parameters_for_unseen_context_is_default_then_planned(svc):
-    req = pb.GetParametersRequest(host_id="h1", policy=POLICY,
-                                  contexts=[c.message() for c in sim.DEFAULT_CONTEXTS])
+    req = pb.GetParametersRequest(
+        host_id="h1", policy=POLICY, contexts=[c.message() for c in sim.DEFAULT_CONTEXTS]
+    )
     resp = svc.stub().GetParameters(req, metadata=agent_md())
     default = pb.Theta(**load_spec().default())
     assert [p.theta for p in resp.parameters] == [default, default]

@@ -10,11 +10,16 @@ from gemini_booster.policy.surrogate import ThetaSpace
 
 def test_table_iii_regions_and_granularity():
     spec = load_spec()
-    natural = {p.name: (p.to_natural(p.production[0]), p.to_natural(p.production[1]))
-               for p in spec.params}
+    natural = {
+        p.name: (p.to_natural(p.production[0]), p.to_natural(p.production[1])) for p in spec.params
+    }
     assert natural == {
-        "init_cwnd": (10, 50), "mult_increase": (1.0, 1.25), "add_increase": (1, 10),
-        "mult_decrease": (0.5, 0.9), "loss_threshold": (0.0, 1.0), "rtt_threshold": (1, 100),
+        "init_cwnd": (10, 50),
+        "mult_increase": (1.0, 1.25),
+        "add_increase": (1, 10),
+        "mult_decrease": (0.5, 0.9),
+        "loss_threshold": (0.0, 1.0),
+        "rtt_threshold": (1, 100),
         "window_intervals": (1, 60),
     }
     assert spec.param("mult_decrease").wide == (10, 99)  # λ ∈ [0.1, 0.99] in Θ'

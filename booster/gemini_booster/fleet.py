@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import grpc
 import numpy as np
+
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from gemini_api.theta import ThetaError, load_spec
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gemini_api.theta import ThetaError, load_spec
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 Mode = Literal["contextual", "standard"]

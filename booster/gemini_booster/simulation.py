@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+
 from gemini_api import sketch as sketches
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb

@@ -24,8 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from gemini_api.theta import ThetaSpec
 from skopt.acquisition import gaussian_ei, gaussian_lcb, gaussian_pi
+
+from gemini_api.theta import ThetaSpec
 
 from ..models import Policy
 from ..storage.ingest import ContextKey

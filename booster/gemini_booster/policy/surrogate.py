@@ -12,11 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from gemini_api.theta import ThetaSpec
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process.kernels import ConstantKernel, Matern
 from skopt.learning import GaussianProcessRegressor
 from skopt.space import Integer, Space
+
+from gemini_api.theta import ThetaSpec
 
 from .kernels import ContextKernel, OnColumns
 

@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 from ..storage import repository as repo
 
 CACHE_SECONDS = 5.0
+MISS_RELOAD_SECONDS = 0.5  # an unknown token reloads the table at most this often
 GRANTS = {
     "agent": {"agent"},
     "viewer": {"read"},
@@ -47,12 +48,15 @@ class TokenAuthority:
         self._loaded_at = 0.0
         self._lock = threading.Lock()
 
-    def _table(self) -> dict[str, tuple[str, str]]:
+    def _lookup(self, digest: str) -> tuple[str, str] | None:
         with self._lock:
-            if time.monotonic() - self._loaded_at > CACHE_SECONDS:
+            age = time.monotonic() - self._loaded_at
+            missing = digest not in self._tokens
+            stale = age > CACHE_SECONDS or (missing and age > MISS_RELOAD_SECONDS)
+            if stale:
                 self._tokens = repo.lookup_tokens(self.engine)
                 self._loaded_at = time.monotonic()
-            return self._tokens
+            return self._tokens.get(digest)
 
     def invalidate(self) -> None:
         with self._lock:
@@ -64,7 +68,7 @@ class TokenAuthority:
         scheme, _, token = authorization.partition(" ")
         if not hmac.compare_digest(scheme.lower(), "bearer") or not token:
             raise AuthError("invalid", "malformed credential: expected 'Bearer <token>'")
-        found = self._table().get(repo.hash_token(token.strip()))
+        found = self._lookup(repo.hash_token(token.strip()))
         if found is None:
             raise AuthError("invalid", "unknown or revoked token")
         return Principal(*found)

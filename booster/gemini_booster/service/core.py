@@ -15,9 +15,10 @@ import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 
+from sqlalchemy import Engine
+
 from gemini_api.theta import ThetaSpec, load_spec
 from gemini_api.v1 import booster_pb2 as pb
-from sqlalchemy import Engine
 
 from ..config import Settings
 from ..models import Policy

@@ -13,8 +13,9 @@ import time
 from concurrent import futures
 
 import grpc
-from gemini_api.v1 import booster_pb2 as pb
 from google.protobuf.message import DecodeError
+
+from gemini_api.v1 import booster_pb2 as pb
 
 from .auth import AuthError, TokenAuthority
 from .core import Booster

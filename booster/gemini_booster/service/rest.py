@@ -5,7 +5,6 @@ needs an operator token and leaves an audit entry. Request bodies are strict pyd
 (unknown fields are a 422 naming the field).
 """
 
-from __future__ import annotations
 
 import time
 from typing import Annotated, Literal
@@ -214,6 +213,7 @@ def create_app(booster: Booster, auth: TokenAuthority) -> FastAPI:
             token = repo.create_token(booster.engine, body.name, body.role, who.name)
         except repo.Conflict as e:
             raise HTTPException(409, str(e)) from e
+        auth.invalidate()
         return {"name": body.name, "role": body.role, "token": token}
 
     @v1.delete("/tokens/{name}", status_code=204, tags=["credentials"])

@@ -12,11 +12,12 @@ import hashlib
 import math
 from datetime import UTC, datetime
 
+from google.protobuf import unknown_fields
+from google.protobuf.message import Message
+
 from gemini_api import sketch as sketches
 from gemini_api.theta import ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
-from google.protobuf import unknown_fields
-from google.protobuf.message import Message
 
 from ..models import Policy
 from ..storage.ingest import AggregateRow, ContextKey, ReportRow

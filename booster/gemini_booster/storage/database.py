@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import gemini_migrations
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine
+
+import gemini_migrations
 
 log = logging.getLogger(__name__)
 

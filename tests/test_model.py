@@ -1,0 +1,53 @@
+"""The optimiser's parts: eq. 9 from sums, the context kernel, bounded model size."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from gemini_booster.policy.kernels import ContextKernel
+from gemini_booster.policy.objective import utility
+from gemini_booster.policy.planner import Observation, bound_points
+
+
+def test_utility_and_its_variance_match_per_flow_values():
+    rng = np.random.default_rng(0)
+    tpt, delay = rng.gamma(4, 5, 400), rng.gamma(2, 3, 400)
+    sigma = 0.7
+    u = utility(
+        sigma, 400, tpt.sum(), (tpt**2).sum(), delay.sum(), (delay**2).sum(), (tpt * delay).sum()
+    )
+    per_flow = tpt - sigma * delay
+    assert u.mean == pytest.approx(per_flow.mean())
+    assert u.var_of_mean == pytest.approx(per_flow.var(ddof=1) / 400)
+
+
+def test_context_kernel_is_psd_and_its_gradient_is_right():
+    rng = np.random.default_rng(1)
+    X = rng.integers(0, 4, size=(30, 5)).astype(float)
+    k = ContextKernel(weights=(0.3, 0.1, 0.2, 0.05, 0.4, 0.02))
+    K, grad = k(X, eval_gradient=True)
+    assert np.linalg.eigvalsh(K).min() > -1e-9
+    assert np.allclose(np.diag(K), k.diag(X))
+    eps = 1e-6
+    for i in range(len(k.theta)):
+        theta = k.theta.copy()
+        theta[i] += eps
+        kp = k.clone_with_theta(theta)
+        assert np.allclose((kp(X) - K) / eps, grad[:, :, i], atol=1e-4)
+
+
+def test_model_points_are_bounded_keeping_each_contexts_best():
+    now = datetime.now(UTC)
+    obs = [
+        Observation(c, {"x": i}, float(i % 97), 1.0, 10, (now - timedelta(minutes=i)).timestamp())
+        for c in range(50)
+        for i in range(100)
+    ]
+    kept = bound_points(obs, 400)
+    assert len(kept) == 400
+    for c in range(50):
+        best = max(o.utility for o in obs if o.context_id == c)
+        assert any(o.context_id == c and o.utility == best for o in kept)

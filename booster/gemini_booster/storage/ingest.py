@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import Connection, Engine, func, insert, select, tuple_
+from sqlalchemy import Connection, Engine, select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from .schema import TRIAL_SUMS, Context, Report, ReportAggregate, Trial
+from .schema import TRIAL_SUMS, Context, Report
 
 ContextKey = tuple[str, str, str, str, int]
 
@@ -114,19 +114,67 @@ def _trial_deltas(reports: Sequence[ReportRow], context_ids: dict[ContextKey, in
     ]
 
 
-def _upsert_trials(conn: Connection, deltas: list[dict]) -> None:
+_UPSERT_TRIALS = """
+INSERT INTO trials (policy_id, context_id, theta_key, {cols}, first_seen, last_seen)
+SELECT p, c, k, {unnest_cols}, now(), now()
+FROM unnest(%s::int[], %s::int[], %s::text[], {arrays}) AS u(p, c, k, {ucols})
+ON CONFLICT (policy_id, context_id, theta_key) DO UPDATE SET {updates}, last_seen = now()
+""".format(
+    cols=", ".join(TRIAL_SUMS),
+    unnest_cols=", ".join(f"u_{c}" for c in TRIAL_SUMS),
+    ucols=", ".join(f"u_{c}" for c in TRIAL_SUMS),
+    arrays=", ".join(
+        "%s::bigint[]" if c in ("flow_count", "slow_flows", "report_count") else "%s::float8[]"
+        for c in TRIAL_SUMS
+    ),
+    updates=", ".join(f"{c} = trials.{c} + excluded.{c}" for c in TRIAL_SUMS),
+)
+
+_INSERT_REPORTS = """
+INSERT INTO reports (report_id, digest, host_id, policy_id, interval_start, interval_end,
+                     aggregate_count)
+SELECT * FROM unnest(%s::text[], %s::bytea[], %s::text[], %s::int[], %s::timestamptz[],
+                     %s::timestamptz[], %s::int[])
+ON CONFLICT (report_id) DO NOTHING
+RETURNING report_id, id
+"""
+
+_AGGREGATE_COLUMNS = (
+    "report_pk", "policy_id", "context_id", "theta_key", "theta_version", "flow_count",
+    "tpt_sum", "tpt_sq_sum", "delay_sum", "delay_sq_sum", "tpt_delay_sum", "slow_flows",
+    "size_buckets", "sketch",
+)
+
+
+def _columns(rows: list[dict], names: Sequence[str]) -> list[list]:
+    return [[r[n] for r in rows] for n in names]
+
+
+def _upsert_trials(cur, deltas: list[dict]) -> None:
     if not deltas:
         return
-    stmt = pg_insert(Trial).values(
-        sorted(deltas, key=lambda d: (d["policy_id"], d["context_id"], d["theta_key"]))
-    )
-    updates = {c: getattr(Trial, c) + getattr(stmt.excluded, c) for c in TRIAL_SUMS}
-    updates["last_seen"] = func.now()
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=["policy_id", "context_id", "theta_key"], set_=updates
-        )
-    )
+    # Sorted, so concurrent replicas lock trial rows in one order and cannot deadlock.
+    deltas = sorted(deltas, key=lambda d: (d["policy_id"], d["context_id"], d["theta_key"]))
+    cur.execute(_UPSERT_TRIALS, _columns(deltas, ("policy_id", "context_id", "theta_key",
+                                                  *TRIAL_SUMS)))
+
+
+def _insert_reports(cur, reports: Sequence[ReportRow]) -> dict[str, int]:
+    """One statement for the whole batch (arrays + unnest), prepared once per connection."""
+    cur.execute(_INSERT_REPORTS, [
+        [r.report_id for r in reports], [r.digest for r in reports],
+        [r.host_id for r in reports], [r.policy_id for r in reports],
+        [r.interval_start for r in reports], [r.interval_end for r in reports],
+        [len(r.aggregates) for r in reports],
+    ])
+    return dict(cur.fetchall())
+
+
+def _copy_aggregates(cur, rows: list[tuple]) -> None:
+    cols = ", ".join(_AGGREGATE_COLUMNS)
+    with cur.copy(f"COPY report_aggregates ({cols}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
 
 
 def _dedupe(reports: Sequence[ReportRow]) -> tuple[list[ReportRow], dict[int, int]]:
@@ -151,66 +199,31 @@ def store_reports(
     outcomes = {r.report_id: IngestOutcome() for r in unique}
     with engine.begin() as conn:
         ids = context_ids.resolve(conn, {a.context for r in unique for a in r.aggregates})
-        inserted = conn.execute(
-            pg_insert(Report)
-            .values(
-                [
-                    {
-                        "report_id": r.report_id,
-                        "digest": r.digest,
-                        "host_id": r.host_id,
-                        "policy_id": r.policy_id,
-                        "interval_start": r.interval_start,
-                        "interval_end": r.interval_end,
-                        "aggregate_count": len(r.aggregates),
-                    }
-                    for r in unique
-                ]
-            )
-            .on_conflict_do_nothing(index_elements=["report_id"])
-            .returning(Report.report_id, Report.id)
-        ).all()
-        new_pk = dict(inserted)
+        cur = conn.connection.driver_connection.cursor()
+        new_pk = _insert_reports(cur, unique)
         old = [r for r in unique if r.report_id not in new_pk]
         if old:
-            digests = dict(
-                conn.execute(
-                    select(Report.report_id, Report.digest).where(
-                        Report.report_id.in_([r.report_id for r in old])
-                    )
-                ).all()
-            )
+            digests = dict(conn.execute(
+                select(Report.report_id, Report.digest).where(
+                    Report.report_id.in_([r.report_id for r in old]))
+            ).all())
             for r in old:
                 o = outcomes[r.report_id]
                 o.duplicate = True
                 if digests.get(r.report_id) != r.digest:
                     o.error = ReportConflict(
-                        f"report_id {r.report_id!r} was already stored with different content"
-                    )
+                        f"report_id {r.report_id!r} was already stored with different content")
         new = [r for r in unique if r.report_id in new_pk]
         rows = [
-            {
-                "report_pk": new_pk[r.report_id],
-                "policy_id": r.policy_id,
-                "context_id": ids[a.context],
-                "theta_key": a.theta_key,
-                "theta_version": a.theta_version,
-                "flow_count": a.flow_count,
-                "tpt_sum": a.tpt_sum,
-                "tpt_sq_sum": a.tpt_sq_sum,
-                "delay_sum": a.delay_sum,
-                "delay_sq_sum": a.delay_sq_sum,
-                "tpt_delay_sum": a.tpt_delay_sum,
-                "slow_flows": a.slow_flows,
-                "size_buckets": list(a.size_buckets),
-                "sketch": a.sketch,
-            }
+            (new_pk[r.report_id], r.policy_id, ids[a.context], a.theta_key, a.theta_version,
+             a.flow_count, a.tpt_sum, a.tpt_sq_sum, a.delay_sum, a.delay_sq_sum, a.tpt_delay_sum,
+             a.slow_flows, list(a.size_buckets), a.sketch)
             for r in new
             for a in r.aggregates
         ]
         if rows:
-            conn.execute(insert(ReportAggregate), rows)
-        _upsert_trials(conn, _trial_deltas(new, ids))
+            _copy_aggregates(cur, rows)
+        _upsert_trials(cur, _trial_deltas(new, ids))
         for r in new:
             outcomes[r.report_id].stored = len(r.aggregates)
     result = []

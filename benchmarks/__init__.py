@@ -1,0 +1,1 @@
+"""Benchmarks that print figures; each writes its result to benchmarks/results/."""

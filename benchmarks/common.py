@@ -20,9 +20,15 @@ AGENT = "bench-agent"
 def start_booster(**overrides) -> BoosterServer:
     data = Path(tempfile.mkdtemp(prefix="gemini-bench-"))
     os.environ.setdefault("XDG_RUNTIME_DIR", str(data))
-    values = dict(data_dir=data, grpc_listen="127.0.0.1:0", http_port=0,
-                  bootstrap_operator_token=OPERATOR, bootstrap_agent_token=AGENT,
-                  refit_interval_s=3600, log_level="WARNING")
+    values = dict(
+        data_dir=data,
+        grpc_listen="127.0.0.1:0",
+        http_port=0,
+        bootstrap_operator_token=OPERATOR,
+        bootstrap_agent_token=AGENT,
+        refit_interval_s=3600,
+        log_level="WARNING",
+    )
     values.update(overrides)
     return BoosterServer(Settings(**values)).start()
 

@@ -80,8 +80,10 @@ def main() -> None:
         target = f"127.0.0.1:{server.grpc_port}"
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
-        procs = [ctx.Process(target=client, args=(target, w, args.seconds, args.inflight, q))
-                 for w in range(args.clients)]
+        procs = [
+            ctx.Process(target=client, args=(target, w, args.seconds, args.inflight, q))
+            for w in range(args.clients)
+        ]
         for p in procs:
             p.start()
         for _ in procs:
@@ -101,19 +103,22 @@ def main() -> None:
     done = sum(r[0] for r in results)
     errors = sum(r[1] for r in results)
     lat = np.asarray([x for r in results for x in r[2]]) * 1000
-    write_result("ingest", "python -m benchmarks.ingest " + " ".join(
-        f"--{k} {v}" for k, v in vars(args).items()), [
-        "| figure | value |",
-        "| --- | --- |",
-        f"| client processes × calls in flight | {args.clients} × {args.inflight} |",
-        f"| reports acknowledged | {done} in {wall:.1f} s |",
-        f"| **throughput** | **{done / wall:,.0f} reports/s** (target ≥ 2,000) |",
-        f"| rows in PostgreSQL | {stored} reports, {aggs} aggregates (2 per report) |",
-        f"| errors | {errors} |",
-        f"| mean reports per transaction | {stored / max(n_batches, 1):.1f} |",
-        f"| client latency p50 / p99 | {np.percentile(lat, 50):.1f} ms / "
-        f"{np.percentile(lat, 99):.1f} ms |",
-    ])
+    write_result(
+        "ingest",
+        "python -m benchmarks.ingest " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+        [
+            "| figure | value |",
+            "| --- | --- |",
+            f"| client processes × calls in flight | {args.clients} × {args.inflight} |",
+            f"| reports acknowledged | {done} in {wall:.1f} s |",
+            f"| **throughput** | **{done / wall:,.0f} reports/s** (target ≥ 2,000) |",
+            f"| rows in PostgreSQL | {stored} reports, {aggs} aggregates (2 per report) |",
+            f"| errors | {errors} |",
+            f"| mean reports per transaction | {stored / max(n_batches, 1):.1f} |",
+            f"| client latency p50 / p99 | {np.percentile(lat, 50):.1f} ms / "
+            f"{np.percentile(lat, 99):.1f} ms |",
+        ],
+    )
 
 
 if __name__ == "__main__":

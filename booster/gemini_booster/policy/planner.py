@@ -35,7 +35,7 @@ from .objective import utility
 from .surrogate import CONTEXT_ATTRIBUTES, FittedSurrogate, ThetaSpace, fit_surrogate
 
 N_CANDIDATES = 8
-POOL_RANDOM = 1000
+POOL_RANDOM = 500
 POOL_LOCAL_PER_ANCHOR = 60
 LOCAL_STEP = 0.08  # std of local perturbations, in normalised θ units
 MIN_CANDIDATE_DISTANCE = 0.05  # normalised L∞ distance between parallel candidates
@@ -70,6 +70,18 @@ class Observation:
     noise_var: float
     flows: int
     last_seen: float
+
+
+@dataclass(frozen=True)
+class _Posterior:
+    """The GP's posterior at one candidate pool, computed once and handed to all of
+    scikit-optimize's acquisition functions (which would otherwise each predict again)."""
+
+    loss: np.ndarray
+    std: np.ndarray
+
+    def predict(self, X, return_std: bool = True):
+        return self.loss, self.std
 
 
 def context_features(key: ContextKey, time_buckets: int) -> tuple:
@@ -252,16 +264,17 @@ class Planner:
             incumbent, inc_mu = space.decode(anchors[:1])[0], float(mu_a[0])
             anchors = anchors[:BEST_PER_CONTEXT]
         pool = self._pool(space, anchors, rng)
-        Xp = self._with_context(pool, encoder, context_id)
+        posterior = _Posterior(*model.gp.predict(self._with_context(pool, encoder, context_id),
+                                                 return_std=True))
         if not len(anchors):
-            mu_p, _ = model.predict(Xp)
-            best = int(np.argmax(mu_p))
-            incumbent, inc_mu = space.decode(pool[best : best + 1])[0], float(mu_p[best])
+            best = int(np.argmin(posterior.loss))
+            incumbent = space.decode(pool[best : best + 1])[0]
+            inc_mu = float(model.y_mean - posterior.loss[best] * model.y_std)
         loss_opt = float(model.to_loss(inc_mu))
         scores = {
-            "EI": gaussian_ei(Xp, model.gp, y_opt=loss_opt, xi=0.01),
-            "PI": gaussian_pi(Xp, model.gp, y_opt=loss_opt, xi=0.01),
-            "LCB": -gaussian_lcb(Xp, model.gp, kappa=1.96),
+            "EI": gaussian_ei(pool, posterior, y_opt=loss_opt, xi=0.01),
+            "PI": gaussian_pi(pool, posterior, y_opt=loss_opt, xi=0.01),
+            "LCB": -gaussian_lcb(pool, posterior, kappa=1.96),
         }
         chosen = self._choose_acquisition(policy, state, rng)
         state.last_picks[context_id] = {

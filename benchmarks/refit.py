@@ -113,8 +113,9 @@ def main() -> None:
             f"{N_CONTEXTS} contexts; θ in Θ (production); model bounded at "
             f"{policy.max_model_points} points. Times in seconds, same process, same data.",
             "",
-            "| trials | model points | contexts planned | Booster refit, cold | Booster refit, warm "
-            "| plain skopt `tell` (one-hot contexts) | plain ÷ Booster cold |",
+            "| trials | model points | contexts planned | Booster refit, cold "
+            "| Booster refit, warm | plain skopt `tell` (one-hot contexts) "
+            "| plain ÷ Booster cold |",
             "| --- | --- | --- | --- | --- | --- | --- |",
             *rows,
         ],

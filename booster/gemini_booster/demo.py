@@ -68,13 +68,7 @@ def run_demo(settings: Settings, rounds: int, keep_serving: bool) -> int:
             cells = []
             for key, ctx in names.items():
                 plan = snap.get(key)
-                u = sim.true_utility(
-                    ctx,
-                    {
-                        f.name: getattr(plan.incumbent, f.name)
-                        for f in plan.incumbent.DESCRIPTOR.fields
-                    },
-                )
+                u = sim.true_utility(ctx, server.booster.spec.from_key(plan.incumbent_key))
                 cells.append(f"{u:7.1f} of {sim.best_utility(ctx):5.1f} Mbit/s")
             print(f"{r + 1:>5}  " + "  ".join(f"{c:>22}" for c in cells))
         fleet.close()

@@ -14,14 +14,16 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
+from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 
 from . import simulation as sim
+from .service.validation import theta_dict
 
 
 def theta_of(msg: pb.Theta) -> dict[str, int]:
-    return {f.name: getattr(msg, f.name) for f in msg.DESCRIPTOR.fields}
+    return theta_dict(msg, load_spec())
 
 
 @dataclass

@@ -264,8 +264,9 @@ class Planner:
             incumbent, inc_mu = space.decode(anchors[:1])[0], float(mu_a[0])
             anchors = anchors[:BEST_PER_CONTEXT]
         pool = self._pool(space, anchors, rng)
-        posterior = _Posterior(*model.gp.predict(self._with_context(pool, encoder, context_id),
-                                                 return_std=True))
+        posterior = _Posterior(
+            *model.gp.predict(self._with_context(pool, encoder, context_id), return_std=True)
+        )
         if not len(anchors):
             best = int(np.argmin(posterior.loss))
             incumbent = space.decode(pool[best : best + 1])[0]

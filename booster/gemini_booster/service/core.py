@@ -34,7 +34,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CachedPlan:
+    """A published plan: θ keys for comparisons and display, ready messages for the hot path."""
+
     version: int
+    incumbent_key: str
+    candidate_keys: tuple[str, ...]
     incumbent: pb.Theta
     incumbent_utility: float
     candidates: tuple[pb.Theta, ...]
@@ -107,18 +111,17 @@ class Booster:
     def _load_plans(self) -> None:
         contexts = repo.load_contexts(self.engine)
         for rec in repo.load_plans(self.engine):
-            self._plans[(rec.policy_id, contexts[rec.context_id])] = self._cached(
-                rec.plan_version,
-                self.spec.from_key(rec.incumbent_key),
-                rec.incumbent_utility,
-                [self.spec.from_key(k) for k in rec.candidate_keys],
-            )
+            self._plans[(rec.policy_id, contexts[rec.context_id])] = self._cached(rec)
         self._dirty.clear()  # persisted plans are current until new data arrives
 
-    @staticmethod
-    def _cached(version, incumbent, utility, candidates) -> CachedPlan:
+    def _cached(self, rec: repo.PlanRecord) -> CachedPlan:
         return CachedPlan(
-            version, pb.Theta(**incumbent), utility or 0.0, tuple(pb.Theta(**c) for c in candidates)
+            version=rec.plan_version,
+            incumbent_key=rec.incumbent_key,
+            candidate_keys=tuple(rec.candidate_keys),
+            incumbent=pb.Theta(**self.spec.from_key(rec.incumbent_key)),
+            incumbent_utility=rec.incumbent_utility or 0.0,
+            candidates=tuple(pb.Theta(**self.spec.from_key(k)) for k in rec.candidate_keys),
         )
 
     # -- agents ----------------------------------------------------------------------------
@@ -228,9 +231,7 @@ class Booster:
             inc_key = self.spec.key(plan.incumbent)
             cand_keys = tuple(self.spec.key(c) for c in plan.candidates)
             same = (
-                old is not None
-                and self.spec.key(_theta_dict(old.incumbent)) == inc_key
-                and tuple(self.spec.key(_theta_dict(c)) for c in old.candidates) == cand_keys
+                old is not None and old.incumbent_key == inc_key and old.candidate_keys == cand_keys
             )
             version = old.version if same else (old.version + 1 if old else 1)
             records.append(
@@ -242,19 +243,10 @@ class Booster:
                 )
         repo.save_plans(self.engine, records)  # persist first: a crash never serves unsaved θ
         for rec in records:
-            self._plans[(policy.id, contexts[rec.context_id])] = self._cached(
-                rec.plan_version,
-                self.spec.from_key(rec.incumbent_key),
-                rec.incumbent_utility,
-                [self.spec.from_key(k) for k in rec.candidate_keys],
-            )
+            self._plans[(policy.id, contexts[rec.context_id])] = self._cached(rec)
 
     def plan_snapshot(self, policy_id: int) -> dict[ContextKey, CachedPlan]:
         return {k: v for (pid, k), v in list(self._plans.items()) if pid == policy_id}
-
-
-def _theta_dict(theta: pb.Theta) -> dict[str, int]:
-    return {f.name: getattr(theta, f.name) for f in theta.DESCRIPTOR.fields}
 
 
 def _share(host: str, key: ContextKey, version: int) -> float:

@@ -5,7 +5,6 @@ needs an operator token and leaves an audit entry. Request bodies are strict pyd
 (unknown fields are a 422 naming the field).
 """
 
-
 import time
 from typing import Annotated, Literal
 
@@ -153,9 +152,7 @@ def create_app(booster: Booster, auth: TokenAuthority) -> FastAPI:
         p = _policy(name)
         out = []
         for key, plan in sorted(booster.plan_snapshot(p.id).items()):
-            theta = {
-                f.name: getattr(plan.incumbent, f.name) for f in plan.incumbent.DESCRIPTOR.fields
-            }
+            theta = booster.spec.from_key(plan.incumbent_key)
             out.append(
                 ContextPlanOut(
                     context=_ctx_dict(key),

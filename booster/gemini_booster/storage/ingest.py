@@ -140,9 +140,20 @@ RETURNING report_id, id
 """
 
 _AGGREGATE_COLUMNS = (
-    "report_pk", "policy_id", "context_id", "theta_key", "theta_version", "flow_count",
-    "tpt_sum", "tpt_sq_sum", "delay_sum", "delay_sq_sum", "tpt_delay_sum", "slow_flows",
-    "size_buckets", "sketch",
+    "report_pk",
+    "policy_id",
+    "context_id",
+    "theta_key",
+    "theta_version",
+    "flow_count",
+    "tpt_sum",
+    "tpt_sq_sum",
+    "delay_sum",
+    "delay_sq_sum",
+    "tpt_delay_sum",
+    "slow_flows",
+    "size_buckets",
+    "sketch",
 )
 
 
@@ -155,18 +166,25 @@ def _upsert_trials(cur, deltas: list[dict]) -> None:
         return
     # Sorted, so concurrent replicas lock trial rows in one order and cannot deadlock.
     deltas = sorted(deltas, key=lambda d: (d["policy_id"], d["context_id"], d["theta_key"]))
-    cur.execute(_UPSERT_TRIALS, _columns(deltas, ("policy_id", "context_id", "theta_key",
-                                                  *TRIAL_SUMS)))
+    cur.execute(
+        _UPSERT_TRIALS, _columns(deltas, ("policy_id", "context_id", "theta_key", *TRIAL_SUMS))
+    )
 
 
 def _insert_reports(cur, reports: Sequence[ReportRow]) -> dict[str, int]:
     """One statement for the whole batch (arrays + unnest), prepared once per connection."""
-    cur.execute(_INSERT_REPORTS, [
-        [r.report_id for r in reports], [r.digest for r in reports],
-        [r.host_id for r in reports], [r.policy_id for r in reports],
-        [r.interval_start for r in reports], [r.interval_end for r in reports],
-        [len(r.aggregates) for r in reports],
-    ])
+    cur.execute(
+        _INSERT_REPORTS,
+        [
+            [r.report_id for r in reports],
+            [r.digest for r in reports],
+            [r.host_id for r in reports],
+            [r.policy_id for r in reports],
+            [r.interval_start for r in reports],
+            [r.interval_end for r in reports],
+            [len(r.aggregates) for r in reports],
+        ],
+    )
     return dict(cur.fetchall())
 
 
@@ -203,21 +221,38 @@ def store_reports(
         new_pk = _insert_reports(cur, unique)
         old = [r for r in unique if r.report_id not in new_pk]
         if old:
-            digests = dict(conn.execute(
-                select(Report.report_id, Report.digest).where(
-                    Report.report_id.in_([r.report_id for r in old]))
-            ).all())
+            digests = dict(
+                conn.execute(
+                    select(Report.report_id, Report.digest).where(
+                        Report.report_id.in_([r.report_id for r in old])
+                    )
+                ).all()
+            )
             for r in old:
                 o = outcomes[r.report_id]
                 o.duplicate = True
                 if digests.get(r.report_id) != r.digest:
                     o.error = ReportConflict(
-                        f"report_id {r.report_id!r} was already stored with different content")
+                        f"report_id {r.report_id!r} was already stored with different content"
+                    )
         new = [r for r in unique if r.report_id in new_pk]
         rows = [
-            (new_pk[r.report_id], r.policy_id, ids[a.context], a.theta_key, a.theta_version,
-             a.flow_count, a.tpt_sum, a.tpt_sq_sum, a.delay_sum, a.delay_sq_sum, a.tpt_delay_sum,
-             a.slow_flows, list(a.size_buckets), a.sketch)
+            (
+                new_pk[r.report_id],
+                r.policy_id,
+                ids[a.context],
+                a.theta_key,
+                a.theta_version,
+                a.flow_count,
+                a.tpt_sum,
+                a.tpt_sq_sum,
+                a.delay_sum,
+                a.delay_sq_sum,
+                a.tpt_delay_sum,
+                a.slow_flows,
+                list(a.size_buckets),
+                a.sketch,
+            )
             for r in new
             for a in r.aggregates
         ]

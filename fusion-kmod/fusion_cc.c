@@ -1,0 +1,596 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Fusion: a white-box congestion control whose fixed logic is steered by θ.
+ *
+ * Gemini (Yang et al., "Divide-and-Conquer for Practical Learning-Based Internet Congestion
+ * Control") splits congestion control in two: this module's control logic never changes, and a
+ * central optimiser (Booster) tunes the seven numbers θ = {ω, α, γ, λ, l, δ, n} per network
+ * context. Each flow takes its θ from the profile matching its destination when it starts
+ * (fusion_profiles.c) and keeps it for life, so every flow's outcome is attributable to one θ.
+ *
+ * Measurements. Time is cut into sampling intervals of a quarter of the minimum RTT. For each
+ * interval Fusion keeps the highest delivery rate (from the kernel's rate samples, tcp_rate.c)
+ * and the lowest and highest RTT sample. A sliding window of the latest n intervals gives
+ *   R^max  the highest delivery rate,
+ *   T^min  the lowest RTT,           T^max  the highest RTT,
+ * through windowed min/max filters (three samples each, as the kernel's win_minmax), and the
+ * latest interval alone gives T^min_1. The estimated BDP is R^max · T^min. The loss rate L is
+ * packets marked lost over packets delivered or lost, over the current and previous round trip.
+ *
+ * Congestion signal (eq. 1): L > l, or T^min_1 − T^min > δ · (T^max − T^min). δ = 100 %
+ * therefore switches the delay signal off, and l = 0 makes any loss a signal.
+ *
+ * Slow start (eq. 2): the window grows by the packets acknowledged, W ← W + acked, and never
+ * below twice the estimated BDP: W' = max(2 · R^max · T^min, W), from W_0 = ω. Slow start ends
+ * at a congestion signal or at a HyStart-style delay exit: the minimum of a round's first eight
+ * RTT samples exceeds the flow's minimum RTT by an eighth of it (clamped to 4..16 ms).
+ *
+ * Recovery (eq. 3): on a congestion signal, W' = λ · W. The reduction runs through the kernel's
+ * CWR or Recovery state and reaches λ · W by proportional rate reduction (RFC 6937): the window
+ * follows the packets delivered instead of collapsing at once. Losses whose rate stays at or
+ * below l are repaired without any reduction; that is what l tolerates on lossy paths. At most
+ * one reduction per round trip.
+ *
+ * Avoidance (eq. 4): once per round trip, W' = max(α · R^max · T^min, W) + γ: multiplicative
+ * and additive growth while the BDP estimate keeps rising, additive growth otherwise.
+ *
+ * Pacing (eq. 5): R = W / T^min, set as the socket's pacing rate with internal pacing
+ * requested, so it holds with or without the fq qdisc.
+ *
+ * Fixed point: delivery rates are packets per microsecond scaled by 2^FUSION_BW_SCALE; θ stays
+ * in the spec's integer units (α and λ in hundredths, l in tenths of a percent, δ in percent).
+ */
+#include <linux/inet_diag.h>
+#include <linux/module.h>
+#include <linux/slab.h>
+#include <net/genetlink.h>
+#include <net/tcp.h>
+
+#include "fusion.h"
+
+#define FUSION_BW_SCALE		24
+#define FUSION_BW_UNIT		(1 << FUSION_BW_SCALE)
+#define FUSION_CWND_MIN		4		/* packets: keep the ACK clock alive */
+#define FUSION_INTERVALS_PER_RTT	4	/* a sampling interval is a quarter RTT */
+#define FUSION_INTERVAL_MIN_US	1000		/* ...but never shorter than this */
+#define FUSION_RTT_UNKNOWN_US	100000		/* stand-in before any RTT sample */
+#define FUSION_HYSTART_SAMPLES	8
+#define FUSION_HYSTART_DELAY_MIN_US	4000
+#define FUSION_HYSTART_DELAY_MAX_US	16000
+#define FUSION_HYSTART_DELAY_SHIFT	3	/* exit at min RTT + min RTT / 8 */
+/* l counts tenths of a percent, so a loss rate compares against l / (100 · scale) */
+#define FUSION_LOSS_DENOM	(100 * FUSION_LOSS_THRESHOLD_SCALE)
+#define FUSION_RTT_DENOM	(100 * FUSION_RTT_THRESHOLD_SCALE)
+#define FUSION_GAIN_SHIFT	8		/* ss -i shows α as a gain << 8, as BBR's gains */
+
+enum fusion_mode {
+	FUSION_SLOW_START,
+	FUSION_AVOIDANCE,
+};
+
+/* Windowed min or max over the latest win intervals, after Kathleen Nichols' algorithm. */
+struct fusion_minmax_sample {
+	u32 t;
+	u32 v;
+};
+
+struct fusion_minmax {
+	struct fusion_minmax_sample s[3];
+};
+
+struct fusion_flow {
+	struct fusion_profile theta;		/* snapshot taken when the flow started */
+
+	struct fusion_minmax bw_max;		/* R^max over n intervals */
+	struct fusion_minmax rtt_min;		/* T^min over n intervals */
+	struct fusion_minmax rtt_max;		/* T^max over n intervals */
+	u64 interval_start_us;
+	u32 interval;				/* index of the current interval */
+	u32 interval_bw;
+	u32 interval_rtt_min_us;
+	u32 interval_rtt_max_us;
+
+	u32 round;				/* round trips so far */
+	u32 next_round_delivered;
+	u32 round_delivered;
+	u32 round_lost;
+	u32 prev_round_delivered;
+	u32 prev_round_lost;
+	u32 cut_round;				/* round of the latest reduction, + 1 */
+	u32 ss_rtt_min_us;			/* HyStart: min of this round's first samples */
+	u8 ss_samples;
+	u8 mode;
+	u8 prev_ca_state;
+	bool round_start;
+	bool cutting;				/* ssthresh() is asked on our own signal */
+
+	u64 start_us;				/* for the flow record */
+	u64 last_ack_us;
+	u64 rtt_sum_us;
+	u32 rtt_samples;
+	u32 flow_rtt_min_us;
+};
+
+static struct kmem_cache *fusion_flow_cache __read_mostly;
+
+static struct fusion_flow *fusion_flow(const struct sock *sk)
+{
+	return *(struct fusion_flow **)inet_csk_ca(sk);
+}
+
+static bool fusion_better(u32 a, u32 b, bool is_max)
+{
+	return is_max ? a >= b : a <= b;
+}
+
+static void fusion_minmax_reset(struct fusion_minmax *m, u32 t, u32 v)
+{
+	m->s[0].t = m->s[1].t = m->s[2].t = t;
+	m->s[0].v = m->s[1].v = m->s[2].v = v;
+}
+
+/* Add sample v at interval t; keep the best of the latest win intervals in s[0]. */
+static void fusion_minmax_update(struct fusion_minmax *m, u32 win, u32 t, u32 v, bool is_max)
+{
+	struct fusion_minmax_sample val = { .t = t, .v = v };
+	u32 dt;
+
+	if (fusion_better(v, m->s[0].v, is_max) || t - m->s[2].t > win) {
+		fusion_minmax_reset(m, t, v);
+		return;
+	}
+	if (fusion_better(v, m->s[1].v, is_max))
+		m->s[2] = m->s[1] = val;
+	else if (fusion_better(v, m->s[2].v, is_max))
+		m->s[2] = val;
+
+	/* age out the best sample; keep the second and third as later candidates */
+	dt = t - m->s[0].t;
+	if (dt > win) {
+		m->s[0] = m->s[1];
+		m->s[1] = m->s[2];
+		m->s[2] = val;
+		if (t - m->s[0].t > win) {
+			m->s[0] = m->s[1];
+			m->s[1] = m->s[2];
+		}
+	} else if (m->s[1].t == m->s[0].t && dt > win / 4) {
+		m->s[2] = m->s[1] = val;
+	} else if (m->s[2].t == m->s[1].t && dt > win / 2) {
+		m->s[2] = val;
+	}
+}
+
+static u32 fusion_theta(const struct fusion_flow *f, enum fusion_theta_param p)
+{
+	return f->theta.theta[p];
+}
+
+static u32 fusion_min_rtt_us(const struct fusion_flow *f)
+{
+	return f->rtt_min.s[0].v;
+}
+
+static bool fusion_have_rtt(const struct fusion_flow *f)
+{
+	return f->rtt_min.s[0].v != U32_MAX;
+}
+
+/* R^max · T^min in packets, times gain_num / gain_den. */
+static u32 fusion_bdp(const struct fusion_flow *f, u32 gain_num, u32 gain_den)
+{
+	u64 bdp;
+
+	if (!fusion_have_rtt(f))
+		return 0;
+	bdp = (u64)f->bw_max.s[0].v * fusion_min_rtt_us(f) * gain_num;
+	return div_u64(bdp >> FUSION_BW_SCALE, gain_den);
+}
+
+/* L > l over the current and the previous round trip. */
+static bool fusion_loss_signal(const struct fusion_flow *f)
+{
+	u64 lost = (u64)f->round_lost + f->prev_round_lost;
+	u64 total = lost + f->round_delivered + f->prev_round_delivered;
+
+	return lost && lost * FUSION_LOSS_DENOM > fusion_theta(f, FUSION_THETA_LOSS_THRESHOLD) * total;
+}
+
+/* T^min_1 − T^min > δ · (T^max − T^min), on the interval just closed. */
+static bool fusion_delay_signal(const struct fusion_flow *f, u32 latest_min_us)
+{
+	u32 tmin = fusion_min_rtt_us(f), tmax = f->rtt_max.s[0].v;
+
+	if (latest_min_us <= tmin || tmax <= tmin)
+		return false;
+	return (u64)(latest_min_us - tmin) * FUSION_RTT_DENOM >
+	       (u64)fusion_theta(f, FUSION_THETA_RTT_THRESHOLD) * (tmax - tmin);
+}
+
+static u32 fusion_reduced_cwnd(const struct sock *sk, const struct fusion_flow *f)
+{
+	u32 cwnd = tcp_snd_cwnd(tcp_sk(sk));
+
+	return max_t(u32, cwnd * fusion_theta(f, FUSION_THETA_MULT_DECREASE) /
+			  FUSION_MULT_DECREASE_SCALE, FUSION_CWND_MIN);
+}
+
+/* Eq. 3: start a reduction to λ · W, at most once per round trip. */
+static void fusion_congestion(struct sock *sk, struct fusion_flow *f)
+{
+	struct tcp_sock *tp = tcp_sk(sk);
+
+	f->mode = FUSION_AVOIDANCE;
+	if (f->cut_round == f->round + 1)
+		return;
+	if (inet_csk(sk)->icsk_ca_state < TCP_CA_CWR) {
+		f->cutting = true;
+		tcp_enter_cwr(sk);		/* asks fusion_ssthresh() for the target */
+		f->cutting = false;
+	} else if (inet_csk(sk)->icsk_ca_state != TCP_CA_Loss) {
+		/* already reducing for a tolerated loss: lower the target */
+		tp->snd_ssthresh = min(tp->snd_ssthresh, fusion_reduced_cwnd(sk, f));
+	}
+	f->cut_round = f->round + 1;
+}
+
+static void fusion_sample_rtt(struct fusion_flow *f, u32 rtt_us)
+{
+	f->interval_rtt_min_us = min(f->interval_rtt_min_us, rtt_us);
+	f->interval_rtt_max_us = max(f->interval_rtt_max_us, rtt_us);
+	f->flow_rtt_min_us = min(f->flow_rtt_min_us, rtt_us);
+	f->rtt_sum_us += rtt_us;
+	f->rtt_samples++;
+	if (f->ss_samples < FUSION_HYSTART_SAMPLES) {
+		f->ss_rtt_min_us = min(f->ss_rtt_min_us, rtt_us);
+		f->ss_samples++;
+	}
+}
+
+static void fusion_start_round(struct fusion_flow *f, const struct tcp_sock *tp)
+{
+	f->next_round_delivered = tp->delivered;
+	f->round++;
+	f->round_start = true;
+	f->prev_round_delivered = f->round_delivered;
+	f->prev_round_lost = f->round_lost;
+	f->round_delivered = 0;
+	f->round_lost = 0;
+	f->ss_rtt_min_us = U32_MAX;
+	f->ss_samples = 0;
+}
+
+/* Per-ACK bookkeeping: RTT and delivery-rate samples, loss tallies, round trips. */
+static void fusion_sample(struct fusion_flow *f, const struct tcp_sock *tp,
+			  const struct rate_sample *rs)
+{
+	f->round_start = false;
+	if (rs->rtt_us > 0)
+		fusion_sample_rtt(f, rs->rtt_us);
+	f->round_delivered += rs->acked_sacked;
+	f->round_lost += rs->losses;
+	if (rs->acked_sacked)
+		f->last_ack_us = tp->tcp_mstamp;
+	if (rs->delivered <= 0 || rs->interval_us <= 0)
+		return;
+	if (!before(rs->prior_delivered, f->next_round_delivered))
+		fusion_start_round(f, tp);
+	/* app-limited samples understate the path; keep them only if they raise the max */
+	if (!rs->is_app_limited || rs->delivered * (u64)FUSION_BW_UNIT >
+	    (u64)f->bw_max.s[0].v * rs->interval_us)
+		f->interval_bw = max_t(u32, f->interval_bw,
+				       div_u64((u64)rs->delivered * FUSION_BW_UNIT, rs->interval_us));
+}
+
+static u32 fusion_interval_us(const struct fusion_flow *f, const struct tcp_sock *tp)
+{
+	u32 rtt = fusion_have_rtt(f) ? fusion_min_rtt_us(f) :
+		  tp->srtt_us ? tp->srtt_us >> 3 : FUSION_RTT_UNKNOWN_US;
+
+	return max_t(u32, rtt / FUSION_INTERVALS_PER_RTT, FUSION_INTERVAL_MIN_US);
+}
+
+/* Close the sampling interval: feed the window filters, then test eq. 1. */
+static void fusion_close_interval(struct sock *sk, struct fusion_flow *f, u64 now)
+{
+	u32 n = fusion_theta(f, FUSION_THETA_WINDOW_INTERVALS);
+	u32 len = fusion_interval_us(f, tcp_sk(sk));
+	u32 elapsed = div_u64(now - f->interval_start_us, len);
+	u32 latest_min = f->interval_rtt_min_us;
+
+	/* an idle gap ages the window by the intervals it spanned */
+	f->interval += min(elapsed, n + 1);
+	f->interval_start_us = now;
+	if (f->interval_bw)
+		fusion_minmax_update(&f->bw_max, n, f->interval, f->interval_bw, true);
+	if (latest_min != U32_MAX) {
+		fusion_minmax_update(&f->rtt_min, n, f->interval, latest_min, false);
+		fusion_minmax_update(&f->rtt_max, n, f->interval, f->interval_rtt_max_us, true);
+	}
+	f->interval_bw = 0;
+	f->interval_rtt_min_us = U32_MAX;
+	f->interval_rtt_max_us = 0;
+
+	if (fusion_loss_signal(f) ||
+	    (latest_min != U32_MAX && fusion_delay_signal(f, latest_min)))
+		fusion_congestion(sk, f);
+}
+
+/* HyStart-style delay exit from slow start, once a round has its first samples. */
+static bool fusion_hystart_exit(struct fusion_flow *f)
+{
+	u32 base = f->flow_rtt_min_us, thresh;
+
+	if (f->ss_samples != FUSION_HYSTART_SAMPLES || base == U32_MAX)
+		return false;
+	f->ss_samples++;			/* decide once per round */
+	thresh = clamp_t(u32, base >> FUSION_HYSTART_DELAY_SHIFT,
+			 FUSION_HYSTART_DELAY_MIN_US, FUSION_HYSTART_DELAY_MAX_US);
+	return f->ss_rtt_min_us >= base + thresh;
+}
+
+/* Proportional rate reduction (RFC 6937) toward snd_ssthresh during CWR and Recovery. */
+static u32 fusion_prr_cwnd(struct sock *sk, const struct rate_sample *rs)
+{
+	struct tcp_sock *tp = tcp_sk(sk);
+	int in_flight = tcp_packets_in_flight(tp);
+	int delta = (int)tp->snd_ssthresh - in_flight;
+	int delivered = rs->acked_sacked;
+	int sndcnt;
+
+	if (delivered <= 0 || !tp->prior_cwnd)
+		return tcp_snd_cwnd(tp);
+	tp->prr_delivered += delivered;
+	if (delta < 0) {
+		u64 share = (u64)tp->snd_ssthresh * tp->prr_delivered + tp->prior_cwnd - 1;
+
+		sndcnt = (int)div_u64(share, tp->prior_cwnd) - (int)tp->prr_out;
+	} else {
+		/* slow-start reduction bound: send no faster than the ACKs arrive */
+		sndcnt = rs->losses ? delivered :
+			 max_t(int, tp->prr_delivered - tp->prr_out, delivered);
+		sndcnt = min(delta, sndcnt);
+	}
+	sndcnt = max(sndcnt, tp->prr_out ? 0 : 1);	/* let the fast retransmit out */
+	return in_flight + sndcnt;
+}
+
+/* Slow start and avoidance, in the Open and Disorder states. */
+static u32 fusion_grow_cwnd(struct sock *sk, struct fusion_flow *f, u32 cwnd, u32 acked)
+{
+	if (!tcp_is_cwnd_limited(sk))
+		return cwnd;
+	if (f->mode == FUSION_SLOW_START) {
+		cwnd = max(cwnd + acked, fusion_bdp(f, 2, 1));			/* eq. 2 */
+		if (fusion_hystart_exit(f))
+			fusion_congestion(sk, f);
+		return cwnd;
+	}
+	if (f->round_start)
+		cwnd = max(fusion_bdp(f, fusion_theta(f, FUSION_THETA_MULT_INCREASE),
+				      FUSION_MULT_INCREASE_SCALE), cwnd) +
+		       fusion_theta(f, FUSION_THETA_ADD_INCREASE);		/* eq. 4 */
+	return cwnd;
+}
+
+static void fusion_set_cwnd(struct sock *sk, struct fusion_flow *f, const struct rate_sample *rs)
+{
+	struct tcp_sock *tp = tcp_sk(sk);
+	u8 state = inet_csk(sk)->icsk_ca_state;
+	u32 cwnd = tcp_snd_cwnd(tp);
+
+	if (state == TCP_CA_CWR || state == TCP_CA_Recovery) {
+		cwnd = fusion_prr_cwnd(sk, rs);
+	} else if (state == TCP_CA_Loss) {
+		if (cwnd < tp->snd_ssthresh)	/* after a timeout: back up to ssthresh */
+			cwnd = min(cwnd + rs->acked_sacked, tp->snd_ssthresh);
+	} else {
+		/* a reduction just ended (not undone): settle on its target, as the stack would */
+		if ((f->prev_ca_state == TCP_CA_CWR ||
+		     (f->prev_ca_state == TCP_CA_Recovery && tp->undo_marker)) &&
+		    tp->snd_ssthresh < TCP_INFINITE_SSTHRESH)
+			cwnd = tp->snd_ssthresh;
+		cwnd = fusion_grow_cwnd(sk, f, cwnd, rs->acked_sacked);
+	}
+	cwnd = clamp_t(u32, cwnd, FUSION_CWND_MIN, tp->snd_cwnd_clamp);
+	tcp_snd_cwnd_set(tp, cwnd);
+}
+
+/* Eq. 5: R = W / T^min, in bytes per second. */
+static void fusion_set_pacing_rate(struct sock *sk, const struct fusion_flow *f)
+{
+	const struct tcp_sock *tp = tcp_sk(sk);
+	u32 rtt = fusion_have_rtt(f) ? fusion_min_rtt_us(f) :
+		  tp->srtt_us ? tp->srtt_us >> 3 : FUSION_RTT_UNKNOWN_US;
+	u64 rate = (u64)tcp_snd_cwnd(tp) * tp->mss_cache * USEC_PER_SEC;
+
+	rate = div_u64(rate, max_t(u32, rtt, 1));
+	WRITE_ONCE(sk->sk_pacing_rate,
+		   min_t(u64, rate, READ_ONCE(sk->sk_max_pacing_rate)));
+}
+
+/* Without per-flow state (no memory at start) the flow runs plain Reno, and is counted. */
+static void fusion_fallback(struct sock *sk, const struct rate_sample *rs)
+{
+	struct tcp_sock *tp = tcp_sk(sk);
+	u8 state = inet_csk(sk)->icsk_ca_state;
+
+	if (state == TCP_CA_CWR || state == TCP_CA_Recovery)
+		tcp_snd_cwnd_set(tp, max_t(u32, fusion_prr_cwnd(sk, rs), FUSION_CWND_MIN));
+	else
+		tcp_reno_cong_avoid(sk, 0, rs->acked_sacked);
+}
+
+static void fusion_cong_control(struct sock *sk, const struct rate_sample *rs)
+{
+	struct tcp_sock *tp = tcp_sk(sk);
+	struct fusion_flow *f = fusion_flow(sk);
+
+	if (!f) {
+		fusion_fallback(sk, rs);
+		return;
+	}
+	fusion_sample(f, tp, rs);
+	if (tp->tcp_mstamp - f->interval_start_us >= fusion_interval_us(f, tp))
+		fusion_close_interval(sk, f, tp->tcp_mstamp);
+	fusion_set_cwnd(sk, f, rs);
+	fusion_set_pacing_rate(sk, f);
+	f->prev_ca_state = inet_csk(sk)->icsk_ca_state;
+}
+
+/* The kernel asks on entering Recovery, Loss or CWR: how far to reduce. */
+static u32 fusion_ssthresh(struct sock *sk)
+{
+	struct tcp_sock *tp = tcp_sk(sk);
+	struct fusion_flow *f = fusion_flow(sk);
+
+	if (!f)
+		return max(tcp_snd_cwnd(tp) >> 1, 2U);
+	if (f->cutting || fusion_loss_signal(f)) {
+		f->mode = FUSION_AVOIDANCE;
+		f->cut_round = f->round + 1;
+		return fusion_reduced_cwnd(sk, f);
+	}
+	return tcp_snd_cwnd(tp);	/* loss within tolerance l: repair, do not reduce */
+}
+
+static u32 fusion_undo_cwnd(struct sock *sk)
+{
+	const struct tcp_sock *tp = tcp_sk(sk);
+
+	return max(tcp_snd_cwnd(tp), tp->prior_cwnd);
+}
+
+static void fusion_init(struct sock *sk)
+{
+	struct tcp_sock *tp = tcp_sk(sk);
+	struct fusion_net *fn = fusion_pernet(sock_net(sk));
+	struct fusion_flow *f;
+
+	atomic64_inc(&fn->flows);
+	f = kmem_cache_zalloc(fusion_flow_cache, GFP_ATOMIC | __GFP_NOWARN);
+	*(struct fusion_flow **)inet_csk_ca(sk) = f;
+	if (!f) {
+		atomic64_inc(&fn->nostate);
+		return;
+	}
+	fusion_profile_for(sk, &f->theta);
+	fusion_minmax_reset(&f->bw_max, 0, 0);
+	fusion_minmax_reset(&f->rtt_min, 0, U32_MAX);
+	fusion_minmax_reset(&f->rtt_max, 0, 0);
+	f->interval_rtt_min_us = U32_MAX;
+	f->flow_rtt_min_us = U32_MAX;
+	f->ss_rtt_min_us = U32_MAX;
+	f->interval_start_us = tp->tcp_mstamp;
+	f->start_us = tp->tcp_mstamp;
+	f->last_ack_us = tp->tcp_mstamp;
+	f->next_round_delivered = tp->delivered;
+	f->mode = FUSION_SLOW_START;
+	f->prev_ca_state = TCP_CA_Open;
+
+	tcp_snd_cwnd_set(tp, fusion_theta(f, FUSION_THETA_INIT_CWND));	/* W_0 = ω */
+	tp->snd_ssthresh = TCP_INFINITE_SSTHRESH;
+	cmpxchg(&sk->sk_pacing_status, SK_PACING_NONE, SK_PACING_NEEDED);
+	fusion_set_pacing_rate(sk, f);
+}
+
+static void fusion_release(struct sock *sk)
+{
+	struct fusion_flow **slot = inet_csk_ca(sk);
+	struct fusion_flow *f = *slot;
+	const struct tcp_sock *tp = tcp_sk(sk);
+	struct fusion_record rec;
+
+	if (!f)
+		return;
+	rec = (struct fusion_record) {
+		.bytes_acked = tp->bytes_acked,
+		.duration_us = f->last_ack_us - f->start_us,
+		.rtt_avg_us = f->rtt_samples ? div_u64(f->rtt_sum_us, f->rtt_samples) : 0,
+		.rtt_min_us = f->flow_rtt_min_us == U32_MAX ? 0 : f->flow_rtt_min_us,
+		.retrans = tp->total_retrans,
+		.segs_out = tp->segs_out,
+		.profile_id = f->theta.id,
+		.profile_version = f->theta.version,
+	};
+	memcpy(rec.theta, f->theta.theta, sizeof(rec.theta));
+	fusion_record_emit(sk, &rec);
+	kmem_cache_free(fusion_flow_cache, f);
+	*slot = NULL;
+}
+
+/* ss -i: there is no fusion struct in inet_diag, so the BBR one carries R^max, T^min and α. */
+static size_t fusion_get_info(struct sock *sk, u32 ext, int *attr, union tcp_cc_info *info)
+{
+	const struct fusion_flow *f = fusion_flow(sk);
+	u64 bw;
+
+	if (!f || !(ext & (1 << (INET_DIAG_BBRINFO - 1))))
+		return 0;
+	bw = (u64)f->bw_max.s[0].v * tcp_sk(sk)->mss_cache * USEC_PER_SEC >> FUSION_BW_SCALE;
+	memset(&info->bbr, 0, sizeof(info->bbr));
+	info->bbr.bbr_bw_lo = (u32)bw;
+	info->bbr.bbr_bw_hi = (u32)(bw >> 32);
+	info->bbr.bbr_min_rtt = fusion_have_rtt(f) ? fusion_min_rtt_us(f) : 0;
+	info->bbr.bbr_pacing_gain = 1 << FUSION_GAIN_SHIFT;
+	info->bbr.bbr_cwnd_gain = (fusion_theta(f, FUSION_THETA_MULT_INCREASE) << FUSION_GAIN_SHIFT) /
+				  FUSION_MULT_INCREASE_SCALE;
+	*attr = INET_DIAG_BBRINFO;
+	return sizeof(info->bbr);
+}
+
+static struct tcp_congestion_ops fusion_cong_ops __read_mostly = {
+	.name = "fusion",
+	.owner = THIS_MODULE,
+	.init = fusion_init,
+	.release = fusion_release,
+	.cong_control = fusion_cong_control,
+	.ssthresh = fusion_ssthresh,
+	.undo_cwnd = fusion_undo_cwnd,
+	.get_info = fusion_get_info,
+};
+
+static int __init fusion_register(void)
+{
+	int err;
+
+	BUILD_BUG_ON(sizeof(struct fusion_flow *) > ICSK_CA_PRIV_SIZE);
+	fusion_flow_cache = KMEM_CACHE(fusion_flow, 0);
+	if (!fusion_flow_cache)
+		return -ENOMEM;
+	err = fusion_profiles_init();
+	if (err)
+		goto free_cache;
+	err = fusion_netlink_init();
+	if (err)
+		goto profiles;
+	err = tcp_register_congestion_control(&fusion_cong_ops);
+	if (err)
+		goto netlink;
+	return 0;
+netlink:
+	fusion_netlink_exit();
+profiles:
+	fusion_profiles_exit();
+free_cache:
+	kmem_cache_destroy(fusion_flow_cache);
+	return err;
+}
+
+static void __exit fusion_unregister(void)
+{
+	tcp_unregister_congestion_control(&fusion_cong_ops);
+	fusion_netlink_exit();
+	fusion_profiles_exit();
+	rcu_barrier();		/* tables freed by call_rcu must be gone before our code is */
+	kmem_cache_destroy(fusion_flow_cache);
+}
+
+module_init(fusion_register);
+module_exit(fusion_unregister);
+
+MODULE_AUTHOR("Gemini");
+MODULE_LICENSE("GPL");
+MODULE_DESCRIPTION("Fusion: parameterised TCP congestion control steered by Gemini's Booster");
+MODULE_VERSION("0.1.0");
+MODULE_ALIAS_GENL_FAMILY(FUSION_GENL_NAME);

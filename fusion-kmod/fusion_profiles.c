@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * θ state per network namespace: the default profile behind the net.fusion.* sysctls, the
+ * destination table installed over netlink, and the version that changes with every θ change.
+ *
+ * Readers (a flow starting) take one RCU-protected snapshot; writers build a new object, check
+ * every parameter against region Θ' first, and publish it with one pointer store. A rejected
+ * write therefore changes nothing, and a flow sees either the old θ or the new one, never a mix.
+ */
+#include <linux/inetdevice.h>
+#include <linux/slab.h>
+#include <linux/sysctl.h>
+#include <net/ipv6.h>
+#include <net/netns/generic.h>
+
+#include "fusion.h"
+
+const u32 fusion_theta_min[FUSION_THETA_NPARAMS] = FUSION_THETA_MIN;
+const u32 fusion_theta_max[FUSION_THETA_NPARAMS] = FUSION_THETA_MAX;
+static const u32 fusion_theta_default[FUSION_THETA_NPARAMS] = FUSION_THETA_DEFAULT;
+static const char *const fusion_theta_names[FUSION_THETA_NPARAMS] = FUSION_THETA_NAMES;
+
+/* proc_dointvec_minmax wants int bounds. */
+static int fusion_sysctl_min[FUSION_THETA_NPARAMS] = FUSION_THETA_MIN;
+static int fusion_sysctl_max[FUSION_THETA_NPARAMS] = FUSION_THETA_MAX;
+
+static unsigned int fusion_net_id __read_mostly;
+
+struct fusion_net *fusion_pernet(const struct net *net)
+{
+	return net_generic(net, fusion_net_id);
+}
+
+const char *const fusion_theta_range_errors[FUSION_THETA_NPARAMS] = FUSION_THETA_RANGE_ERRORS;
+
+/* Index of the first parameter outside region Θ', or -1 when all are inside. */
+int fusion_theta_check(const u32 *theta)
+{
+	int i;
+
+	for (i = 0; i < FUSION_THETA_NPARAMS; i++)
+		if (theta[i] < fusion_theta_min[i] || theta[i] > fusion_theta_max[i])
+			return i;
+	return -1;
+}
+
+/* Caller holds fn->lock. */
+u32 fusion_next_version(struct fusion_net *fn)
+{
+	fn->version++;
+	WRITE_ONCE(fn->sysctl_version, fn->version);
+	return fn->version;
+}
+
+static bool fusion_rule_matches(const struct fusion_rule *r, const struct sock *sk)
+{
+#if IS_ENABLED(CONFIG_IPV6)
+	if (sk->sk_family == AF_INET6 && !ipv6_addr_v4mapped(&sk->sk_v6_daddr))
+		return r->family == AF_INET6 &&
+		       ipv6_prefix_equal(&r->addr.a6, &sk->sk_v6_daddr, r->prefix_len);
+#endif
+	return r->family == AF_INET &&
+	       !((r->addr.a4 ^ sk->sk_daddr) & inet_make_mask(r->prefix_len));
+}
+
+/* The θ a new flow to sk's destination runs: longest matching rule, else the default. */
+void fusion_profile_for(const struct sock *sk, struct fusion_profile *out)
+{
+	struct fusion_net *fn = fusion_pernet(sock_net(sk));
+	const struct fusion_table *t;
+	u32 i;
+
+	rcu_read_lock();
+	t = rcu_dereference(fn->table);
+	for (i = 0; t && i < t->n_rules; i++) {
+		if (fusion_rule_matches(&t->rules[i], sk)) {
+			*out = t->profiles[t->rules[i].profile_idx];
+			rcu_read_unlock();
+			return;
+		}
+	}
+	*out = *rcu_dereference(fn->dflt);
+	rcu_read_unlock();
+}
+
+/*
+ * A write to net.fusion.<param>: bounds checked by proc_dointvec_minmax against Θ' (EINVAL and
+ * no change when outside), then a new default profile is published with a new version.
+ */
+static int fusion_sysctl_theta(struct ctl_table *table, int write, void *buffer,
+			       size_t *lenp, loff_t *ppos)
+{
+	int idx = (int *)table->extra1 - fusion_sysctl_min;
+	struct fusion_net *fn = container_of((int *)table->data - idx, struct fusion_net,
+					     sysctl_theta[0]);
+	struct fusion_profile *next, *prev;
+	struct ctl_table tmp = *table;
+	int val, err;
+
+	if (!write)
+		return proc_dointvec(table, write, buffer, lenp, ppos);
+
+	tmp.data = &val;
+	val = READ_ONCE(fn->sysctl_theta[idx]);
+	err = proc_dointvec_minmax(&tmp, write, buffer, lenp, ppos);
+	if (err)
+		return err;
+
+	next = kmalloc(sizeof(*next), GFP_KERNEL);
+	if (!next)
+		return -ENOMEM;
+	mutex_lock(&fn->lock);
+	prev = rcu_dereference_protected(fn->dflt, lockdep_is_held(&fn->lock));
+	*next = *prev;
+	next->theta[idx] = val;
+	next->version = fusion_next_version(fn);
+	rcu_assign_pointer(fn->dflt, next);
+	WRITE_ONCE(fn->sysctl_theta[idx], val);
+	mutex_unlock(&fn->lock);
+	synchronize_rcu();	/* sysctl writes are rare; let readers of prev finish */
+	kfree(prev);
+	return 0;
+}
+
+static struct ctl_table *fusion_sysctl_template(void)
+{
+	struct ctl_table *tbl;
+	int i;
+
+	/* one entry per parameter, the version, and the terminator */
+	tbl = kcalloc(FUSION_THETA_NPARAMS + 2, sizeof(*tbl), GFP_KERNEL);
+	if (!tbl)
+		return NULL;
+	for (i = 0; i < FUSION_THETA_NPARAMS; i++) {
+		tbl[i].procname = fusion_theta_names[i];
+		tbl[i].maxlen = sizeof(int);
+		tbl[i].mode = 0644;
+		tbl[i].proc_handler = fusion_sysctl_theta;
+		tbl[i].extra1 = &fusion_sysctl_min[i];
+		tbl[i].extra2 = &fusion_sysctl_max[i];
+	}
+	tbl[i].procname = "version";
+	tbl[i].maxlen = sizeof(int);
+	tbl[i].mode = 0444;
+	tbl[i].proc_handler = proc_dointvec;
+	return tbl;
+}
+
+static int __net_init fusion_net_init(struct net *net)
+{
+	struct fusion_net *fn = fusion_pernet(net);
+	struct fusion_profile *dflt;
+	int i;
+
+	mutex_init(&fn->lock);
+	dflt = kzalloc(sizeof(*dflt), GFP_KERNEL);
+	fn->sysctl_tbl = fusion_sysctl_template();
+	if (!dflt || !fn->sysctl_tbl)
+		goto fail;
+	dflt->id = FUSION_DEFAULT_PROFILE;
+	dflt->version = fusion_next_version(fn);
+	for (i = 0; i < FUSION_THETA_NPARAMS; i++) {
+		dflt->theta[i] = fusion_theta_default[i];
+		fn->sysctl_theta[i] = fusion_theta_default[i];
+		fn->sysctl_tbl[i].data = &fn->sysctl_theta[i];
+	}
+	fn->sysctl_tbl[FUSION_THETA_NPARAMS].data = &fn->sysctl_version;
+	RCU_INIT_POINTER(fn->dflt, dflt);
+	fn->sysctl_hdr = register_net_sysctl(net, "net/fusion", fn->sysctl_tbl);
+	if (!fn->sysctl_hdr)
+		goto fail;
+	return 0;
+fail:
+	kfree(fn->sysctl_tbl);
+	kfree(dflt);
+	RCU_INIT_POINTER(fn->dflt, NULL);
+	return -ENOMEM;
+}
+
+static void __net_exit fusion_net_exit(struct net *net)
+{
+	struct fusion_net *fn = fusion_pernet(net);
+
+	unregister_net_sysctl_table(fn->sysctl_hdr);
+	kfree(fn->sysctl_tbl);
+	/* No flow of this namespace is left to read these: free at once. */
+	kfree(rcu_dereference_protected(fn->dflt, true));
+	kfree(rcu_dereference_protected(fn->table, true));
+}
+
+static struct pernet_operations fusion_net_ops = {
+	.init = fusion_net_init,
+	.exit = fusion_net_exit,
+	.id = &fusion_net_id,
+	.size = sizeof(struct fusion_net),
+};
+
+int fusion_profiles_init(void)
+{
+	return register_pernet_subsys(&fusion_net_ops);
+}
+
+void fusion_profiles_exit(void)
+{
+	unregister_pernet_subsys(&fusion_net_ops);
+}

@@ -1,0 +1,27 @@
+#!/bin/sh
+# PID 1 of a lab guest, on the host's root file system shared read-only over 9p.
+# Makes the writable places a running system needs, loads the lab's modules, runs the job that
+# the host left in the output share, records its exit status and the kernel log, powers off.
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH HOME=/root LANG=C.UTF-8
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+for d in /tmp /run /var/tmp /var/log /root /var/lib/dhcp; do mount -t tmpfs tmpfs "$d" 2>/dev/null; done
+mkdir -p /dev/pts /dev/shm /run/netns
+mount -t devpts devpts /dev/pts
+mount -t tmpfs tmpfs /dev/shm
+mount -t bpf bpf /sys/fs/bpf 2>/dev/null
+mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
+OUT=/mnt   # the host's output directory, shared read-write
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 labout "$OUT" || echo "lab: no output share"
+ip link set lo up
+for m in sch_netem sch_tbf sch_fq tcp_bbr tcp_vegas veth; do modprobe "$m"; done
+export GEMINI_LAB_OUT="$OUT"
+sh "$OUT/job.sh" > "$OUT/job.log" 2>&1
+echo $? > "$OUT/rc"
+dmesg > "$OUT/dmesg.txt"
+sync
+echo 1 > /proc/sys/kernel/sysrq
+echo o > /proc/sysrq-trigger
+sleep 10

@@ -1,0 +1,205 @@
+"""Boot Debian's stock kernel under qemu with the host's root file system, and run one job in it.
+
+The guest sees the host's whole tree read-only over 9p (virtio), so every host tool — Python and
+this repository's virtualenv, iproute2, iperf3, the kernel's modules under /lib/modules — exists
+inside at the same path, with tmpfs over the directories a running system writes to. One extra
+9p share, read-write, is the job's output directory: the job's command runs as PID 1's child,
+and the guest writes its exit status and kernel log there before it powers off.
+
+This is how the lab gets a real kernel where modules load and netem works on machines whose own
+kernel has neither. KVM is used when /dev/kvm opens; otherwise qemu emulates (slower, still real).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+LAB_DIR = Path(__file__).resolve().parent
+GUEST_INIT = LAB_DIR / "guest_init.sh"
+# The modules the initramfs needs to mount the 9p root; their dependencies come along.
+BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p")
+INITRAMFS_INIT = """#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+for m in $(cat /modules.list); do insmod /modules/$m.ko || echo "lab: insmod $m failed"; done
+mkdir -p /newroot
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose hostroot /newroot \\
+  || { echo "lab: cannot mount the host root"; poweroff -f; }
+umount /proc /sys /dev
+exec switch_root /newroot /bin/sh {guest_init}
+"""
+
+
+class LabError(RuntimeError):
+    """The lab cannot run here; the message says what is missing and how to get it."""
+
+
+@dataclass(frozen=True)
+class GuestKernel:
+    release: str
+    vmlinuz: Path
+
+    @property
+    def modules_dir(self) -> Path:
+        return Path("/lib/modules") / self.release
+
+    @property
+    def headers_dir(self) -> Path:
+        return self.modules_dir / "build"
+
+
+def find_kernel(release: str | None = None) -> GuestKernel:
+    """The newest installed Debian kernel image (package linux-image-amd64), or `release`."""
+    images = sorted(Path("/boot").glob("vmlinuz-*"))
+    if release:
+        images = [p for p in images if p.name == f"vmlinuz-{release}"]
+    if not images:
+        raise LabError(
+            "no guest kernel in /boot: install Debian's linux-image-amd64 and "
+            "linux-headers-amd64 (lab/install-deps.sh does)"
+        )
+    image = images[-1]
+    kernel = GuestKernel(release=image.name.removeprefix("vmlinuz-"), vmlinuz=image)
+    if not kernel.modules_dir.is_dir():
+        raise LabError(f"{kernel.modules_dir} is missing: reinstall linux-image-{kernel.release}")
+    return kernel
+
+
+def _module_path(kernel: GuestKernel, name: str) -> Path:
+    out = subprocess.run(
+        ["modinfo", "-k", kernel.release, "-n", name], capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise LabError(f"kernel module {name} not found for {kernel.release}: {out.stderr.strip()}")
+    return Path(out.stdout.strip())
+
+
+def _module_depends(kernel: GuestKernel, name: str) -> list[str]:
+    out = subprocess.run(
+        ["modinfo", "-k", kernel.release, "-F", "depends", name], capture_output=True, text=True
+    )
+    return [d for d in out.stdout.strip().split(",") if d]
+
+
+def _load_order(kernel: GuestKernel, names: tuple[str, ...]) -> list[str]:
+    """Modules and their dependencies, each after what it depends on."""
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        for dep in _module_depends(kernel, name):
+            visit(dep)
+        order.append(name)
+
+    for name in names:
+        visit(name)
+    return order
+
+
+def build_initramfs(kernel: GuestKernel, dest: Path) -> Path:
+    """A busybox initramfs that loads virtio + 9p and switches to the host's root over 9p."""
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        raise LabError("busybox is missing: install Debian's busybox-static")
+    with tempfile.TemporaryDirectory(prefix="gemini-initramfs-") as tmp:
+        root = Path(tmp)
+        for d in ("bin", "proc", "sys", "dev", "modules"):
+            (root / d).mkdir()
+        shutil.copy2(busybox, root / "bin" / "busybox")
+        loaded = []
+        for name in _load_order(kernel, BOOT_MODULES):
+            try:
+                path = _module_path(kernel, name)
+            except LabError:
+                continue  # built in, or not needed by this kernel
+            if path.suffix != ".ko" or not path.exists():
+                continue
+            shutil.copy2(path, root / "modules" / f"{name}.ko")
+            loaded.append(name)
+        (root / "modules.list").write_text("\n".join(loaded) + "\n")
+        init = root / "init"
+        init.write_text(INITRAMFS_INIT.replace("{guest_init}", str(GUEST_INIT)))
+        init.chmod(0o755)
+        files = subprocess.run(
+            ["find", "."], cwd=root, capture_output=True, text=True, check=True
+        ).stdout
+        with dest.open("wb") as out:
+            subprocess.run(
+                ["cpio", "-o", "-H", "newc", "--quiet"], cwd=root, input=files.encode(),
+                stdout=out, check=True,
+            )
+    return dest
+
+
+def kvm_usable() -> bool:
+    try:
+        fd = os.open("/dev/kvm", os.O_RDWR)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+@dataclass
+class GuestRun:
+    returncode: int
+    console: str
+    dmesg: str
+    out_dir: Path
+
+
+def run_in_guest(
+    command: str,
+    out_dir: Path,
+    *,
+    kernel: GuestKernel | None = None,
+    memory_mb: int = 2048,
+    cpus: int = 2,
+    timeout_s: float = 900,
+) -> GuestRun:
+    """Boot, run `command` (a shell line) as root in the guest, power off; collect its output.
+
+    The command sees GEMINI_LAB_OUT (the shared output directory) in its environment.
+    """
+    kernel = kernel or find_kernel()
+    qemu = shutil.which("qemu-system-x86_64")
+    if qemu is None:
+        raise LabError("qemu-system-x86_64 is missing: install Debian's qemu-system-x86")
+    out_dir = out_dir.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("rc", "dmesg.txt"):
+        (out_dir / stale).unlink(missing_ok=True)
+    (out_dir / "job.sh").write_text(f"cd {shlex.quote(os.getcwd())}\n{command}\n")
+    initrd = build_initramfs(kernel, out_dir / "initramfs.cpio")
+    accel = ["-accel", "tcg"]
+    args = [
+        qemu, *accel, "-m", str(memory_mb), "-smp", str(cpus),
+        "-kernel", str(kernel.vmlinuz), "-initrd", str(initrd),
+        "-append", "console=ttyS0 panic=-1 oops=panic quiet loglevel=4 "
+        f"gemini.kver={kernel.release}",
+        "-nographic", "-no-reboot", "-nic", "user,model=virtio-net-pci",
+        "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+        "-virtfs", f"local,path={out_dir},mount_tag=labout,security_model=none",
+    ]
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+        console = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        console = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
+            else (exc.stdout or "")
+        raise LabError(f"guest did not finish within {timeout_s:.0f} s; console:\n{console[-4000:]}")
+    (out_dir / "console.txt").write_text(console)
+    rc_file = out_dir / "rc"
+    rc = int(rc_file.read_text().strip()) if rc_file.exists() else -1
+    dmesg_file = out_dir / "dmesg.txt"
+    dmesg = dmesg_file.read_text(errors="replace") if dmesg_file.exists() else ""
+    return GuestRun(returncode=rc, console=console, dmesg=dmesg, out_dir=out_dir)

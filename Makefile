@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench proto clean
+.PHONY: demo test lint bench proto clean kmod kmod-theta lab-check lab-bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,18 @@ bench: $(STAMP)  ## the benchmarks; results are written to benchmarks/results/
 
 proto: $(STAMP)  ## regenerate protobuf/gRPC stubs after editing api/gemini_api/v1/*.proto
 	$(BIN)/python scripts/gen_proto.py
+
+kmod:  ## build fusion-kmod/tcp_fusion.ko against the newest Debian kernel in /boot (W=1)
+	$(MAKE) -C fusion-kmod KVER=$$(ls /boot/vmlinuz-* | sort | tail -1 | sed 's|/boot/vmlinuz-||') W=1
+
+kmod-theta: $(STAMP)  ## regenerate fusion-kmod/fusion_theta.h after editing the θ spec
+	$(BIN)/python scripts/gen_kmod_theta.py
+
+lab-check: $(STAMP)  ## the Fusion acceptance plan in the qemu lab, as a table
+	$(BIN)/gemini-lab check
+
+lab-bench: $(STAMP)  ## Fusion vs cubic/bbr/vegas/reno on Table IV, CPU cost; writes benchmarks/results/
+	$(BIN)/gemini-lab bench
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -18,7 +18,9 @@
  * packets marked lost over packets delivered or lost, over the current and previous round trip.
  *
  * Congestion signal (eq. 1): L > l, or T^min_1 − T^min > δ · (T^max − T^min). δ = 100 %
- * therefore switches the delay signal off, and l = 0 makes any loss a signal.
+ * therefore switches the delay signal off, and l = 0 makes any loss a signal. The RTT range has
+ * a floor of T^min / 16 (at least 1 ms): without it, a path with no queue at all would read its
+ * own sub-millisecond jitter as a full queue and cut the window for nothing.
  *
  * Slow start (eq. 2): the window grows by the packets acknowledged, W ← W + acked, and never
  * below twice the estimated BDP: W' = max(2 · R^max · T^min, W), from W_0 = ω. Slow start ends
@@ -54,6 +56,8 @@
 #define FUSION_INTERVALS_PER_RTT	4	/* a sampling interval is a quarter RTT */
 #define FUSION_INTERVAL_MIN_US	1000		/* ...but never shorter than this */
 #define FUSION_RTT_UNKNOWN_US	100000		/* stand-in before any RTT sample */
+#define FUSION_RTT_RANGE_MIN_SHIFT	4	/* RTT range floor: T^min / 16 ... */
+#define FUSION_RTT_RANGE_MIN_US	1000		/* ...and at least 1 ms */
 #define FUSION_HYSTART_SAMPLES	8
 #define FUSION_HYSTART_DELAY_MIN_US	4000
 #define FUSION_HYSTART_DELAY_MAX_US	16000
@@ -196,15 +200,21 @@ static bool fusion_loss_signal(const struct fusion_flow *f)
 	return lost && lost * FUSION_LOSS_DENOM > fusion_theta(f, FUSION_THETA_LOSS_THRESHOLD) * total;
 }
 
-/* T^min_1 − T^min > δ · (T^max − T^min), on the interval just closed. */
+/*
+ * T^min_1 − T^min > δ · (T^max − T^min), on the interval just closed. The RTT range is taken
+ * as at least T^min / 2^FUSION_RTT_RANGE_MIN_SHIFT (and FUSION_RTT_RANGE_MIN_US): with an
+ * empty queue the range is only timer and ACK jitter, and a share of jitter is no signal.
+ */
 static bool fusion_delay_signal(const struct fusion_flow *f, u32 latest_min_us)
 {
 	u32 tmin = fusion_min_rtt_us(f), tmax = f->rtt_max.s[0].v;
+	u32 range = max3(tmax > tmin ? tmax - tmin : 0, tmin >> FUSION_RTT_RANGE_MIN_SHIFT,
+			 (u32)FUSION_RTT_RANGE_MIN_US);
 
-	if (latest_min_us <= tmin || tmax <= tmin)
+	if (latest_min_us <= tmin)
 		return false;
 	return (u64)(latest_min_us - tmin) * FUSION_RTT_DENOM >
-	       (u64)fusion_theta(f, FUSION_THETA_RTT_THRESHOLD) * (tmax - tmin);
+	       (u64)fusion_theta(f, FUSION_THETA_RTT_THRESHOLD) * range;
 }
 
 static u32 fusion_reduced_cwnd(const struct sock *sk, const struct fusion_flow *f)
@@ -525,7 +535,8 @@ static size_t fusion_get_info(struct sock *sk, u32 ext, int *attr, union tcp_cc_
 	const struct fusion_flow *f = fusion_flow(sk);
 	u64 bw;
 
-	if (!f || !(ext & (1 << (INET_DIAG_BBRINFO - 1))))
+	/* ss asks for VEGASINFO; answer that request too, as BBR does */
+	if (!f || !(ext & (1 << (INET_DIAG_BBRINFO - 1)) || ext & (1 << (INET_DIAG_VEGASINFO - 1))))
 		return 0;
 	bw = (u64)f->bw_max.s[0].v * tcp_sk(sk)->mss_cache * USEC_PER_SEC >> FUSION_BW_SCALE;
 	memset(&info->bbr, 0, sizeof(info->bbr));

@@ -1,1 +1,1 @@
-"""Gemini's lab: a stock Debian kernel under qemu, real TCP over netem-shaped links, Fusion loaded."""
+"""Gemini's lab: a stock Debian kernel under qemu, real TCP over netem links, Fusion loaded."""

@@ -3,11 +3,11 @@
 # Makes the writable places a running system needs, loads the lab's modules, runs the job that
 # the host left in the output share, records its exit status and the kernel log, powers off.
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-export PATH HOME=/root LANG=C.UTF-8
+export PATH HOME=/tmp LANG=C.UTF-8
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
-for d in /tmp /run /var/tmp /var/log /root /var/lib/dhcp; do mount -t tmpfs tmpfs "$d" 2>/dev/null; done
+for d in /tmp /run /var/tmp /var/log; do mount -t tmpfs tmpfs "$d" 2>/dev/null; done
 mkdir -p /dev/pts /dev/shm /run/netns
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm

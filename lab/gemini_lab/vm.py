@@ -7,7 +7,7 @@ inside at the same path, with tmpfs over the directories a running system writes
 and the guest writes its exit status and kernel log there before it powers off.
 
 This is how the lab gets a real kernel where modules load and netem works on machines whose own
-kernel has neither. KVM is used when /dev/kvm opens; otherwise qemu emulates (slower, still real).
+kernel has neither. qemu emulates the CPU (TCG) unless GEMINI_LAB_ACCEL=kvm asks for KVM.
 """
 
 from __future__ import annotations
@@ -140,15 +140,6 @@ def build_initramfs(kernel: GuestKernel, dest: Path) -> Path:
     return dest
 
 
-def kvm_usable() -> bool:
-    try:
-        fd = os.open("/dev/kvm", os.O_RDWR)
-    except OSError:
-        return False
-    os.close(fd)
-    return True
-
-
 @dataclass
 class GuestRun:
     returncode: int
@@ -180,23 +171,27 @@ def run_in_guest(
         (out_dir / stale).unlink(missing_ok=True)
     (out_dir / "job.sh").write_text(f"cd {shlex.quote(os.getcwd())}\n{command}\n")
     initrd = build_initramfs(kernel, out_dir / "initramfs.cpio")
-    accel = ["-accel", "tcg"]
+    # TCG by default: nested KVM boots hang on some hosts; GEMINI_LAB_ACCEL=kvm where it works
+    accel = ["-accel", os.environ.get("GEMINI_LAB_ACCEL", "tcg")]
     args = [
         qemu, *accel, "-m", str(memory_mb), "-smp", str(cpus),
         "-kernel", str(kernel.vmlinuz), "-initrd", str(initrd),
         "-append", "console=ttyS0 panic=-1 oops=panic quiet loglevel=4 "
         f"gemini.kver={kernel.release}",
         "-nographic", "-no-reboot", "-nic", "user,model=virtio-net-pci",
-        "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+        "-virtfs",
+        "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
         "-virtfs", f"local,path={out_dir},mount_tag=labout,security_model=none",
     ]
     try:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
         console = proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
-        console = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
-            else (exc.stdout or "")
-        raise LabError(f"guest did not finish within {timeout_s:.0f} s; console:\n{console[-4000:]}")
+        raw = exc.stdout or b""
+        console = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        raise LabError(
+            f"guest did not finish within {timeout_s:.0f} s; console:\n{console[-4000:]}"
+        ) from exc
     (out_dir / "console.txt").write_text(console)
     rc_file = out_dir / "rc"
     rc = int(rc_file.read_text().strip()) if rc_file.exists() else -1

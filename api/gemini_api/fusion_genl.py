@@ -1,0 +1,265 @@
+"""User-space side of the Fusion module's generic netlink family (fusion-kmod/fusion_uapi.h).
+
+Three things cross it: installing the destination table of θ profiles (atomically, as one
+message), reading that table and the module's counters back, and receiving one record per
+finished fusion flow on the "flows" multicast group. Attribute numbers mirror fusion_uapi.h;
+tests/test_fusion_abi.py checks them against the header.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from pyroute2.netlink import NLM_F_REQUEST, genlmsg, nla
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.generic import GenericNetlinkSocket
+
+from gemini_api.theta import load_spec
+
+FAMILY = "fusion"
+MCGRP_FLOWS = "flows"
+CMD_SET_PROFILES = 1
+CMD_GET_PROFILES = 2
+CMD_GET_STATS = 3
+CMD_FLOW_RECORD = 4
+DEFAULT_PROFILE = 0
+# Big enough for bursts of records at 10,000 flows/s while the reader is scheduled out.
+RECORD_RCVBUF_BYTES = 32 * 1024 * 1024
+SOL_NETLINK = 270
+NETLINK_CAP_ACK = 10
+NETLINK_EXT_ACK = 11
+
+
+class profile_nla(nla):
+    nla_map = (
+        ("FUSION_PROFILE_ATTR_UNSPEC", "none"),
+        ("FUSION_PROFILE_ATTR_ID", "uint32"),
+        ("FUSION_PROFILE_ATTR_THETA", "cdata"),
+    )
+
+
+class rule_nla(nla):
+    nla_map = (
+        ("FUSION_RULE_ATTR_UNSPEC", "none"),
+        ("FUSION_RULE_ATTR_FAMILY", "uint8"),
+        ("FUSION_RULE_ATTR_ADDR", "cdata"),
+        ("FUSION_RULE_ATTR_PREFIX_LEN", "uint8"),
+        ("FUSION_RULE_ATTR_PROFILE_ID", "uint32"),
+    )
+
+
+class fusion_msg(genlmsg):
+    prefix = "FUSION_ATTR_"
+    nla_map = (
+        ("FUSION_ATTR_UNSPEC", "none"),
+        ("FUSION_ATTR_VERSION", "uint32"),
+        ("FUSION_ATTR_PROFILE", "profile|nested"),
+        ("FUSION_ATTR_RULE", "rule|nested"),
+        ("FUSION_ATTR_STAT_FLOWS", "uint64"),
+        ("FUSION_ATTR_STAT_RECORDS", "uint64"),
+        ("FUSION_ATTR_STAT_DROPPED", "uint64"),
+        ("FUSION_ATTR_STAT_UNHEARD", "uint64"),
+        ("FUSION_ATTR_STAT_NOSTATE", "uint64"),
+        ("FUSION_ATTR_REC_FAMILY", "uint8"),
+        ("FUSION_ATTR_REC_SADDR", "cdata"),
+        ("FUSION_ATTR_REC_DADDR", "cdata"),
+        ("FUSION_ATTR_REC_SPORT", "uint16"),
+        ("FUSION_ATTR_REC_DPORT", "uint16"),
+        ("FUSION_ATTR_REC_BYTES_ACKED", "uint64"),
+        ("FUSION_ATTR_REC_DURATION_US", "uint64"),
+        ("FUSION_ATTR_REC_RTT_AVG_US", "uint32"),
+        ("FUSION_ATTR_REC_RTT_MIN_US", "uint32"),
+        ("FUSION_ATTR_REC_RETRANS", "uint32"),
+        ("FUSION_ATTR_REC_SEGS_OUT", "uint32"),
+        ("FUSION_ATTR_REC_PROFILE_ID", "uint32"),
+        ("FUSION_ATTR_REC_PROFILE_VERSION", "uint32"),
+        ("FUSION_ATTR_REC_THETA", "cdata"),
+        ("FUSION_ATTR_PAD", "none"),
+    )
+
+    profile = profile_nla
+    rule = rule_nla
+
+
+@dataclass(frozen=True)
+class Rule:
+    prefix: str  # "10.1.0.0/16" or "2001:db8::/32"
+    profile_id: int
+
+
+@dataclass(frozen=True)
+class FlowRecord:
+    src: str
+    dst: str
+    sport: int
+    dport: int
+    bytes_acked: int
+    duration_us: int
+    rtt_avg_us: int
+    rtt_min_us: int
+    retrans: int
+    segs_out: int
+    profile_id: int
+    profile_version: int
+    theta: dict[str, int]
+
+
+class FusionError(RuntimeError):
+    """The module refused a request; the message is the kernel's own (extack)."""
+
+
+def _pack_theta(theta: Mapping[str, int]) -> bytes:
+    names = load_spec().names
+    missing = [n for n in names if n not in theta]
+    if missing:
+        raise ValueError(f"theta lacks {', '.join(missing)}")
+    return struct.pack(f"={len(names)}I", *(int(theta[n]) for n in names))
+
+
+def _unpack_theta(blob: bytes) -> dict[str, int]:
+    names = load_spec().names
+    return dict(zip(names, struct.unpack(f"={len(names)}I", blob), strict=True))
+
+
+def _rule_attrs(rule: Rule) -> list:
+    # Sent as written: the kernel is the one judge of prefix length and host bits, and says so.
+    text, _, length = rule.prefix.partition("/")
+    addr = ipaddress.ip_address(text)
+    if not length.isdigit():
+        raise ValueError(f"rule {rule.prefix!r}: expected address/length")
+    family = socket.AF_INET if addr.version == 4 else socket.AF_INET6
+    return [
+        ("FUSION_RULE_ATTR_FAMILY", family),
+        ("FUSION_RULE_ATTR_ADDR", addr.packed),
+        ("FUSION_RULE_ATTR_PREFIX_LEN", min(int(length), 255)),
+        ("FUSION_RULE_ATTR_PROFILE_ID", rule.profile_id),
+    ]
+
+
+class FusionNetlink:
+    """A connection to the module's family in the caller's network namespace."""
+
+    def __init__(self) -> None:
+        self._sock = GenericNetlinkSocket()
+        try:
+            self._sock.bind(FAMILY, fusion_msg)
+        except NetlinkError as exc:
+            self._sock.close()
+            raise FusionError("generic netlink family 'fusion' not found: is tcp_fusion loaded?") \
+                from exc
+        # extended ACKs carry the module's reason for a refusal
+        self._sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
+        # ...and an error need not echo a large table back
+        self._sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> FusionNetlink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, cmd: int, attrs: list, flags: int = NLM_F_REQUEST) -> list:
+        msg = fusion_msg()
+        msg["cmd"] = cmd
+        msg["version"] = 1
+        msg["attrs"] = attrs
+        try:
+            return list(self._sock.nlm_request(msg, msg_type=self._sock.prid, msg_flags=flags))
+        except NetlinkError as exc:
+            raise FusionError(f"fusion refused the request: {exc}") from exc
+
+    def set_profiles(self, profiles: Mapping[int, Mapping[str, int]], rules: Sequence[Rule]) -> int:
+        """Replace the destination table; returns its version. All or nothing."""
+        attrs: list = []
+        for pid, theta in profiles.items():
+            attrs.append(("FUSION_ATTR_PROFILE", {"attrs": [
+                ("FUSION_PROFILE_ATTR_ID", pid),
+                ("FUSION_PROFILE_ATTR_THETA", _pack_theta(theta)),
+            ]}))
+        for rule in rules:
+            attrs.append(("FUSION_ATTR_RULE", {"attrs": _rule_attrs(rule)}))
+        replies = self._request(CMD_SET_PROFILES, attrs)
+        return int(replies[0].get_attr("FUSION_ATTR_VERSION"))
+
+    def get_profiles(self) -> tuple[int, dict[int, dict[str, int]], list[Rule]]:
+        reply = self._request(CMD_GET_PROFILES, [])[0]
+        profiles = {
+            p.get_attr("FUSION_PROFILE_ATTR_ID"):
+                _unpack_theta(p.get_attr("FUSION_PROFILE_ATTR_THETA"))
+            for p in reply.get_attrs("FUSION_ATTR_PROFILE")
+        }
+        rules = []
+        for r in reply.get_attrs("FUSION_ATTR_RULE"):
+            addr = ipaddress.ip_address(bytes(r.get_attr("FUSION_RULE_ATTR_ADDR")))
+            rules.append(Rule(f"{addr}/{r.get_attr('FUSION_RULE_ATTR_PREFIX_LEN')}",
+                              r.get_attr("FUSION_RULE_ATTR_PROFILE_ID")))
+        return int(reply.get_attr("FUSION_ATTR_VERSION")), profiles, rules
+
+    def stats(self) -> dict[str, int]:
+        reply = self._request(CMD_GET_STATS, [])[0]
+        keys = ("flows", "records", "dropped", "unheard", "nostate")
+        out = {k: int(reply.get_attr(f"FUSION_ATTR_STAT_{k.upper()}")) for k in keys}
+        out["version"] = int(reply.get_attr("FUSION_ATTR_VERSION"))
+        return out
+
+
+class FlowRecordListener:
+    """Receives flow records; an overflowed receive buffer shows up in `overruns`."""
+
+    def __init__(self, rcvbuf_bytes: int = RECORD_RCVBUF_BYTES) -> None:
+        self._sock = GenericNetlinkSocket()
+        try:
+            self._sock.bind(FAMILY, fusion_msg)
+        except NetlinkError as exc:
+            self._sock.close()
+            raise FusionError("generic netlink family 'fusion' not found: is tcp_fusion loaded?") \
+                from exc
+        SO_RCVBUFFORCE = 33
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf_bytes)
+        except OSError:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf_bytes)
+        self._sock.add_membership(MCGRP_FLOWS)
+        self.overruns = 0
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def receive(self) -> Iterator[FlowRecord]:
+        """Blocks for the next batch of messages and yields the records in it."""
+        try:
+            messages = self._sock.get()
+        except OSError as exc:
+            if exc.errno == 105:  # ENOBUFS: the kernel had to drop records for this socket
+                self.overruns += 1
+                return
+            raise
+        for msg in messages:
+            if msg.get("cmd") == CMD_FLOW_RECORD:
+                yield parse_record(msg)
+
+
+def parse_record(msg: genlmsg) -> FlowRecord:
+    def attr(name: str):
+        return msg.get_attr(f"FUSION_ATTR_REC_{name}")
+
+    return FlowRecord(
+        src=str(ipaddress.ip_address(bytes(attr("SADDR")))),
+        dst=str(ipaddress.ip_address(bytes(attr("DADDR")))),
+        sport=attr("SPORT"), dport=attr("DPORT"),
+        bytes_acked=attr("BYTES_ACKED"), duration_us=attr("DURATION_US"),
+        rtt_avg_us=attr("RTT_AVG_US"), rtt_min_us=attr("RTT_MIN_US"),
+        retrans=attr("RETRANS"), segs_out=attr("SEGS_OUT"),
+        profile_id=attr("PROFILE_ID"), profile_version=attr("PROFILE_VERSION"),
+        theta=_unpack_theta(bytes(attr("THETA"))),
+    )

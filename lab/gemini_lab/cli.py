@@ -1,0 +1,74 @@
+"""gemini-lab: run Fusion and other CCs over emulated Table IV links in a real kernel.
+
+    gemini-lab run [--scenario ethernet ...] [--cc fusion --cc cubic ...] [--theta k=v ...]
+    gemini-lab bench        the Table IV comparison and CPU cost, written to benchmarks/results/
+    gemini-lab check        the acceptance plan, printed as a table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from gemini_lab import plans, report, scenario
+from gemini_lab.host import REPO, run_plan
+from gemini_lab.vm import LabError
+
+DEFAULT_OUT = REPO / "var" / "lab"
+
+
+def _theta(pairs: list[str]) -> dict[str, int]:
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if not value.lstrip("-").isdigit():
+            raise SystemExit(f"--theta {pair!r}: expected name=integer (spec units)")
+        out[name] = int(value)
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> dict:
+    paths = [scenario.load(s) for s in args.scenario]
+    experiments = [
+        {"label": f"{p.name}/{cc}", "kind": "flow", "path": i, "cc": cc,
+         "theta": _theta(args.theta) if cc == "fusion" else {}, "duration_s": args.duration}
+        for i, p in enumerate(paths) for cc in args.cc
+    ]
+    return run_plan({"paths": [p.to_dict() for p in paths], "experiments": experiments}, args.out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="gemini-lab", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="flows of the given CCs over the given scenarios")
+    run.add_argument("--scenario", action="append", default=None)
+    run.add_argument("--cc", action="append", default=None)
+    run.add_argument("--theta", action="append", default=[], help="name=units, for fusion")
+    run.add_argument("--duration", type=int, default=20)
+    bench = sub.add_parser("bench", help="Table IV comparison and CPU cost")
+    bench.add_argument("--duration", type=int, default=30)
+    sub.add_parser("check", help="the acceptance plan")
+    for p in (run, bench, sub.choices["check"]):
+        p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "run":
+            args.scenario = args.scenario or ["ethernet"]
+            args.cc = args.cc or ["fusion", "cubic"]
+            results = cmd_run(args)
+        elif args.cmd == "bench":
+            results = run_plan(plans.benchmark_plan(args.duration), args.out)
+            report.write_benchmark(results, " ".join(["gemini-lab", *sys.argv[1:]]))
+        else:
+            results = run_plan(plans.acceptance_plan(), args.out)
+    except LabError as exc:
+        raise SystemExit(f"gemini-lab: {exc}") from exc
+    print(report.table(results))
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"\nresults: {args.out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Guest side entry point: load Fusion, build the paths, run a plan of experiments, write JSON.
+
+    python -m gemini_lab.guest PLAN.json RESULTS.json
+
+The plan (written by the host, see gemini_lab.plans) lists the paths (scenarios) and the
+experiments; each experiment's result, or its error, lands in RESULTS.json under its label.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
+from gemini_api.theta import load_spec
+from gemini_lab.experiment import (
+    BASE_PORT,
+    RecordCollector,
+    finish_flow,
+    read_sysctl,
+    run_flow,
+    set_default_theta,
+    start_flow,
+)
+from gemini_lab.netem import SENDER_NS, Topology, receiver_addr
+from gemini_lab.scenario import Scenario
+
+CLONE_NEWNET = 0x40000000
+REPO = Path(__file__).resolve().parents[2]
+MODULE = REPO / "fusion-kmod" / "tcp_fusion.ko"
+
+
+def enter_netns(name: str) -> None:
+    """Move this process into a named network namespace; netlink sockets opened later live there."""
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), f"setns {name}")
+    os.close(fd)
+
+
+def default_theta() -> dict[str, int]:
+    return {p.name: p.default for p in load_spec().params}
+
+
+def exp_flow(e: dict, out: Path) -> dict:
+    set_default_theta({**default_theta(), **e.get("theta", {})})
+    with RecordCollector(out / f"records-{e['label']}.jsonl") as rc:
+        result = run_flow(e["path"], e["cc"], e["duration_s"], parallel=e.get("parallel", 1),
+                          omit_s=e.get("omit_s", 0))
+    ports = set(result["ports"])
+    result["records"] = [r for r in rc.records() if r["sport"] in ports]
+    result["record_listener"] = rc.summary
+    set_default_theta(default_theta())
+    return result
+
+
+def exp_profiles(e: dict, out: Path) -> dict:
+    """Two destinations, two profiles, flows to both at the same time."""
+    profiles = {i + 1: {**default_theta(), **theta} for i, theta in enumerate(e["thetas"])}
+    pairs = zip(profiles, e["paths"], strict=True)
+    rules = [Rule(f"10.{path + 1}.0.0/16", pid) for pid, path in pairs]
+    with FusionNetlink() as nl:
+        version = nl.set_profiles(profiles, rules)
+    flows = []
+    with RecordCollector(out / f"records-{e['label']}.jsonl") as rc:
+        for i, path in enumerate(e["paths"]):
+            flows.append(start_flow(path, "fusion", e["duration_s"], port=BASE_PORT + 10 + i))
+        results = [finish_flow(s, c) for s, c in flows]
+    with FusionNetlink() as nl:
+        nl.set_profiles({}, [])
+    for path, res in zip(e["paths"], results, strict=True):
+        res["records"] = [r for r in rc.records() if r["sport"] in set(res["ports"])]
+        res["dst"] = receiver_addr(path)
+    return {"version": version, "profiles": profiles, "flows": results}
+
+
+def _try_sysctl(name: str, value: int) -> bool:
+    return subprocess.run(
+        ["ip", "netns", "exec", SENDER_NS, "sysctl", "-qw", f"net.fusion.{name}={value}"],
+        capture_output=True,
+    ).returncode == 0
+
+
+def exp_rejects(e: dict, out: Path) -> dict:
+    """Every out-of-range write is refused and leaves the old values."""
+    spec = load_spec()
+    sysctl_cases = []
+    for p in spec.params:
+        before = read_sysctl(f"net.fusion.{p.name}")
+        version = read_sysctl("net.fusion.version")
+        for bad in (p.wide[0] - 1, p.wide[1] + 1):
+            if bad < 0:
+                continue
+            accepted = _try_sysctl(p.name, bad)
+            sysctl_cases.append({
+                "param": p.name, "value": bad, "accepted": accepted,
+                "kept": read_sysctl(f"net.fusion.{p.name}") == before,
+                "version_kept": read_sysctl("net.fusion.version") == version,
+            })
+    good = {1: default_theta()}
+    good_rules = [Rule("10.1.0.0/16", 1)]
+    bad_tables = {
+        "theta_out_of_region": ({1: {**default_theta(), "mult_decrease": 100}}, good_rules),
+        "host_bits_set": (good, [Rule("10.1.0.1/16", 1)]),
+        "prefix_too_long": (good, [Rule("10.1.0.0/33", 1)]),
+        "unknown_profile": (good, [Rule("10.1.0.0/16", 7)]),
+        "profile_id_zero": ({0: default_theta()}, []),
+        "too_many_rules": (good, [Rule(f"10.{i // 256}.{i % 256}.0/24", 1) for i in range(4097)]),
+    }
+    table_cases = []
+    with FusionNetlink() as nl:
+        installed = nl.set_profiles(good, good_rules)
+        reference = nl.get_profiles()
+        for name, (profiles, rules) in bad_tables.items():
+            try:
+                nl.set_profiles(profiles, rules)
+                error = None
+            except (FusionError, ValueError) as exc:
+                error = str(exc)
+            kept = nl.get_profiles() == reference
+            table_cases.append({"case": name, "error": error, "kept": kept})
+        nl.set_profiles({}, [])
+    return {"sysctl": sysctl_cases, "table": table_cases, "installed_version": installed}
+
+
+def exp_cpu(e: dict, out: Path) -> dict:
+    """Guest CPU per byte for each CC at several flow counts, in the same boot."""
+    rows = []
+    for n in e["flow_counts"]:
+        for cc in e["ccs"]:
+            r = run_flow(e["path"], cc, e["duration_s"], parallel=n, port=BASE_PORT + 50)
+            gbytes = r["bytes_received"] / 1e9
+            rows.append({"cc": cc, "flows": n, "cpu_busy_s": r["cpu_busy_s"],
+                         "throughput_mbps": r["throughput_mbps"],
+                         "cpu_s_per_gb": r["cpu_busy_s"] / gbytes if gbytes else None})
+    return {"rows": rows}
+
+
+EXPERIMENTS = {"flow": exp_flow, "profiles": exp_profiles, "rejects": exp_rejects, "cpu": exp_cpu}
+
+
+def main() -> None:
+    plan = json.loads(Path(sys.argv[1]).read_text())
+    results_path = Path(sys.argv[2])
+    out = results_path.parent
+    results: dict = {"kernel": os.uname().release, "experiments": {}}
+    load = subprocess.run(["insmod", str(MODULE)], capture_output=True, text=True)
+    results["insmod"] = {"rc": load.returncode, "err": load.stderr.strip()}
+    if load.returncode == 0:
+        topo = Topology([Scenario(**p) for p in plan["paths"]])
+        topo.build()
+        schedules = topo.start_schedules()
+        enter_netns(SENDER_NS)
+        for e in plan["experiments"]:
+            t0 = time.monotonic()
+            try:
+                res = EXPERIMENTS[e["kind"]](e, out)
+            except Exception:
+                res = {"error": traceback.format_exc()}
+            res["elapsed_s"] = round(time.monotonic() - t0, 1)
+            results["experiments"][e["label"]] = res
+            results_path.write_text(json.dumps(results, indent=1))
+        for s in schedules:
+            s.stop()
+        with FusionNetlink() as nl:
+            results["stats"] = nl.stats()
+        time.sleep(1)
+        unload = subprocess.run(["rmmod", "tcp_fusion"], capture_output=True, text=True)
+        results["rmmod"] = {"rc": unload.returncode, "err": unload.stderr.strip()}
+    results_path.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

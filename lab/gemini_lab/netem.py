@@ -1,0 +1,125 @@
+"""Guest side: network namespaces joined by veth, links shaped by the kernel's netem.
+
+    snd (10.0.0.2) ── rtr ──┬─ path 0 ── rcv0 (10.1.0.2)
+                            ├─ path 1 ── rcv1 (10.2.0.2)
+                            └─ ...
+
+Each path's scenario shapes the router's egress toward its receiver, the direction data flows:
+one netem qdisc holds the whole round-trip delay, the rate, the random loss and the queue, so
+the sender's own qdisc stays unshaped (shaping at the sender would throttle TCP through its
+small-queue limits instead of through the network). Rate schedules are replayed by a thread
+that changes the qdisc at each bin boundary.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+from gemini_lab.scenario import Scenario
+
+SENDER_NS = "snd"
+ROUTER_NS = "rtr"
+SENDER_ADDR = "10.0.0.2"
+# Socket buffers that hold the satellite BDP (45 Mbit/s x 800 ms = 4.5 MB) several times over.
+TCP_MEM = "4096 262144 67108864"
+
+
+def sh(*args: str, ns: str | None = None, check: bool = True) -> str:
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {out.stderr.strip()}")
+    return out.stdout
+
+
+def receiver_ns(path: int) -> str:
+    return f"rcv{path}"
+
+
+def receiver_addr(path: int) -> str:
+    return f"10.{path + 1}.0.2"
+
+
+def _tune_tcp(ns: str) -> None:
+    sh("sysctl", "-qw", f"net.ipv4.tcp_rmem={TCP_MEM}", ns=ns)
+    sh("sysctl", "-qw", f"net.ipv4.tcp_wmem={TCP_MEM}", ns=ns)
+    sh("sysctl", "-qw", "net.ipv4.tcp_no_metrics_save=1", ns=ns)
+
+
+def _veth(a_ns: str, a_if: str, a_addr: str, b_ns: str, b_if: str, b_addr: str) -> None:
+    sh("ip", "link", "add", a_if, "netns", a_ns, "type", "veth", "peer", b_if, "netns", b_ns)
+    sh("ip", "addr", "add", f"{a_addr}/24", "dev", a_if, ns=a_ns)
+    sh("ip", "addr", "add", f"{b_addr}/24", "dev", b_if, ns=b_ns)
+    sh("ip", "link", "set", a_if, "up", ns=a_ns)
+    sh("ip", "link", "set", b_if, "up", ns=b_ns)
+
+
+def netem_args(s: Scenario, rate_kbit: int) -> list[str]:
+    args = ["delay", f"{s.rtt_ms}ms", "rate", f"{rate_kbit}kbit", "limit", str(s.netem_limit())]
+    if s.loss_percent:
+        args += ["loss", "random", f"{s.loss_percent}%"]
+    return args
+
+
+@dataclass
+class Topology:
+    paths: list[Scenario]
+
+    def build(self) -> None:
+        sh("sysctl", "-qw", "net.core.rmem_max=67108864")
+        sh("sysctl", "-qw", "net.core.wmem_max=67108864")
+        for ns in (SENDER_NS, ROUTER_NS, *(receiver_ns(i) for i in range(len(self.paths)))):
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "set", "lo", "up", ns=ns)
+            _tune_tcp(ns)
+        _veth(SENDER_NS, "eth0", SENDER_ADDR, ROUTER_NS, "snd", "10.0.0.1")
+        sh("ip", "route", "add", "default", "via", "10.0.0.1", ns=SENDER_NS)
+        sh("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=ROUTER_NS)
+        for i, scenario in enumerate(self.paths):
+            rcv = receiver_ns(i)
+            _veth(ROUTER_NS, f"path{i}", f"10.{i + 1}.0.1", rcv, "eth0", receiver_addr(i))
+            sh("ip", "route", "add", "default", "via", f"10.{i + 1}.0.1", ns=rcv)
+            rate = scenario.schedule()[0][1]
+            sh("tc", "qdisc", "add", "dev", f"path{i}", "root", "netem",
+               *netem_args(scenario, rate), ns=ROUTER_NS)
+        # Segmentation offloads off where data enters the network: netem must see, delay and
+        # drop wire-sized packets, not 64 KB super-packets.
+        sh("ethtool", "-K", "eth0", "tso", "off", "gso", "off", ns=SENDER_NS)
+
+    def start_schedules(self) -> list[RateSchedule]:
+        threads = []
+        for i, scenario in enumerate(self.paths):
+            if len(scenario.schedule()) > 1:
+                t = RateSchedule(i, scenario)
+                t.start()
+                threads.append(t)
+        return threads
+
+
+class RateSchedule(threading.Thread):
+    """Replays a scenario's rate schedule on its path's netem qdisc, looping."""
+
+    def __init__(self, path: int, scenario: Scenario) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.scenario = scenario
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        rows = self.scenario.schedule()
+        period = rows[-1][0] + (rows[1][0] - rows[0][0])
+        start = time.monotonic()
+        while not self.stopped.is_set():
+            for at, rate in rows:
+                delay = start + at - time.monotonic()
+                if delay > 0 and self.stopped.wait(delay):
+                    return
+                sh("tc", "qdisc", "change", "dev", f"path{self.path}", "root", "netem",
+                   *netem_args(self.scenario, rate), ns=ROUTER_NS, check=False)
+            start += period
+
+    def stop(self) -> None:
+        self.stopped.set()

@@ -1,0 +1,60 @@
+"""Experiment plans: what the acceptance tests and the benchmark run in one guest boot each."""
+
+from __future__ import annotations
+
+from gemini_lab import scenario
+
+CCS = ("cubic", "bbr", "vegas", "reno")
+# A short lossy path where λ must matter: l = 0 makes every loss a signal, so the
+# reduction λ·W decides how much of the link the flow keeps.
+LOSSY = scenario.Scenario(
+    name="lossy-short", description="40 ms RTT, 20 Mbit/s, 1 % loss", rtt_ms=40, rate_mbit=20,
+    loss_percent=1.0, queue_bdp=1.0,
+)
+LAN = scenario.Scenario(
+    name="lan", description="2 ms RTT, 500 Mbit/s, for CPU cost", rtt_ms=2, rate_mbit=500,
+    queue_bdp=2.0,
+)
+
+
+def acceptance_plan(duration_s: int = 20) -> dict:
+    """Ethernet rate, λ sensitivity, two profiles at once, rejects, record byte counts."""
+    ethernet, satellite = scenario.load("ethernet"), scenario.load("satellite")
+    paths = [ethernet, LOSSY, satellite]
+    return {
+        "paths": [p.to_dict() for p in paths],
+        "experiments": [
+            {"label": "rejects", "kind": "rejects"},
+            {"label": "ethernet-default", "kind": "flow", "path": 0, "cc": "fusion",
+             "duration_s": duration_s, "omit_s": 2},
+            {"label": "lossy-lambda-0.3", "kind": "flow", "path": 1, "cc": "fusion",
+             "duration_s": duration_s, "theta": {"loss_threshold": 0, "mult_decrease": 30}},
+            {"label": "lossy-lambda-0.9", "kind": "flow", "path": 1, "cc": "fusion",
+             "duration_s": duration_s, "theta": {"loss_threshold": 0, "mult_decrease": 90}},
+            {"label": "two-profiles", "kind": "profiles", "paths": [0, 1],
+             "duration_s": duration_s,
+             "thetas": [{"mult_decrease": 80, "loss_threshold": 0},
+                        {"mult_decrease": 40, "loss_threshold": 20, "window_intervals": 8}]},
+        ],
+    }
+
+
+# θ set by hand for the benchmark, besides the default.
+HAND_THETAS = {
+    "fusion-loss-tolerant": {"loss_threshold": 10, "mult_decrease": 90},
+    "fusion-delay-strict": {"rtt_threshold": 10, "mult_increase": 100, "mult_decrease": 80},
+}
+
+
+def benchmark_plan(duration_s: int = 30) -> dict:
+    paths = [scenario.load(n) for n in ("ethernet", "satellite", "cellular")] + [LAN]
+    experiments: list[dict] = []
+    for i, p in enumerate(paths[:3]):
+        runs = [("fusion", {}, "fusion")] + [(cc, {}, cc) for cc in CCS]
+        runs += [("fusion", theta, name) for name, theta in HAND_THETAS.items()]
+        for cc, theta, name in runs:
+            experiments.append({"label": f"{p.name}/{name}", "kind": "flow", "path": i, "cc": cc,
+                                "theta": theta, "duration_s": duration_s, "omit_s": 0})
+    experiments.append({"label": "cpu", "kind": "cpu", "path": 3, "ccs": ["cubic", "fusion"],
+                        "flow_counts": [1, 10, 100], "duration_s": 10})
+    return {"paths": [p.to_dict() for p in paths], "experiments": experiments}

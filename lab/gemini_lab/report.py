@@ -1,0 +1,65 @@
+"""Tables of lab results, for the terminal and for benchmarks/results/."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from gemini_lab.host import REPO
+
+BENCH_PATH = REPO / "benchmarks" / "results" / "fusion-lab.md"
+
+
+def _flow_rows(results: dict) -> list[str]:
+    rows = []
+    for label, r in results["experiments"].items():
+        if "throughput_mbps" not in r:
+            continue
+        rows.append(f"| {label} | {r['throughput_mbps']:.2f} | {r['queue_delay_ms']:.1f} | "
+                    f"{r['mean_rtt_ms']:.1f} | {r['min_rtt_ms']:.1f} | {r['retransmits']} |")
+    return rows
+
+
+def table(results: dict) -> str:
+    head = ["| run | throughput Mbit/s | mean queueing delay ms | mean RTT ms | min RTT ms | "
+            "retransmits |", "|---|---:|---:|---:|---:|---:|"]
+    lines = head + _flow_rows(results)
+    for label, r in results["experiments"].items():
+        if "error" in r:
+            lines.append(f"\n{label}: ERROR\n{r['error']}")
+    if results.get("kernel_problems"):
+        lines.append("\nKERNEL PROBLEMS:\n" + "\n".join(results["kernel_problems"]))
+    return "\n".join(lines)
+
+
+def cpu_table(results: dict) -> str:
+    cpu = results["experiments"].get("cpu", {}).get("rows", [])
+    by = {(r["cc"], r["flows"]): r for r in cpu}
+    lines = ["| flows | cubic CPU s/GB | fusion CPU s/GB | fusion / cubic | cubic Mbit/s | "
+             "fusion Mbit/s |", "|---:|---:|---:|---:|---:|---:|"]
+    for n in sorted({r["flows"] for r in cpu}):
+        c, f = by.get(("cubic", n)), by.get(("fusion", n))
+        if not (c and f and c["cpu_s_per_gb"] and f["cpu_s_per_gb"]):
+            continue
+        lines.append(f"| {n} | {c['cpu_s_per_gb']:.2f} | {f['cpu_s_per_gb']:.2f} | "
+                     f"{f['cpu_s_per_gb'] / c['cpu_s_per_gb']:.3f} | "
+                     f"{c['throughput_mbps']:.0f} | {f['throughput_mbps']:.0f} |")
+    return "\n".join(lines)
+
+
+def write_benchmark(results: dict, command: str) -> None:
+    text = "\n".join([
+        "# Fusion in the lab: Table IV scenarios and CPU cost",
+        "",
+        f"Command: `{command}` (recorded {dt.date.today().isoformat()}, guest kernel "
+        f"{results.get('kernel')}, qemu software emulation on this 2-core machine).",
+        "",
+        "Queueing delay is mean RTT − min RTT as iperf3 reads them from tcp_info.",
+        "",
+        table(results),
+        "",
+        "## CPU cost, guest CPU seconds per GB delivered (same boot, same path)",
+        "",
+        cpu_table(results),
+        "",
+    ])
+    BENCH_PATH.write_text(text)

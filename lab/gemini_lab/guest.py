@@ -51,7 +51,7 @@ def default_theta() -> dict[str, int]:
 
 def exp_flow(e: dict, out: Path) -> dict:
     set_default_theta({**default_theta(), **e.get("theta", {})})
-    with RecordCollector(out / f"records-{e['label']}.jsonl") as rc:
+    with RecordCollector(out / f"records-{e['label'].replace('/', '-')}.jsonl") as rc:
         result = run_flow(e["path"], e["cc"], e["duration_s"], parallel=e.get("parallel", 1),
                           omit_s=e.get("omit_s", 0))
     ports = set(result["ports"])
@@ -69,7 +69,7 @@ def exp_profiles(e: dict, out: Path) -> dict:
     with FusionNetlink() as nl:
         version = nl.set_profiles(profiles, rules)
     flows = []
-    with RecordCollector(out / f"records-{e['label']}.jsonl") as rc:
+    with RecordCollector(out / f"records-{e['label'].replace('/', '-')}.jsonl") as rc:
         for i, path in enumerate(e["paths"]):
             flows.append(start_flow(path, "fusion", e["duration_s"], port=BASE_PORT + 10 + i))
         results = [finish_flow(s, c) for s, c in flows]

@@ -140,17 +140,22 @@ def _rule_attrs(rule: Rule) -> list:
     ]
 
 
+def _open_socket() -> GenericNetlinkSocket:
+    sock = GenericNetlinkSocket()
+    try:
+        sock.bind(FAMILY, fusion_msg)
+    except NetlinkError as exc:
+        sock.close()
+        raise FusionError("generic netlink family 'fusion' not found: is tcp_fusion loaded?") \
+            from exc
+    return sock
+
+
 class FusionNetlink:
     """A connection to the module's family in the caller's network namespace."""
 
     def __init__(self) -> None:
-        self._sock = GenericNetlinkSocket()
-        try:
-            self._sock.bind(FAMILY, fusion_msg)
-        except NetlinkError as exc:
-            self._sock.close()
-            raise FusionError("generic netlink family 'fusion' not found: is tcp_fusion loaded?") \
-                from exc
+        self._sock = _open_socket()
         # extended ACKs carry the module's reason for a refusal
         self._sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
         # ...and an error need not echo a large table back
@@ -214,13 +219,7 @@ class FlowRecordListener:
     """Receives flow records; an overflowed receive buffer shows up in `overruns`."""
 
     def __init__(self, rcvbuf_bytes: int = RECORD_RCVBUF_BYTES) -> None:
-        self._sock = GenericNetlinkSocket()
-        try:
-            self._sock.bind(FAMILY, fusion_msg)
-        except NetlinkError as exc:
-            self._sock.close()
-            raise FusionError("generic netlink family 'fusion' not found: is tcp_fusion loaded?") \
-                from exc
+        self._sock = _open_socket()
         SO_RCVBUFFORCE = 33
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf_bytes)

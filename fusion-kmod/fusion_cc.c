@@ -15,7 +15,9 @@
  *   T^min  the lowest RTT,           T^max  the highest RTT,
  * through windowed min/max filters (three samples each, as the kernel's win_minmax), and the
  * latest interval alone gives T^min_1. The estimated BDP is R^max · T^min. The loss rate L is
- * packets marked lost over packets delivered or lost, over the current and previous round trip.
+ * packets marked lost over packets delivered or lost, over the current and previous round trip;
+ * L > l is judged by a one-sided test (two standard deviations above a loss process at rate l),
+ * so that a round of a few packets with one loss does not read as a loss rate of many percent.
  *
  * Congestion signal (eq. 1): L > l, or T^min_1 − T^min > δ · (T^max − T^min). δ = 100 %
  * therefore switches the delay signal off, and l = 0 makes any loss a signal. The RTT range has
@@ -64,6 +66,7 @@
 #define FUSION_HYSTART_DELAY_SHIFT	3	/* exit at min RTT + min RTT / 8 */
 /* l counts tenths of a percent, so a loss rate compares against l / (100 · scale) */
 #define FUSION_LOSS_DENOM	(100 * FUSION_LOSS_THRESHOLD_SCALE)
+#define FUSION_LOSS_SIGMAS	2		/* one-sided test of L > l, see below */
 #define FUSION_RTT_DENOM	(100 * FUSION_RTT_THRESHOLD_SCALE)
 #define FUSION_GAIN_SHIFT	8		/* ss -i shows α as a gain << 8, as BBR's gains */
 
@@ -191,13 +194,23 @@ static u32 fusion_bdp(const struct fusion_flow *f, u32 gain_num, u32 gain_den)
 	return div_u64(bdp >> FUSION_BW_SCALE, gain_den);
 }
 
-/* L > l over the current and the previous round trip. */
+/*
+ * L > l over the current and the previous round trip, as a one-sided test: the losses must
+ * exceed what a loss process at rate l would give by FUSION_LOSS_SIGMAS standard deviations
+ * (Poisson), lost > l·N + k·sqrt(l·N). A round of ten packets with one loss is not a 10 % loss
+ * rate; a burst from a full queue still is. With l = 0 any loss is a signal.
+ */
 static bool fusion_loss_signal(const struct fusion_flow *f)
 {
 	u64 lost = (u64)f->round_lost + f->prev_round_lost;
 	u64 total = lost + f->round_delivered + f->prev_round_delivered;
+	u64 expected = fusion_theta(f, FUSION_THETA_LOSS_THRESHOLD) * total;	/* x DENOM */
+	u64 excess;
 
-	return lost && lost * FUSION_LOSS_DENOM > fusion_theta(f, FUSION_THETA_LOSS_THRESHOLD) * total;
+	if (!lost || lost * FUSION_LOSS_DENOM <= expected)
+		return false;
+	excess = lost * FUSION_LOSS_DENOM - expected;
+	return excess * excess > FUSION_LOSS_SIGMAS * FUSION_LOSS_SIGMAS * FUSION_LOSS_DENOM * expected;
 }
 
 /*

@@ -30,7 +30,6 @@ DEFAULT_PROFILE = 0
 # Big enough for bursts of records at 10,000 flows/s while the reader is scheduled out.
 RECORD_RCVBUF_BYTES = 32 * 1024 * 1024
 SOL_NETLINK = 270
-NETLINK_CAP_ACK = 10
 NETLINK_EXT_ACK = 11
 
 
@@ -158,8 +157,6 @@ class FusionNetlink:
         self._sock = _open_socket()
         # extended ACKs carry the module's reason for a refusal
         self._sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
-        # ...and an error need not echo a large table back
-        self._sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
 
     def close(self) -> None:
         self._sock.close()

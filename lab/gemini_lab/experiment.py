@@ -17,6 +17,7 @@ from pathlib import Path
 from gemini_lab.netem import SENDER_NS, receiver_addr, receiver_ns, sh
 
 BASE_PORT = 5201
+FLOW_GRACE_S = 60
 PROC_STAT_BUSY = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal
 CLK_TCK = 100
 
@@ -84,9 +85,15 @@ def start_flow(path: int, cc: str, duration_s: float, *, port: int, parallel: in
     return server, client
 
 
-def finish_flow(server: subprocess.Popen, client: subprocess.Popen) -> dict:
-    c_out, c_err = client.communicate(timeout=600)
-    s_out, _ = server.communicate(timeout=60)
+def finish_flow(server: subprocess.Popen, client: subprocess.Popen, duration_s: float) -> dict:
+    """iperf3's results; a flow that outlives its duration by a minute is killed and reported."""
+    try:
+        c_out, c_err = client.communicate(timeout=duration_s + FLOW_GRACE_S)
+        s_out, _ = server.communicate(timeout=FLOW_GRACE_S)
+    except subprocess.TimeoutExpired as exc:
+        client.kill()
+        server.kill()
+        raise RuntimeError(f"iperf3 flow still running {FLOW_GRACE_S} s after its end") from exc
     if client.returncode != 0:
         raise RuntimeError(f"iperf3 client failed: {c_err.strip() or c_out[-500:]}")
     return summarize(json.loads(c_out), json.loads(s_out))
@@ -118,7 +125,7 @@ def run_flow(path: int, cc: str, duration_s: float, *, port: int = BASE_PORT, pa
     if cc == "fusion":
         time.sleep(min(3.0, duration_s / 2))
         ss = sh("ss", "-tin", "dst", receiver_addr(path), ns=SENDER_NS, check=False)
-    result = finish_flow(server, client)
+    result = finish_flow(server, client, duration_s)
     result["cpu_busy_s"] = cpu_busy_seconds() - busy0
     result["wall_s"] = time.monotonic() - wall0
     if ss:

@@ -72,7 +72,7 @@ def exp_profiles(e: dict, out: Path) -> dict:
     with RecordCollector(out / f"records-{e['label'].replace('/', '-')}.jsonl") as rc:
         for i, path in enumerate(e["paths"]):
             flows.append(start_flow(path, "fusion", e["duration_s"], port=BASE_PORT + 10 + i))
-        results = [finish_flow(s, c) for s, c in flows]
+        results = [finish_flow(s, c, e["duration_s"]) for s, c in flows]
     with FusionNetlink() as nl:
         nl.set_profiles({}, [])
     for path, res in zip(e["paths"], results, strict=True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from gemini_lab.host import REPO
+from gemini_lab.plans import HAND_THETAS
 
 BENCH_PATH = REPO / "benchmarks" / "results" / "fusion-lab.md"
 
@@ -53,7 +54,9 @@ def write_benchmark(results: dict, command: str) -> None:
         f"Command: `{command}` (recorded {dt.date.today().isoformat()}, guest kernel "
         f"{results.get('kernel')}, qemu software emulation on this 2-core machine).",
         "",
-        "Queueing delay is mean RTT − min RTT as iperf3 reads them from tcp_info.",
+        "Queueing delay is mean RTT − min RTT as iperf3 reads them from tcp_info. Each run is "
+        "one flow from a cold start (satellite runs twice as long as the others); hand-set θ: "
+        + "; ".join(f"{k} = {v}" for k, v in HAND_THETAS.items()) + ".",
         "",
         table(results),
         "",

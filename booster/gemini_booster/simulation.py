@@ -15,11 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from gemini_api import sketch as sketches
+from gemini_api.aggregate import SIZE_EDGES_BYTES, SLOW_FLOW_MBPS
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
-
-SIZE_EDGES_BYTES = (100e3, 1e6, 10e6, 100e6)
-SLOW_MBPS = 0.8  # 100 KB/s
 
 
 @dataclass(frozen=True)
@@ -109,9 +107,9 @@ def make_aggregate(
         queue_delay_ms_sq_sum=float((delay * delay).sum()),
         throughput_queue_delay_sum=float((tpt * delay).sum()),
         throughput_sketch=sketches.to_proto(sk),
-        slow_flow_count=int((tpt < SLOW_MBPS).sum()),
+        slow_flow_count=int((tpt < SLOW_FLOW_MBPS).sum()),
         size_bucket_counts=np.bincount(
-            np.searchsorted(SIZE_EDGES_BYTES, sizes), minlength=5
+            np.searchsorted(SIZE_EDGES_BYTES, sizes, side="right"), minlength=5
         ).tolist(),
     )
 

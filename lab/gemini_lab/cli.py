@@ -3,6 +3,7 @@
     gemini-lab run [--scenario ethernet ...] [--cc fusion --cc cubic ...] [--theta k=v ...]
     gemini-lab bench        the Table IV comparison and CPU cost, written to benchmarks/results/
     gemini-lab check        the acceptance plan, printed as a table
+    gemini-lab records      short fusion flows as fast as the guest makes them; records lost?
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     bench = sub.add_parser("bench", help="Table IV comparison and CPU cost")
     bench.add_argument("--duration", type=int, default=30)
     sub.add_parser("check", help="the acceptance plan")
-    for p in (run, bench, sub.choices["check"]):
+    records = sub.add_parser("records", help="flow-record delivery under many short flows")
+    records.add_argument("--flows", type=int, default=10000)
+    records.add_argument("--workers", type=int, default=8)
+    for p in (run, bench, records, sub.choices["check"]):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     try:
@@ -61,6 +65,9 @@ def main(argv: list[str] | None = None) -> None:
         elif args.cmd == "bench":
             results = run_plan(plans.benchmark_plan(args.duration), args.out)
             report.write_benchmark(results, " ".join(["gemini-lab", *sys.argv[1:]]))
+        elif args.cmd == "records":
+            results = run_plan(plans.records_plan(args.flows, args.workers), args.out)
+            report.write_records(results, " ".join(["gemini-lab", *sys.argv[1:]]))
         else:
             results = run_plan(plans.acceptance_plan(), args.out)
     except LabError as exc:

@@ -28,7 +28,7 @@ from gemini_lab.experiment import (
     set_default_theta,
     start_flow,
 )
-from gemini_lab.netem import SENDER_NS, Topology, receiver_addr
+from gemini_lab.netem import SENDER_NS, Topology, receiver_addr, receiver_ns, sh
 from gemini_lab.scenario import Scenario
 
 CLONE_NEWNET = 0x40000000
@@ -143,7 +143,35 @@ def exp_cpu(e: dict, out: Path) -> dict:
     return {"rows": rows}
 
 
-EXPERIMENTS = {"flow": exp_flow, "profiles": exp_profiles, "rejects": exp_rejects, "cpu": exp_cpu}
+def exp_records(e: dict, out: Path) -> dict:
+    """Short fusion flows as fast as the guest makes them: is every record delivered?"""
+    port, path = BASE_PORT + 70, e["path"]
+    sh("sysctl", "-qw", "net.ipv4.tcp_congestion_control=fusion", ns=SENDER_NS)
+    sh("sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1", ns=SENDER_NS)
+    server = subprocess.Popen(["ip", "netns", "exec", receiver_ns(path), sys.executable, "-m",
+                               "gemini_lab.flowgen", "serve", str(port)])
+    time.sleep(1)
+    with FusionNetlink() as nl:
+        before = nl.stats()
+    with RecordCollector(out / "records-rate.jsonl") as rc:
+        sent = json.loads(sh(sys.executable, "-m", "gemini_lab.flowgen", "send",
+                             receiver_addr(path), str(port), str(e["flows"]), str(e["workers"]),
+                             ns=SENDER_NS))
+    with FusionNetlink() as nl:
+        after = nl.stats()
+    server.kill()
+    sh("sysctl", "-qw", "net.ipv4.tcp_congestion_control=cubic", ns=SENDER_NS)
+    received = sum(1 for r in rc.records() if r["dport"] == port)
+    return {
+        **sent, "flows_per_s": sent["flows"] / sent["seconds"], "records_received": received,
+        "kernel_dropped": after["dropped"] - before["dropped"],
+        "kernel_records": after["records"] - before["records"],
+        "listener": rc.summary,
+    }
+
+
+EXPERIMENTS = {"flow": exp_flow, "profiles": exp_profiles, "rejects": exp_rejects, "cpu": exp_cpu,
+               "records": exp_records}
 
 
 def main() -> None:

@@ -39,6 +39,13 @@ def acceptance_plan(duration_s: int = 20) -> dict:
     }
 
 
+def records_plan(flows: int, workers: int) -> dict:
+    """Short flows over the LAN path, to load the flow-record path."""
+    return {"paths": [LAN.to_dict()],
+            "experiments": [{"label": "records", "kind": "records", "path": 0, "flows": flows,
+                             "workers": workers}]}
+
+
 # θ set by hand for the benchmark, besides the default.
 HAND_THETAS = {
     "fusion-loss-tolerant": {"loss_threshold": 10, "mult_decrease": 90},

@@ -8,6 +8,7 @@ from gemini_lab.host import REPO
 from gemini_lab.plans import HAND_THETAS
 
 BENCH_PATH = REPO / "benchmarks" / "results" / "fusion-lab.md"
+RECORDS_PATH = REPO / "benchmarks" / "results" / "fusion-records.md"
 
 
 def _flow_rows(results: dict) -> list[str]:
@@ -66,3 +67,26 @@ def write_benchmark(results: dict, command: str) -> None:
         "",
     ])
     BENCH_PATH.write_text(text)
+
+
+def write_records(results: dict, command: str) -> None:
+    r = results["experiments"]["records"]
+    if "error" in r:
+        raise RuntimeError(r["error"])
+    text = "\n".join([
+        "# Fusion flow records under many short flows",
+        "",
+        f"Command: `{command}` (recorded {dt.date.today().isoformat()}, guest kernel "
+        f"{results.get('kernel')}, qemu software emulation on this 2-core machine). Each flow is "
+        "one connection carrying 1 KB under fusion over a 2 ms path; the listener is "
+        "gemini_lab.records (pyroute2, 32 MB receive buffer).",
+        "",
+        "| flows | failed | seconds | flows/s | records received | kernel: sent | "
+        "kernel: dropped | listener overruns |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {r['flows']} | {r['failed']} | {r['seconds']:.1f} | {r['flows_per_s']:.0f} | "
+        f"{r['records_received']} | {r['kernel_records']} | {r['kernel_dropped']} | "
+        f"{r['listener'].get('overruns')} |",
+        "",
+    ])
+    RECORDS_PATH.write_text(text)

@@ -1,0 +1,66 @@
+"""Per-interval aggregation of finished flows by (θ, θ version, context)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+from gemini_agent.context import ContextResolver, context_key
+from gemini_api.aggregate import AggregateBuilder, FlowStats
+from gemini_api.v1 import booster_pb2 as pb
+
+REPORT_NAMESPACE = uuid.UUID("5f3c1a4e-2b7d-4c8e-9a61-0d2f7e9b4c13")
+
+
+@dataclass(frozen=True)
+class Flow:
+    dst: str
+    stats: FlowStats
+    theta: dict[str, int]
+    theta_version: int
+    ended: dt.datetime
+
+
+@dataclass
+class _Slot:
+    theta: dict[str, int]
+    version: int
+    context: pb.Context
+    builder: AggregateBuilder = field(default_factory=AggregateBuilder)
+
+
+class Aggregator:
+    def __init__(self, resolver: ContextResolver, host_id: str, policy: str) -> None:
+        self.resolver, self.host_id, self.policy = resolver, host_id, policy
+        self._slots: dict[tuple, _Slot] = {}
+        self._lock = threading.Lock()
+        self.skipped = 0
+
+    def add(self, flow: Flow) -> None:
+        if not flow.stats.usable:
+            self.skipped += 1
+            return
+        ctx = self.resolver.context(flow.dst, flow.ended)
+        key = (tuple(sorted(flow.theta.items())), flow.theta_version, context_key(ctx))
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                slot = self._slots[key] = _Slot(flow.theta, flow.theta_version, ctx)
+            slot.builder.add(flow.stats)
+
+    def close_interval(self, start_ms: int, end_ms: int) -> pb.ReportRequest | None:
+        """The interval's report, or None when no flow finished. Its id is fixed by host,
+        policy and interval, so a report retried after a restart is the same report."""
+        with self._lock:
+            slots, self._slots = self._slots, {}
+        if not slots:
+            return None
+        report_id = uuid.uuid5(REPORT_NAMESPACE, f"{self.host_id}/{self.policy}/{start_ms}")
+        return pb.ReportRequest(
+            report_id=str(report_id), host_id=self.host_id, policy=self.policy,
+            interval_start_unix_ms=start_ms, interval_end_unix_ms=end_ms,
+            aggregates=[s.builder.to_proto(s.theta, s.version, s.context)
+                        for s in slots.values()],
+        )

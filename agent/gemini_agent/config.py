@@ -1,0 +1,62 @@
+"""Agent settings: environment (GEMINI_AGENT_*) over a TOML file (GEMINI_AGENT_CONFIG), with
+defaults that are safe on a host that has never seen Booster."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get("GEMINI_AGENT_CONFIG")
+        if not path:
+            return {}
+        return tomllib.loads(Path(path).read_text())
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GEMINI_AGENT_", extra="forbid")
+
+    host_id: str = Field(default_factory=lambda: os.uname().nodename)
+    policy: str = "default"
+    booster_address: str = "127.0.0.1:50051"
+    token: SecretStr = SecretStr("")
+    tls_ca_file: Path | None = None  # TLS to Booster when set
+
+    src_region: str = "unknown"
+    src_isp: str = "unknown"
+    geo_mmdb: Path | None = None       # MaxMind-format database: dst → region, ISP
+    geo_csv: Path | None = None        # or a CSV prefix table: prefix,region,isp
+    mmdb_region_field: str = "region"
+    mmdb_isp_field: str = "isp"
+
+    interval_s: float = 300.0
+    rpc_deadline_s: float = 10.0
+    retry_initial_s: float = 0.5
+    retry_max_s: float = 60.0
+    spool_dir: Path = Path("/var/lib/gemini-agent/spool")
+    spool_max_bytes: int = 64 * 1024 * 1024
+    staleness_s: float = 1800.0        # after this without Booster, fall back to the safe default
+    apply_to_kernel: bool = True       # False: ask and log, never write θ (dry run)
+    metrics_listen: str = "127.0.0.1:9465"
+
+    @field_validator("interval_s", "rpc_deadline_s", "staleness_s")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("must be > 0")
+        return v
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
+                                   dotenv_settings, file_secret_settings):
+        return init_settings, env_settings, _TomlSource(settings_cls), file_secret_settings

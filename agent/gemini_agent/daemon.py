@@ -1,0 +1,102 @@
+"""The agent's main loop: every interval, close the aggregates into a report, spool it, drain
+the spool to Booster, ask Booster for θ and write it into the kernel. Booster's errors are
+logged and counted, never fatal: the kernel keeps its last good θ."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+
+import grpc
+from prometheus_client import start_http_server
+
+from gemini_agent.aggregator import Aggregator
+from gemini_agent.config import AgentSettings
+from gemini_agent.context import ContextResolver, MmdbTable, Place, PrefixTable
+from gemini_agent.metrics import AgentMetrics
+from gemini_agent.reporter import Reporter
+from gemini_agent.sources import FusionRecordSource
+from gemini_agent.spool import Spool
+from gemini_agent.writeback import Kernel, ThetaApplier
+from gemini_api.v1 import booster_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+def make_resolver(s: AgentSettings) -> ContextResolver:
+    table: PrefixTable | MmdbTable | None = None
+    if s.geo_mmdb:
+        table = MmdbTable(s.geo_mmdb, s.mmdb_region_field, s.mmdb_isp_field)
+    elif s.geo_csv:
+        table = PrefixTable(s.geo_csv)
+    return ContextResolver(Place(s.src_region, s.src_isp), table)
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, kernel: Kernel | None = None) -> None:
+        self.s = settings
+        self.metrics = AgentMetrics()
+        self.resolver = make_resolver(settings)
+        self.aggregator = Aggregator(self.resolver, settings.host_id, settings.policy)
+        self.spool = Spool(settings.spool_dir, settings.spool_max_bytes)
+        self.reporter = Reporter(settings, self.spool, self.metrics)
+        self.applier = ThetaApplier(kernel or Kernel(), self.metrics, settings.staleness_s)
+        self.prefixes = self.resolver.served_prefixes()
+        self.places = sorted({p for _, p in self.prefixes}, key=lambda p: (p.region, p.isp))
+        self.stopped = threading.Event()
+        self.interval_start_ms = int(time.time() * 1000)
+
+    def contexts(self, now: dt.datetime) -> list[pb.Context]:
+        return [pb.Context(src_region=self.s.src_region, src_isp=self.s.src_isp,
+                           dst_region=p.region, dst_isp=p.isp, hour=now.hour)
+                for p in self.places]
+
+    def refresh_theta(self) -> None:
+        now = dt.datetime.now(dt.UTC)
+        req = pb.GetParametersRequest(host_id=self.s.host_id, policy=self.s.policy,
+                                      contexts=self.contexts(now))
+        try:
+            resp = self.reporter.stub.GetParameters(req, metadata=self.reporter.metadata,
+                                                    timeout=self.s.rpc_deadline_s)
+        except grpc.RpcError as err:
+            log.warning("GetParameters failed (%s): keeping the last good θ", err.code().name)
+            self.applier.check_staleness(self.prefixes)
+            return
+        self.applier.booster_answered()
+        plan = self.applier.plan_from(resp, self.places)
+        if self.s.apply_to_kernel:
+            self.applier.apply(plan, self.prefixes)
+        self.metrics.staleness.set(0)
+
+    def close_interval(self) -> None:
+        end_ms = int(time.time() * 1000)
+        report = self.aggregator.close_interval(self.interval_start_ms, end_ms)
+        self.interval_start_ms = end_ms
+        if report is not None:
+            self.reporter.submit(report)
+
+    def tick(self) -> None:
+        """One interval's work; also what tests drive directly."""
+        self.close_interval()
+        self.reporter.drain()
+        self.refresh_theta()
+
+    def run(self) -> None:
+        host, _, port = self.s.metrics_listen.rpartition(":")
+        start_http_server(int(port), addr=host, registry=self.metrics.registry)
+        source = FusionRecordSource(self.aggregator.add, self.metrics)
+        source.start()
+        self.refresh_theta()
+        next_close = time.monotonic() + self.s.interval_s
+        try:
+            while not self.stopped.wait(min(1.0, max(0.0, next_close - time.monotonic()))):
+                if time.monotonic() >= next_close:
+                    self.tick()
+                    next_close += self.s.interval_s
+                else:
+                    self.reporter.drain()  # a spool left by an outage drains between intervals
+        finally:
+            source.stop()
+            self.close_interval()

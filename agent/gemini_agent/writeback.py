@@ -1,0 +1,122 @@
+"""θ from Booster into the kernel: checked against the θ spec, installed atomically, kept when
+Booster fails, replaced by the spec's safe default once Booster has been silent too long.
+
+The default profile goes through the net.fusion.* sysctls; per-context profiles go through the
+module's netlink table, one message that replaces the whole table. A θ that fails the spec's
+check never reaches either."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gemini_agent.context import Place
+from gemini_agent.metrics import AgentMetrics
+from gemini_api.fusion_genl import FusionNetlink, Rule
+from gemini_api.theta import ThetaError, ThetaSpec, load_spec
+from gemini_api.v1 import booster_pb2 as pb
+
+log = logging.getLogger(__name__)
+SYSCTL_ROOT = Path("/proc/sys/net/fusion")
+
+
+def theta_from_proto(msg: pb.Theta, spec: ThetaSpec) -> dict[str, int]:
+    return {name: int(getattr(msg, name)) for name in spec.names}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the kernel should run: a default θ and a θ per destination place."""
+
+    default: dict[str, int]
+    per_place: dict[Place, dict[str, int]]
+
+
+class Kernel:
+    """The two ways into tcp_fusion. Tests of the agent's own checks may point sysctl_root at
+    a directory; the lab exercises the real module."""
+
+    def __init__(self, sysctl_root: Path = SYSCTL_ROOT, use_netlink: bool = True) -> None:
+        self.sysctl_root, self.use_netlink = sysctl_root, use_netlink
+
+    def write_default(self, theta: Mapping[str, int]) -> None:
+        for name, value in theta.items():
+            path = self.sysctl_root / name
+            if path.read_text().strip() != str(value):
+                path.write_text(f"{value}\n")
+
+    def write_table(self, profiles: dict[int, dict[str, int]], rules: Sequence[Rule]) -> None:
+        if self.use_netlink:
+            with FusionNetlink() as nl:
+                nl.set_profiles(profiles, rules)
+
+    def version(self) -> int:
+        path = self.sysctl_root / "version"
+        return int(path.read_text()) if path.exists() else 0
+
+
+class ThetaApplier:
+    def __init__(self, kernel: Kernel, metrics: AgentMetrics, staleness_s: float,
+                 spec: ThetaSpec | None = None) -> None:
+        self.kernel, self.metrics, self.staleness_s = kernel, metrics, staleness_s
+        self.spec = spec or load_spec()
+        self.safe_default = self.spec.default()
+        self.last_ok = time.monotonic()
+        self.applied: Plan | None = None
+        self.fell_back = False
+
+    def checked(self, theta: dict[str, int]) -> dict[str, int] | None:
+        try:
+            self.spec.validate(theta, self.spec.region_bounds("wide"))
+        except ThetaError as exc:
+            log.error("refusing θ from Booster: %s", exc)
+            self.metrics.theta_refused.inc()
+            return None
+        return theta
+
+    def plan_from(self, resp: pb.GetParametersResponse,
+                  places: Sequence[Place]) -> Plan:
+        """Booster's answer, each θ checked; a refused θ keeps what that context ran before."""
+        previous = self.applied or Plan(self.safe_default, {})
+        default = self.checked(theta_from_proto(resp.default_theta, self.spec))
+        per_place = dict(previous.per_place)
+        for params, place in zip(resp.parameters, places, strict=True):
+            theta = self.checked(theta_from_proto(params.theta, self.spec))
+            if theta is not None:
+                per_place[place] = theta
+        return Plan(default or previous.default, per_place)
+
+    def apply(self, plan: Plan, prefixes: Sequence[tuple[str, Place]]) -> None:
+        distinct: dict[tuple, int] = {}
+        profiles: dict[int, dict[str, int]] = {}
+        rules = []
+        for prefix, place in prefixes:
+            theta = plan.per_place.get(place)
+            if theta is None:
+                continue
+            key = tuple(sorted(theta.items()))
+            if key not in distinct:
+                distinct[key] = len(distinct) + 1
+                profiles[distinct[key]] = theta
+            rules.append(Rule(prefix, distinct[key]))
+        self.kernel.write_default(plan.default)
+        self.kernel.write_table(profiles, rules)
+        self.applied = plan
+        self.metrics.theta_version.set(self.kernel.version())
+
+    def booster_answered(self) -> None:
+        self.last_ok = time.monotonic()
+        self.fell_back = False
+
+    def check_staleness(self, prefixes: Sequence[tuple[str, Place]]) -> None:
+        """Keep the last good θ while Booster is away, up to the staleness limit."""
+        age = time.monotonic() - self.last_ok
+        self.metrics.staleness.set(age)
+        if age > self.staleness_s and not self.fell_back:
+            log.warning("no θ from Booster for %.0f s: falling back to the safe default", age)
+            self.apply(Plan(self.safe_default, {}), prefixes)
+            self.fell_back = True
+            self.metrics.fallbacks.inc()

@@ -1,0 +1,83 @@
+"""How finished flows become one ``Aggregate`` message: the agent's side of eq. 9's statistics.
+
+Throughput is bytes acknowledged over the flow's duration (Mbit/s); queueing delay is mean RTT
+minus minimum RTT (ms). Sums, sums of squares and Σ throughput·delay let Booster compute eq. 9's
+mean and variance for any σ later; the sketch keeps the throughput distribution.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ddsketch import DDSketch
+
+from gemini_api import sketch as sketches
+from gemini_api.v1 import booster_pb2 as pb
+
+SLOW_FLOW_MBPS = 0.8  # 100 KB/s, the paper's slow-flow line
+SIZE_EDGES_BYTES = (100_000, 1_000_000, 10_000_000, 100_000_000)  # 5 buckets
+
+
+@dataclass(frozen=True)
+class FlowStats:
+    bytes_acked: int
+    duration_us: int
+    rtt_avg_us: int
+    rtt_min_us: int
+
+    @property
+    def throughput_mbps(self) -> float:
+        return self.bytes_acked * 8 / self.duration_us if self.duration_us > 0 else 0.0
+
+    @property
+    def queue_delay_ms(self) -> float:
+        return max(self.rtt_avg_us - self.rtt_min_us, 0) / 1000
+
+    @property
+    def usable(self) -> bool:
+        """A flow that carried data for a measurable time; handshakes alone say nothing."""
+        return self.bytes_acked > 0 and self.duration_us > 0
+
+
+@dataclass
+class AggregateBuilder:
+    flow_count: int = 0
+    tpt_sum: float = 0.0
+    tpt_sq_sum: float = 0.0
+    delay_sum: float = 0.0
+    delay_sq_sum: float = 0.0
+    tpt_delay_sum: float = 0.0
+    slow: int = 0
+    sizes: list[int] = field(default_factory=lambda: [0] * (len(SIZE_EDGES_BYTES) + 1))
+    sketch: DDSketch = field(default_factory=sketches.new_sketch)
+
+    def add(self, flow: FlowStats) -> None:
+        tpt, delay = flow.throughput_mbps, flow.queue_delay_ms
+        self.flow_count += 1
+        self.tpt_sum += tpt
+        self.tpt_sq_sum += tpt * tpt
+        self.delay_sum += delay
+        self.delay_sq_sum += delay * delay
+        self.tpt_delay_sum += tpt * delay
+        self.slow += tpt < SLOW_FLOW_MBPS
+        self.sizes[bisect.bisect_right(SIZE_EDGES_BYTES, flow.bytes_acked)] += 1
+        self.sketch.add(tpt)
+
+    def to_proto(self, theta: Mapping[str, int], theta_version: int,
+                 context: pb.Context) -> pb.Aggregate:
+        return pb.Aggregate(
+            theta=pb.Theta(**theta),
+            theta_version=theta_version,
+            context=context,
+            flow_count=self.flow_count,
+            throughput_mbps_sum=self.tpt_sum,
+            throughput_mbps_sq_sum=self.tpt_sq_sum,
+            queue_delay_ms_sum=self.delay_sum,
+            queue_delay_ms_sq_sum=self.delay_sq_sum,
+            throughput_queue_delay_sum=self.tpt_delay_sum,
+            throughput_sketch=sketches.to_proto(self.sketch),
+            slow_flow_count=self.slow,
+            size_bucket_counts=self.sizes,
+        )

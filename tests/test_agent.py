@@ -1,0 +1,208 @@
+"""The agent against a real Booster (real PostgreSQL, real gRPC): aggregation, the on-disk
+spool across a Booster outage and an agent restart, and θ checks before anything is written.
+
+The kernel cannot load modules on this machine, so write-back here targets a directory laid out
+like /proc/sys/net/fusion (a stand-in, named as such); the lab tests write the real sysctls.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+
+import pytest
+from sqlalchemy import text
+
+from gemini_agent.aggregator import Aggregator, Flow
+from gemini_agent.config import AgentSettings
+from gemini_agent.context import ContextResolver, MmdbTable, Place, PrefixTable
+from gemini_agent.metrics import AgentMetrics
+from gemini_agent.reporter import Reporter
+from gemini_agent.spool import Spool
+from gemini_agent.writeback import Kernel, Plan, ThetaApplier
+from gemini_api.aggregate import FlowStats
+from gemini_api.theta import load_spec
+from gemini_api.v1 import booster_pb2 as pb
+from gemini_booster.models import PolicyCreate
+from gemini_booster.service.app import BoosterServer
+from gemini_booster.storage import repository as repo
+from tests.conftest import AGENT, make_settings
+
+SPEC = load_spec()
+NOW = dt.datetime(2026, 11, 21, 14, 30, tzinfo=dt.UTC)
+
+
+def _flow(dst: str, mbytes: float = 2.0, seconds: float = 1.0, theta=None) -> Flow:
+    stats = FlowStats(bytes_acked=int(mbytes * 1e6), duration_us=int(seconds * 1e6),
+                      rtt_avg_us=60_000, rtt_min_us=40_000)
+    return Flow(dst=dst, stats=stats, theta=theta or SPEC.default(), theta_version=7, ended=NOW)
+
+
+@pytest.fixture
+def csv_table(tmp_path) -> PrefixTable:
+    path = tmp_path / "prefixes.csv"
+    path.write_text("prefix,region,isp\n10.1.0.0/16,eu-west,isp-a\n10.2.0.0/16,ap-south,isp-b\n"
+                    "10.2.3.0/24,ap-south,isp-c\n")
+    return PrefixTable(path)
+
+
+def test_csv_and_mmdb_contexts_with_an_unknown_bucket(tmp_path, csv_table):
+    from mmdb_writer import MMDBWriter
+    from netaddr import IPSet
+
+    writer = MMDBWriter(ip_version=4, database_type="gemini-test")
+    writer.insert_network(IPSet(["10.1.0.0/16"]), {"region": "eu-west", "isp": "isp-a"})
+    writer.insert_network(IPSet(["10.2.0.0/16"]), {"region": "ap-south", "isp": "isp-b"})
+    writer.to_db_file(str(tmp_path / "geo.mmdb"))
+    mmdb = MmdbTable(tmp_path / "geo.mmdb", "region", "isp")
+    for table in (csv_table, mmdb):
+        r = ContextResolver(Place("us-east", "own"), table)
+        ctx = r.context("10.1.9.9", NOW)
+        assert (ctx.src_region, ctx.dst_region, ctx.dst_isp, ctx.hour) == (
+            "us-east", "eu-west", "isp-a", 14)
+        assert r.place("192.0.2.1") == Place("unknown", "unknown")
+    assert csv_table.lookup("10.2.3.4") == Place("ap-south", "isp-c")  # longest prefix wins
+    assert {str(ipaddress.ip_network(p)) for p, _ in mmdb.prefixes()} == {"10.1.0.0/16",
+                                                                           "10.2.0.0/16"}
+
+
+def test_aggregates_per_theta_and_context_with_exact_sums(csv_table):
+    agg = Aggregator(ContextResolver(Place("us-east", "own"), csv_table), "host-1", "cdn")
+    for _ in range(3):
+        agg.add(_flow("10.1.0.5", mbytes=2.0, seconds=1.0))          # 16 Mbit/s
+    agg.add(_flow("10.2.0.5", mbytes=0.05, seconds=1.0))              # 0.4 Mbit/s: slow
+    agg.add(_flow("10.1.0.5", theta=SPEC.default() | {"mult_decrease": 60}))
+    agg.add(Flow("10.1.0.5", FlowStats(0, 0, 0, 0), SPEC.default(), 7, NOW))  # handshake only
+    report = agg.close_interval(1_000, 301_000)
+    assert len(report.aggregates) == 3 and agg.skipped == 1
+    eu = next(a for a in report.aggregates
+              if a.context.dst_region == "eu-west" and a.theta.mult_decrease == 85)
+    assert eu.flow_count == 3 and eu.throughput_mbps_sum == pytest.approx(48.0)
+    assert eu.queue_delay_ms_sum == pytest.approx(60.0)
+    assert eu.throughput_queue_delay_sum == pytest.approx(3 * 16 * 20)
+    assert list(eu.size_bucket_counts) == [0, 0, 3, 0, 0] and eu.theta_version == 7
+    ap = next(a for a in report.aggregates if a.context.dst_region == "ap-south")
+    assert ap.slow_flow_count == 1
+    # the same interval always gets the same idempotency key
+    again = Aggregator(agg.resolver, "host-1", "cdn")
+    again.add(_flow("10.1.0.5"))
+    assert again.close_interval(1_000, 301_000).report_id == report.report_id
+    assert agg.close_interval(301_000, 601_000) is None
+
+
+def test_a_typical_report_stays_under_1kb_per_minute(csv_table):
+    """Two contexts, one θ, 200 flows of varied throughput over a 5-minute interval."""
+    agg = Aggregator(ContextResolver(Place("us-east", "own"), csv_table), "host-1", "cdn")
+    for i in range(200):
+        agg.add(_flow("10.1.0.5" if i % 2 else "10.2.0.5", mbytes=0.5 + i * 0.05))
+    size = len(agg.close_interval(0, 300_000).SerializeToString())
+    assert size / 5 < 1024, f"{size} bytes per 5 minutes"
+
+
+def test_spool_is_ordered_atomic_and_bounded(tmp_path):
+    spool = Spool(tmp_path / "spool", max_bytes=250)
+    (tmp_path / "spool" / "00000000000000000009.tmp").write_bytes(b"torn")
+    spool = Spool(tmp_path / "spool", max_bytes=250)  # a restart clears torn writes
+    assert not list((tmp_path / "spool").glob("*.tmp"))
+    for i in range(4):
+        spool.put(bytes([i]) * 100)
+    assert [p[1][0] for p in spool.pending()] == [2, 3] and spool.dropped == 2
+
+
+def _settings(tmp_path, target: str, **kw) -> AgentSettings:
+    return AgentSettings(host_id="host-1", policy="default", booster_address=target,
+                         token=AGENT, spool_dir=tmp_path / "spool", retry_initial_s=0.01,
+                         retry_max_s=0.02, rpc_deadline_s=2, **kw)
+
+
+def _stored(engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.execute(text("SELECT report_id FROM reports ORDER BY id")).scalars())
+
+
+def _report(i: int) -> pb.ReportRequest:
+    agg = Aggregator(ContextResolver(Place("us-east", "own"), None), "host-1", "default")
+    agg.add(_flow("10.1.0.5"))
+    start = int(NOW.timestamp() * 1000) + i * 300_000
+    return agg.close_interval(start, start + 300_000)
+
+
+def test_reports_survive_booster_outage_and_agent_restart_in_order_once(tmp_path, db_url):
+    server = BoosterServer(make_settings(db_url)).start()
+    repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+    server.booster.reload_policies()
+    target = f"127.0.0.1:{server.grpc_port}"
+    reporter = Reporter(_settings(tmp_path, target), Spool(tmp_path / "spool", 1 << 20),
+                        AgentMetrics())
+    reporter.submit(_report(0))
+    assert reporter.drain() == 1
+    engine = server.engine
+    server.stop()                                   # Booster goes away
+    for i in (1, 2, 3):
+        reporter.submit(_report(i))
+        assert reporter.drain() == 0                # spooled, not lost
+    # the agent restarts: a new process finds the spool on disk
+    reporter = Reporter(_settings(tmp_path, target), Spool(tmp_path / "spool", 1 << 20),
+                        AgentMetrics())
+    assert len(reporter.spool) == 3
+    server = BoosterServer(make_settings(db_url, grpc_listen=target)).start()
+    try:
+        while reporter.drain() == 0 and len(reporter.spool):
+            pass
+        reporter.drain()
+        assert len(reporter.spool) == 0
+        ids = [_report(i).report_id for i in range(4)]
+        assert _stored(server.engine) == ids        # each once, in order
+        reporter.submit(_report(3))                 # a retry of a delivered report
+        reporter.drain()
+        assert _stored(server.engine) == ids
+    finally:
+        server.stop()
+    del engine
+
+
+@pytest.fixture
+def sysctl_dir(tmp_path):
+    """Stand-in for /proc/sys/net/fusion (no loadable modules on this machine)."""
+    root = tmp_path / "net-fusion"
+    root.mkdir()
+    for name, value in SPEC.default().items():
+        (root / name).write_text(f"{value}\n")
+    (root / "version").write_text("1\n")
+    return root
+
+
+def _values(root) -> dict[str, int]:
+    return {n: int((root / n).read_text()) for n in SPEC.names}
+
+
+def test_theta_outside_the_region_is_refused_and_never_written(sysctl_dir):
+    metrics = AgentMetrics()
+    applier = ThetaApplier(Kernel(sysctl_dir, use_netlink=False), metrics, staleness_s=60)
+    good = SPEC.default() | {"mult_decrease": 60}
+    resp = pb.GetParametersResponse(default_theta=pb.Theta(**good))
+    applier.apply(applier.plan_from(resp, []), [])
+    assert _values(sysctl_dir) == good
+    bad = pb.GetParametersResponse(default_theta=pb.Theta(**(good | {"mult_decrease": 100})))
+    applier.apply(applier.plan_from(bad, []), [])
+    assert _values(sysctl_dir) == good              # last good θ kept
+    assert metrics.theta_refused._value.get() == 1
+    place = Place("eu-west", "isp-a")
+    per_ctx = pb.GetParametersResponse(
+        default_theta=pb.Theta(**good),
+        parameters=[pb.ContextParameters(theta=pb.Theta(**(good | {"window_intervals": 0})))])
+    plan = applier.plan_from(per_ctx, [place])
+    assert place not in plan.per_place and metrics.theta_refused._value.get() == 2
+
+
+def test_falls_back_to_the_safe_default_after_the_staleness_limit(sysctl_dir):
+    metrics = AgentMetrics()
+    applier = ThetaApplier(Kernel(sysctl_dir, use_netlink=False), metrics, staleness_s=0.05)
+    tuned = SPEC.default() | {"add_increase": 9}
+    applier.apply(Plan(tuned, {}), [])
+    applier.check_staleness([])
+    assert _values(sysctl_dir) == tuned             # within the limit: keep the last good θ
+    import time
+    time.sleep(0.1)
+    applier.check_staleness([])
+    assert _values(sysctl_dir) == SPEC.default() and metrics.fallbacks._value.get() == 1

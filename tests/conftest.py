@@ -31,20 +31,28 @@ def pg_admin_url(tmp_path_factory) -> str:
     return database.start_embedded(tmp_path_factory.mktemp("pg"))
 
 
-@pytest.fixture
-def db_url(pg_admin_url) -> Iterator[str]:
-    """A new database on the real server, migrated to head, dropped afterwards."""
+def new_database(pg_admin_url: str) -> str:
+    """A new database on the real server, migrated to head; returns its URL."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
     url = make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
     engine = database.make_engine(url)
     database.migrate(engine)
     engine.dispose()
+    return url
+
+
+@pytest.fixture
+def db_url(pg_admin_url) -> Iterator[str]:
+    """A new database for one test, dropped afterwards."""
+    url = new_database(pg_admin_url)
     yield url
+    admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        conn.execute(text(f'DROP DATABASE "{make_url(url).database}" WITH (FORCE)'))
     admin.dispose()
 
 

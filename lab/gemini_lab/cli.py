@@ -4,12 +4,14 @@
     gemini-lab bench        the Table IV comparison and CPU cost, written to benchmarks/results/
     gemini-lab check        the acceptance plan, printed as a table
     gemini-lab records      short fusion flows as fast as the guest makes them; records lost?
+    gemini-lab loop         Booster here + agent in the guest: the closed loop, plot in PNG
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -40,6 +42,24 @@ def cmd_run(args: argparse.Namespace) -> dict:
     return run_plan({"paths": [p.to_dict() for p in paths], "experiments": experiments}, args.out)
 
 
+def cmd_loop(args: argparse.Namespace) -> None:
+    from gemini_booster.config import Settings
+    from gemini_lab.loop import LoopConfig, run_loop
+
+    token = "lab-agent-" + os.urandom(8).hex()
+    cfg = LoopConfig(duration_s=args.duration, interval_s=args.interval, sigma=args.sigma)
+    result = run_loop(
+        lambda listen: Settings(grpc_listen=listen, http_port=0, refit_interval_s=2,
+                                bootstrap_agent_token=token),
+        args.port, token, args.out, cfg)
+    for region, values in sorted(result.rounds.items()):
+        print(f"{region:>8}: " + " ".join(f"{v:6.2f}" for v in values))
+    for region, theta in sorted(result.incumbents.items()):
+        print(f"{region:>8} incumbent: {theta}")
+    print(f"reports: {len(result.report_ids)}, duplicates: {result.duplicate_ids}")
+    print(f"plot: {result.plot}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="gemini-lab", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -54,7 +74,12 @@ def main(argv: list[str] | None = None) -> None:
     records = sub.add_parser("records", help="flow-record delivery under many short flows")
     records.add_argument("--flows", type=int, default=10000)
     records.add_argument("--workers", type=int, default=8)
-    for p in (run, bench, records, sub.choices["check"]):
+    loop = sub.add_parser("loop", help="Booster (embedded PostgreSQL) + agent in the guest")
+    loop.add_argument("--duration", type=int, default=300)
+    loop.add_argument("--interval", type=float, default=8)
+    loop.add_argument("--sigma", type=float, default=1.0)
+    loop.add_argument("--port", type=int, default=50151)
+    for p in (run, bench, records, loop, sub.choices["check"]):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     try:
@@ -65,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         elif args.cmd == "bench":
             results = run_plan(plans.benchmark_plan(args.duration), args.out)
             report.write_benchmark(results, " ".join(["gemini-lab", *sys.argv[1:]]))
+        elif args.cmd == "loop":
+            return cmd_loop(args)
         elif args.cmd == "records":
             results = run_plan(plans.records_plan(args.flows, args.workers), args.out)
             report.write_records(results, " ".join(["gemini-lab", *sys.argv[1:]]))

@@ -170,8 +170,66 @@ def exp_records(e: dict, out: Path) -> dict:
     }
 
 
+def _join_host_network() -> None:
+    """Move qemu's user-mode NIC into the sender namespace: the host (Booster) is 10.0.2.2."""
+    sh("ip", "link", "set", "eth0", "netns", SENDER_NS)
+    sh("ip", "addr", "add", "10.0.2.15/24", "dev", "eth0", ns=SENDER_NS)
+    sh("ip", "link", "set", "eth0", "up", ns=SENDER_NS)
+
+
+def _agent_metrics(port: int) -> dict[str, float]:
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def exp_agent(e: dict, out: Path) -> dict:
+    """The agent in the sender namespace, Booster on the host; bulk fusion flows to each path."""
+    _join_host_network()
+    for i in e["paths"]:
+        subprocess.Popen(["ip", "netns", "exec", receiver_ns(i), "iperf3", "-s", "-p",
+                          str(BASE_PORT)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config = out / "agent.toml"
+    config.write_text(e["agent_toml"])
+    log = (out / "agent.log").open("w")
+    agent = subprocess.Popen(
+        ["ip", "netns", "exec", SENDER_NS, sys.executable, "-m", "gemini_agent.cli", "run"],
+        env={**os.environ, "GEMINI_AGENT_CONFIG": str(config)}, stdout=log, stderr=log)
+    time.sleep(3)
+    rounds, deadline = 0, time.monotonic() + e["duration_s"]
+    while time.monotonic() < deadline and agent.poll() is None:
+        clients = [subprocess.Popen(
+            ["ip", "netns", "exec", SENDER_NS, "iperf3", "-c", receiver_addr(i), "-p",
+             str(BASE_PORT), "-n", e["flow_bytes"], "-C", "fusion"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in e["paths"]]
+        for c in clients:
+            try:
+                c.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                c.kill()
+        rounds += 1
+    time.sleep(2)
+    metrics = _agent_metrics(e["metrics_port"]) if agent.poll() is None else {}
+    with FusionNetlink() as nl:
+        version, profiles, rules = nl.get_profiles()
+    agent.terminate()
+    agent.wait(timeout=30)
+    return {"flow_rounds": rounds, "agent_rc": agent.returncode, "agent_metrics": metrics,
+            "table": {"version": version, "profiles": profiles,
+                      "rules": [(r.prefix, r.profile_id) for r in rules]},
+            "agent_log_tail": (out / "agent.log").read_text()[-3000:]}
+
+
 EXPERIMENTS = {"flow": exp_flow, "profiles": exp_profiles, "rejects": exp_rejects, "cpu": exp_cpu,
-               "records": exp_records}
+               "records": exp_records, "agent": exp_agent}
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 OUT=/mnt   # the host's output directory, shared read-write
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 labout "$OUT" || echo "lab: no output share"
 ip link set lo up
-for m in sch_netem sch_tbf sch_fq tcp_bbr tcp_vegas veth; do modprobe "$m"; done
+for m in sch_netem sch_tbf sch_fq tcp_bbr tcp_vegas veth virtio_net; do modprobe "$m"; done
 export GEMINI_LAB_OUT="$OUT"
 sh "$OUT/job.sh" > "$OUT/job.log" 2>&1
 echo $? > "$OUT/rc"

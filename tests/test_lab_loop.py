@@ -1,0 +1,70 @@
+"""The whole loop in the lab: Booster here on real PostgreSQL, the agent and tcp_fusion in the
+guest kernel, real fusion flows over two netem paths that an .mmdb maps to two regions.
+Booster is stopped mid-run and restarted. Needs what the other lab tests need."""
+
+from __future__ import annotations
+
+import socket
+import statistics
+
+import pytest
+
+from gemini_lab.loop import LoopConfig, run_loop
+from gemini_lab.vm import LabError, find_kernel
+from tests.conftest import AGENT, make_settings, new_database
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory, pg_admin_url):
+    try:
+        find_kernel()
+    except LabError as exc:
+        pytest.skip(str(exc))
+    db_url = new_database(pg_admin_url)
+    cfg = LoopConfig(duration_s=240, interval_s=8, kill_at_s=130, outage_s=20)
+    return run_loop(lambda listen: make_settings(db_url, grpc_listen=listen, refit_interval_s=2),
+                    _free_port(), AGENT, tmp_path_factory.mktemp("loop"), cfg)
+
+
+def _agent(loop) -> dict:
+    exp = loop.guest["experiments"]["loop"]
+    assert "error" not in exp, exp.get("error")
+    return exp
+
+
+def test_no_report_lost_or_doubled_across_a_booster_restart(loop):
+    m = _agent(loop)["agent_metrics"]
+    spooled = m["gemini_agent_reports_total{outcome=spooled}"]
+    assert m.get("gemini_agent_reports_total{outcome=failed}", 0) >= 1, "the outage was not felt"
+    assert m["gemini_agent_reports_total{outcome=sent}"] == spooled
+    assert m["gemini_agent_spool_reports"] == 0
+    assert loop.duplicate_ids == 0 and len(loop.report_ids) == spooled
+
+
+def test_two_contexts_converge_to_their_own_theta(loop):
+    assert set(loop.incumbents) == {"wired", "lossy"}, loop.incumbents
+    assert loop.incumbents["wired"] != loop.incumbents["lossy"]
+    table = _agent(loop)["table"]
+    assert len(table["rules"]) == 2  # the agent installed a profile per destination prefix
+
+
+def test_utility_rises_from_the_first_rounds(loop):
+    for region, values in loop.rounds.items():
+        assert len(values) >= 10, (region, values)
+        assert statistics.mean(values[-4:]) > statistics.mean(values[:4]), (region, values)
+
+
+def test_lossy_path_learns_a_higher_loss_tolerance(loop):
+    assert loop.incumbents["lossy"]["loss_threshold"] > loop.incumbents["wired"]["loss_threshold"]
+
+
+def test_convergence_plot_is_written(loop):
+    assert loop.plot is not None and loop.plot.stat().st_size > 10_000

@@ -5,10 +5,12 @@
                             └─ ...
 
 Each path's scenario shapes the router's egress toward its receiver, the direction data flows:
-one netem qdisc holds the whole round-trip delay, the rate, the random loss and the queue, so
-the sender's own qdisc stays unshaped (shaping at the sender would throttle TCP through its
-small-queue limits instead of through the network). Rate schedules are replayed by a thread
-that changes the qdisc at each bin boundary.
+a tbf sets the rate and a netem below it drops at random and holds the bottleneck queue. The
+round-trip delay is a netem on the receiver's egress, so it delays the ACKs: the sender's own
+qdisc stays unshaped (shaping at the sender would throttle TCP through its small-queue limits
+instead of through the network). Rate schedules are replayed by a thread that changes the tbf
+rate at each bin boundary; tbf applies a new rate to the packets already queued, where a netem
+rate would keep the departure times it gave them on arrival.
 """
 
 from __future__ import annotations
@@ -57,8 +59,18 @@ def _veth(a_ns: str, a_if: str, a_addr: str, b_ns: str, b_if: str, b_addr: str) 
     sh("ip", "link", "set", b_if, "up", ns=b_ns)
 
 
-def netem_args(s: Scenario, rate_kbit: int) -> list[str]:
-    args = ["delay", f"{s.rtt_ms}ms", "rate", f"{rate_kbit}kbit", "limit", str(s.netem_limit())]
+TBF_BURST_MIN_BYTES = 4 * 1514
+TBF_BURST_S = 0.002  # a couple of milliseconds of tokens: smooth, yet not timer-bound
+DELAY_LIMIT = 100_000  # the ACK-path delay line never drops
+
+
+def tbf_args(rate_kbit: int) -> list[str]:
+    burst = max(TBF_BURST_MIN_BYTES, int(rate_kbit * 1000 / 8 * TBF_BURST_S))
+    return ["rate", f"{rate_kbit}kbit", "burst", str(burst), "latency", "1s"]
+
+
+def bottleneck_args(s: Scenario) -> list[str]:
+    args = ["limit", str(s.queue_limit())]
     if s.loss_percent:
         args += ["loss", "random", f"{s.loss_percent}%"]
     return args
@@ -75,19 +87,24 @@ class Topology:
             sh("ip", "netns", "add", ns)
             sh("ip", "link", "set", "lo", "up", ns=ns)
             _tune_tcp(ns)
-        _veth(SENDER_NS, "eth0", SENDER_ADDR, ROUTER_NS, "snd", "10.0.0.1")
+        # "veth0", not "eth0": the guest's own NIC is eth0 and may join the sender namespace
+        _veth(SENDER_NS, "veth0", SENDER_ADDR, ROUTER_NS, "snd", "10.0.0.1")
         sh("ip", "route", "add", "default", "via", "10.0.0.1", ns=SENDER_NS)
         sh("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=ROUTER_NS)
         for i, scenario in enumerate(self.paths):
             rcv = receiver_ns(i)
-            _veth(ROUTER_NS, f"path{i}", f"10.{i + 1}.0.1", rcv, "eth0", receiver_addr(i))
+            _veth(ROUTER_NS, f"path{i}", f"10.{i + 1}.0.1", rcv, "veth0", receiver_addr(i))
             sh("ip", "route", "add", "default", "via", f"10.{i + 1}.0.1", ns=rcv)
             rate = scenario.schedule()[0][1]
-            sh("tc", "qdisc", "add", "dev", f"path{i}", "root", "netem",
-               *netem_args(scenario, rate), ns=ROUTER_NS)
+            sh("tc", "qdisc", "add", "dev", f"path{i}", "root", "handle", "1:", "tbf",
+               *tbf_args(rate), ns=ROUTER_NS)
+            sh("tc", "qdisc", "add", "dev", f"path{i}", "parent", "1:1", "handle", "10:",
+               "netem", *bottleneck_args(scenario), ns=ROUTER_NS)
+            sh("tc", "qdisc", "add", "dev", "veth0", "root", "netem", "delay",
+               f"{scenario.rtt_ms}ms", "limit", str(DELAY_LIMIT), ns=rcv)
         # Segmentation offloads off where data enters the network: netem must see, delay and
         # drop wire-sized packets, not 64 KB super-packets.
-        sh("ethtool", "-K", "eth0", "tso", "off", "gso", "off", ns=SENDER_NS)
+        sh("ethtool", "-K", "veth0", "tso", "off", "gso", "off", ns=SENDER_NS)
 
     def start_schedules(self) -> list[RateSchedule]:
         threads = []
@@ -117,8 +134,8 @@ class RateSchedule(threading.Thread):
                 delay = start + at - time.monotonic()
                 if delay > 0 and self.stopped.wait(delay):
                     return
-                sh("tc", "qdisc", "change", "dev", f"path{self.path}", "root", "netem",
-                   *netem_args(self.scenario, rate), ns=ROUTER_NS, check=False)
+                sh("tc", "qdisc", "change", "dev", f"path{self.path}", "root", "handle", "1:",
+                   "tbf", *tbf_args(rate), ns=ROUTER_NS, check=False)
             start += period
 
     def stop(self) -> None:

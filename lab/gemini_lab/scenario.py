@@ -64,11 +64,6 @@ class Scenario:
             return self.queue_packets
         return max(1, math.ceil(self.bdp_packets() * float(self.queue_bdp)))
 
-    def netem_limit(self) -> int:
-        """netem holds the packets in its delay line as well as the queue: size for both."""
-        peak = max(r for _, r in self.schedule())
-        return self.bdp_packets(peak) + self.queue_limit()
-
     def to_dict(self) -> dict:
         return asdict(self)
 

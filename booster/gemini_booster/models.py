@@ -43,7 +43,7 @@ class PolicyFields(BaseModel):
         24 * 14, gt=0, description="trials older than this are left out of the model (drift)"
     )
     max_model_points: int = Field(
-        400, ge=20, le=5000, description="the model is fit on at most this many trials"
+        200, ge=20, le=5000, description="the model is fit on at most this many trials"
     )
     min_flows: int = Field(1, ge=1, description="a trial needs this many flows to be incumbent")
 

@@ -35,8 +35,10 @@ def build_module(kernel: GuestKernel, *, warnings_as_errors: bool = True) -> str
     return log
 
 
-def kernel_problems(dmesg: str) -> list[str]:
-    return [line for line in dmesg.splitlines() if KERNEL_PROBLEMS.search(line)]
+def kernel_problems(log: str) -> list[str]:
+    """Warnings, oopses and traces, up to the guest's own power-off."""
+    log = log.split("sysrq: Power Off")[0]
+    return [line for line in log.splitlines() if KERNEL_PROBLEMS.search(line)]
 
 
 def run_plan(plan: dict, out_dir: Path, *, timeout_s: float = 1800) -> dict:

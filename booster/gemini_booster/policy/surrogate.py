@@ -22,6 +22,7 @@ from gemini_api.theta import ThetaSpec
 from .kernels import ContextKernel, OnColumns
 
 CONTEXT_ATTRIBUTES = ("src_region", "src_isp", "dst_region", "dst_isp", "time_block")
+COLD_RESTARTS = 1
 JITTER = 1e-6
 
 
@@ -103,7 +104,9 @@ def fit_surrogate(
         kernel=kernel,
         alpha=alpha,
         normalize_y=False,
-        n_restarts_optimizer=0 if warm_kernel is not None else 2,
+        # one restart besides the default start: the marginal likelihood here is smooth
+        # enough, and each restart costs a full fit
+        n_restarts_optimizer=0 if warm_kernel is not None else COLD_RESTARTS,
         random_state=seed,
     )
     with warnings.catch_warnings():

@@ -1,7 +1,7 @@
 """Guest side: many short TCP flows, to load the flow-record path.
 
     python -m gemini_lab.flowgen serve PORT            accept, read to EOF, close; forever
-    python -m gemini_lab.flowgen send ADDR PORT N W    N flows of BYTES each from W processes
+    python -m gemini_lab.flowgen send ADDR PORT N W    N fusion flows of 1 KB from W processes
 
 `send` prints one JSON line: flows completed, failures, seconds.
 """
@@ -46,13 +46,16 @@ def serve(port: int) -> None:
                 conn.close()
 
 
-def _worker(args: tuple[str, int, int]) -> tuple[int, int]:
-    addr, port, n = args
+def _worker(args: tuple[str, int, int, str]) -> tuple[int, int]:
+    addr, port, n, cc = args
     payload = b"x" * FLOW_BYTES
     done = failed = 0
     for _ in range(n):
         try:
-            with socket.create_connection((addr, port), timeout=10) as s:
+            with socket.socket() as s:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+                s.settimeout(10)
+                s.connect((addr, port))
                 s.sendall(payload)
                 s.shutdown(socket.SHUT_WR)
                 while s.recv(4096):
@@ -63,11 +66,11 @@ def _worker(args: tuple[str, int, int]) -> tuple[int, int]:
     return done, failed
 
 
-def send(addr: str, port: int, flows: int, workers: int) -> None:
+def send(addr: str, port: int, flows: int, workers: int, cc: str = "fusion") -> None:
     share = [flows // workers + (1 if i < flows % workers else 0) for i in range(workers)]
     t0 = time.monotonic()
     with multiprocessing.Pool(workers) as pool:
-        results = pool.map(_worker, [(addr, port, n) for n in share])
+        results = pool.map(_worker, [(addr, port, n, cc) for n in share])
     elapsed = time.monotonic() - t0
     print(json.dumps({"flows": sum(r[0] for r in results), "failed": sum(r[1] for r in results),
                       "seconds": elapsed}))

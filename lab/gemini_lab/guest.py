@@ -146,7 +146,6 @@ def exp_cpu(e: dict, out: Path) -> dict:
 def exp_records(e: dict, out: Path) -> dict:
     """Short fusion flows as fast as the guest makes them: is every record delivered?"""
     port, path = BASE_PORT + 70, e["path"]
-    sh("sysctl", "-qw", "net.ipv4.tcp_congestion_control=fusion", ns=SENDER_NS)
     sh("sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1", ns=SENDER_NS)
     server = subprocess.Popen(["ip", "netns", "exec", receiver_ns(path), sys.executable, "-m",
                                "gemini_lab.flowgen", "serve", str(port)])
@@ -160,7 +159,6 @@ def exp_records(e: dict, out: Path) -> dict:
     with FusionNetlink() as nl:
         after = nl.stats()
     server.kill()
-    sh("sysctl", "-qw", "net.ipv4.tcp_congestion_control=cubic", ns=SENDER_NS)
     received = sum(1 for r in rc.records() if r["dport"] == port)
     return {
         **sent, "flows_per_s": sent["flows"] / sent["seconds"], "records_received": received,

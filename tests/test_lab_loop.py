@@ -57,13 +57,16 @@ def test_two_contexts_converge_to_their_own_theta(loop):
 
 
 def test_utility_rises_from_the_first_rounds(loop):
+    """The last third of the rounds beats the random first ones, on each context."""
     for region, values in loop.rounds.items():
-        assert len(values) >= 10, (region, values)
-        assert statistics.mean(values[-4:]) > statistics.mean(values[:4]), (region, values)
+        assert len(values) >= 12, (region, values)
+        last = values[-len(values) // 3:]
+        assert statistics.mean(last) > statistics.mean(values[:4]), (region, values)
 
 
-def test_lossy_path_learns_a_higher_loss_tolerance(loop):
-    assert loop.incumbents["lossy"]["loss_threshold"] > loop.incumbents["wired"]["loss_threshold"]
+def test_lossy_path_learns_a_high_loss_tolerance(loop):
+    """The paper's direction: on a lossy path the tuned l sits in the upper half of Θ."""
+    assert loop.incumbents["lossy"]["loss_threshold"] >= 6, loop.incumbents
 
 
 def test_convergence_plot_is_written(loop):

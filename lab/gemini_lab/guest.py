@@ -170,7 +170,8 @@ def exp_records(e: dict, out: Path) -> dict:
 
 def _join_host_network() -> None:
     """Move qemu's user-mode NIC into the sender namespace: the host (Booster) is 10.0.2.2."""
-    sh("ip", "link", "set", "eth0", "netns", SENDER_NS)
+    # this process already lives in the sender namespace; the NIC is in PID 1's
+    sh("nsenter", "-t", "1", "-n", "ip", "link", "set", "eth0", "netns", SENDER_NS)
     sh("ip", "addr", "add", "10.0.2.15/24", "dev", "eth0", ns=SENDER_NS)
     sh("ip", "link", "set", "eth0", "up", ns=SENDER_NS)
 
@@ -196,7 +197,7 @@ def exp_agent(e: dict, out: Path) -> dict:
         subprocess.Popen(["ip", "netns", "exec", receiver_ns(i), "iperf3", "-s", "-p",
                           str(BASE_PORT)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     config = out / "agent.toml"
-    config.write_text(e["agent_toml"])
+    config.write_text(e["agent_toml"].replace("{out}", str(out)))  # the share's path in here
     log = (out / "agent.log").open("w")
     agent = subprocess.Popen(
         ["ip", "netns", "exec", SENDER_NS, sys.executable, "-m", "gemini_agent.cli", "run"],

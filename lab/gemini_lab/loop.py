@@ -29,9 +29,12 @@ from gemini_lab.scenario import Scenario
 PATHS = (
     (Scenario(name="wired", description="40 ms, 20 Mbit/s, no loss", rtt_ms=40, rate_mbit=20,
               queue_bdp=1.0), "wired", "isp-a"),
-    (Scenario(name="lossy", description="60 ms, 20 Mbit/s, 1 % loss", rtt_ms=60, rate_mbit=20,
-              loss_percent=1.0, queue_bdp=1.0), "lossy", "isp-b"),
+    (Scenario(name="lossy", description="80 ms, 20 Mbit/s, 2 % loss", rtt_ms=80, rate_mbit=20,
+              loss_percent=2.0, queue_bdp=1.0), "lossy", "isp-b"),
 )
+# The loop tunes the loss response (λ and l) and holds the rest at the spec's defaults: a small
+# custom region an operator might choose, and one a single lab host can search in minutes.
+TUNED = ("mult_decrease", "loss_threshold")
 METRICS_PORT = 9465
 HOST_ID = "lab-host"
 
@@ -45,6 +48,13 @@ class LoopConfig:
     kill_at_s: float | None = None   # seconds after the guest starts
     outage_s: float = 20
     n_initial_points: int = 5
+    exploration_share: float = 0.5   # one host: it explores in about half the plan versions
+
+
+def lab_bounds() -> dict[str, tuple[int, int]]:
+    spec = load_spec()
+    return {p.name: p.production if p.name in TUNED else (p.default, p.default)
+            for p in spec.params}
 
 
 @dataclass
@@ -123,10 +133,13 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
     server = BoosterServer(settings).start()
     policy_name = f"lab-{uuid.uuid4().hex[:8]}"
     policy = repo.create_policy(server.engine, PolicyCreate(
-        name=policy_name, sigma=cfg.sigma, exploration_share=1.0,
-        n_initial_points=cfg.n_initial_points), actor="gemini-lab")
+        name=policy_name, sigma=cfg.sigma, exploration_share=cfg.exploration_share,
+        n_initial_points=cfg.n_initial_points, region="custom", bounds=lab_bounds()),
+        actor="gemini-lab")
     server.booster.reload_policies()
-    mmdb = write_mmdb(out_dir / "paths.mmdb")
+    (out_dir / "guest").mkdir(exist_ok=True)
+    write_mmdb(out_dir / "guest" / "paths.mmdb")  # the guest sees this directory as {out}
+    mmdb = Path("{out}/paths.mmdb")
     plan = {
         "paths": [p.to_dict() for p, _, _ in PATHS],
         "experiments": [{"label": "loop", "kind": "agent", "paths": [0, 1],

@@ -9,6 +9,7 @@ aggregates, Booster's incumbent θ per context, and a convergence plot like the 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -29,12 +30,13 @@ from gemini_lab.scenario import Scenario
 PATHS = (
     (Scenario(name="wired", description="40 ms, 20 Mbit/s, no loss", rtt_ms=40, rate_mbit=20,
               queue_bdp=1.0), "wired", "isp-a"),
-    (Scenario(name="lossy", description="80 ms, 20 Mbit/s, 2 % loss", rtt_ms=80, rate_mbit=20,
-              loss_percent=2.0, queue_bdp=1.0), "lossy", "isp-b"),
+    (Scenario(name="lossy", description="100 ms, 20 Mbit/s, 1 % loss", rtt_ms=100,
+              rate_mbit=20, loss_percent=1.0, queue_bdp=1.0), "lossy", "isp-b"),
 )
-# The loop tunes the loss response (λ and l) and holds the rest at the spec's defaults: a small
-# custom region an operator might choose, and one a single lab host can search in minutes.
-TUNED = ("mult_decrease", "loss_threshold")
+# The loop tunes the loss response and holds the rest at the spec's defaults: λ over Θ' (so a
+# random start can be far off) and l over Θ. A small custom region an operator might choose,
+# and one a single lab host can search in minutes.
+TUNED = {"mult_decrease": "wide", "loss_threshold": "production"}
 METRICS_PORT = 9465
 HOST_ID = "lab-host"
 
@@ -43,7 +45,7 @@ HOST_ID = "lab-host"
 class LoopConfig:
     duration_s: float = 240
     interval_s: float = 8
-    sigma: float = 1.0
+    sigma: float = 0.1  # throughput-leaning, as the paper's σ = 0.1: loss tolerance pays
     flow_bytes: str = "3M"
     kill_at_s: float | None = None   # seconds after the guest starts
     outage_s: float = 20
@@ -53,7 +55,7 @@ class LoopConfig:
 
 def lab_bounds() -> dict[str, tuple[int, int]]:
     spec = load_spec()
-    return {p.name: p.production if p.name in TUNED else (p.default, p.default)
+    return {p.name: p.bounds(TUNED[p.name]) if p.name in TUNED else (p.default, p.default)
             for p in spec.params}
 
 
@@ -64,6 +66,7 @@ class LoopResult:
     incumbents: dict[str, dict[str, int]]     # region → Booster's incumbent θ
     report_ids: list[str]
     duplicate_ids: int
+    intervals: list[tuple[int, int]]          # (start, end) unix ms of each stored report
     plot: Path | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -174,13 +177,20 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
                       for key, plan in server.booster.plan_snapshot(policy.id).items()}
         rounds = utility_rounds(server.engine, policy.id, cfg.sigma)
         with server.engine.connect() as conn:
-            ids = list(conn.execute(text(
-                "SELECT report_id FROM reports WHERE host_id = :h ORDER BY interval_start"),
-                {"h": HOST_ID}).scalars())
+            rows = conn.execute(text(
+                "SELECT report_id, interval_start, interval_end FROM reports "
+                "WHERE host_id = :h ORDER BY interval_start"), {"h": HOST_ID}).all()
+        ids = [r[0] for r in rows]
+        intervals = [(int(r[1].timestamp() * 1000), int(r[2].timestamp() * 1000)) for r in rows]
     finally:
         server.stop()
     png = plot_rounds(rounds, out_dir / "convergence.png",
                       f"Booster + Fusion in the lab (σ = {cfg.sigma})") if rounds else None
+    (out_dir / "loop.json").write_text(json.dumps(
+        {"rounds": rounds, "incumbents": incumbents, "reports": len(ids),
+         "duplicates": len(ids) - len(set(ids)), "notes": notes,
+         "agent_metrics": box["results"]["experiments"]["loop"].get("agent_metrics")}, indent=1))
     return LoopResult(guest=box["results"], rounds=rounds, incumbents=incumbents,
-                      report_ids=ids, duplicate_ids=len(ids) - len(set(ids)), plot=png,
+                      report_ids=ids, duplicate_ids=len(ids) - len(set(ids)),
+                      intervals=intervals, plot=png,
                       notes=notes)

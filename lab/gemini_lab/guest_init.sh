@@ -7,7 +7,18 @@ export PATH HOME=/tmp LANG=C.UTF-8
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
-for d in /tmp /run /var/tmp /var/log; do mount -t tmpfs tmpfs "$d" 2>/dev/null; done
+REPO=
+for arg in $(cat /proc/cmdline); do
+  case "$arg" in gemini.repo=*) REPO="${arg#gemini.repo=}" ;; esac
+done
+mount -t tmpfs tmpfs /run
+# /tmp becomes writable tmpfs; a checkout that lives under the host's /tmp stays visible
+mkdir -p /run/host-tmp
+mount --bind /tmp /run/host-tmp
+for d in /tmp /var/tmp /var/log; do mount -t tmpfs tmpfs "$d" 2>/dev/null; done
+case "$REPO" in
+  /tmp/*) mkdir -p "$REPO" && mount --bind "/run/host-tmp/${REPO#/tmp/}" "$REPO" ;;
+esac
 mkdir -p /dev/pts /dev/shm /run/netns
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm

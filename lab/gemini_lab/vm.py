@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LAB_DIR = Path(__file__).resolve().parent
+REPO_ROOT = LAB_DIR.parents[1]
 GUEST_INIT = LAB_DIR / "guest_init.sh"
 # The modules the initramfs needs to mount the 9p root; their dependencies come along.
 BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p")
@@ -177,7 +178,7 @@ def run_in_guest(
         qemu, *accel, "-m", str(memory_mb), "-smp", str(cpus),
         "-kernel", str(kernel.vmlinuz), "-initrd", str(initrd),
         "-append", "console=ttyS0 panic=-1 oops=panic quiet loglevel=4 "
-        f"gemini.kver={kernel.release}",
+        f"gemini.kver={kernel.release} gemini.repo={REPO_ROOT}",
         "-nographic", "-no-reboot", "-nic", "user,model=virtio-net-pci",
         "-virtfs",
         "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",

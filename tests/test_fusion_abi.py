@@ -61,3 +61,37 @@ def test_theta_blob_round_trips_in_spec_order():
     blob = fusion_genl._pack_theta(theta)
     assert len(blob) == 4 * len(theta)
     assert fusion_genl._unpack_theta(blob) == theta
+
+
+def test_flow_record_fast_parser_agrees_with_pyroute2():
+    theta = load_spec().default() | {"mult_decrease": 61}
+    msg = fusion_genl.fusion_msg()
+    msg["cmd"] = fusion_genl.CMD_FLOW_RECORD
+    msg["version"] = 1
+    msg["header"]["type"] = 0x1F
+    msg["attrs"] = [
+        ("FUSION_ATTR_REC_FAMILY", 2),
+        ("FUSION_ATTR_REC_SADDR", bytes([10, 0, 0, 2])),
+        ("FUSION_ATTR_REC_DADDR", bytes([10, 1, 0, 2])),
+        ("FUSION_ATTR_REC_SPORT", 40001),
+        ("FUSION_ATTR_REC_DPORT", 5201),
+        ("FUSION_ATTR_REC_BYTES_ACKED", 123_456_789_012),
+        ("FUSION_ATTR_REC_DURATION_US", 2_000_000),
+        ("FUSION_ATTR_REC_RTT_AVG_US", 41_000),
+        ("FUSION_ATTR_REC_RTT_MIN_US", 40_000),
+        ("FUSION_ATTR_REC_RETRANS", 3),
+        ("FUSION_ATTR_REC_SEGS_OUT", 900),
+        ("FUSION_ATTR_REC_PROFILE_ID", 2),
+        ("FUSION_ATTR_REC_PROFILE_VERSION", 7),
+        ("FUSION_ATTR_REC_THETA", fusion_genl._pack_theta(theta)),
+    ]
+    msg.encode()
+    data = bytes(msg.data)
+    (fast,) = fusion_genl._records_in(data + data[:0], 0x1F)
+    slow = fusion_genl.fusion_msg(data)
+    slow.decode()
+    assert fast.bytes_acked == slow.get_attr("FUSION_ATTR_REC_BYTES_ACKED") == 123_456_789_012
+    assert (fast.src, fast.dst, fast.sport, fast.dport) == ("10.0.0.2", "10.1.0.2", 40001, 5201)
+    assert (fast.rtt_avg_us, fast.rtt_min_us, fast.retrans, fast.segs_out) == (41000, 40000, 3, 900)
+    assert (fast.profile_id, fast.profile_version, fast.theta) == (2, 7, theta)
+    assert list(fusion_genl._records_in(data, 0x20)) == []  # another family's message

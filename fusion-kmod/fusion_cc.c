@@ -305,12 +305,17 @@ static void fusion_sample(struct fusion_flow *f, const struct tcp_sock *tp,
 				       div_u64((u64)rs->delivered * FUSION_BW_UNIT, rs->interval_us));
 }
 
+/* T^min once measured; before that the smoothed RTT, or a stand-in before any sample. */
+static u32 fusion_rtt_us(const struct fusion_flow *f, const struct tcp_sock *tp)
+{
+	if (fusion_have_rtt(f))
+		return fusion_min_rtt_us(f);
+	return tp->srtt_us ? tp->srtt_us >> 3 : FUSION_RTT_UNKNOWN_US;
+}
+
 static u32 fusion_interval_us(const struct fusion_flow *f, const struct tcp_sock *tp)
 {
-	u32 rtt = fusion_have_rtt(f) ? fusion_min_rtt_us(f) :
-		  tp->srtt_us ? tp->srtt_us >> 3 : FUSION_RTT_UNKNOWN_US;
-
-	return max_t(u32, rtt / FUSION_INTERVALS_PER_RTT, FUSION_INTERVAL_MIN_US);
+	return max_t(u32, fusion_rtt_us(f, tp) / FUSION_INTERVALS_PER_RTT, FUSION_INTERVAL_MIN_US);
 }
 
 /* Close the sampling interval: feed the window filters, then test eq. 1. */
@@ -423,11 +428,9 @@ static void fusion_set_cwnd(struct sock *sk, struct fusion_flow *f, const struct
 static void fusion_set_pacing_rate(struct sock *sk, const struct fusion_flow *f)
 {
 	const struct tcp_sock *tp = tcp_sk(sk);
-	u32 rtt = fusion_have_rtt(f) ? fusion_min_rtt_us(f) :
-		  tp->srtt_us ? tp->srtt_us >> 3 : FUSION_RTT_UNKNOWN_US;
 	u64 rate = (u64)tcp_snd_cwnd(tp) * tp->mss_cache * USEC_PER_SEC;
 
-	rate = div_u64(rate, max_t(u32, rtt, 1));
+	rate = div_u64(rate, max_t(u32, fusion_rtt_us(f, tp), 1));
 	WRITE_ONCE(sk->sk_pacing_rate,
 		   min_t(u64, rate, READ_ONCE(sk->sk_max_pacing_rate)));
 }

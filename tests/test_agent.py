@@ -136,7 +136,6 @@ def test_reports_survive_booster_outage_and_agent_restart_in_order_once(tmp_path
                         AgentMetrics())
     reporter.submit(_report(0))
     assert reporter.drain() == 1
-    engine = server.engine
     server.stop()                                   # Booster goes away
     for i in (1, 2, 3):
         reporter.submit(_report(i))
@@ -158,7 +157,6 @@ def test_reports_survive_booster_outage_and_agent_restart_in_order_once(tmp_path
         assert _stored(server.engine) == ids
     finally:
         server.stop()
-    del engine
 
 
 @pytest.fixture

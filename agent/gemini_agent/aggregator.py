@@ -7,7 +7,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
-from gemini_agent.context import ContextResolver, context_key
+from gemini_agent.context import ContextResolver
 from gemini_api.aggregate import AggregateBuilder, FlowStats
 from gemini_api.v1 import booster_pb2 as pb
 
@@ -42,11 +42,13 @@ class Aggregator:
         if not flow.stats.usable:
             self.skipped += 1
             return
-        ctx = self.resolver.context(flow.dst, flow.ended)
-        key = (tuple(sorted(flow.theta.items())), flow.theta_version, context_key(ctx))
+        # the source side of the context is the host's own: place and hour decide the rest
+        place, hour = self.resolver.place(flow.dst), flow.ended.hour
+        key = (tuple(sorted(flow.theta.items())), flow.theta_version, place, hour)
         with self._lock:
             slot = self._slots.get(key)
             if slot is None:
+                ctx = self.resolver.message(place, hour)
                 slot = self._slots[key] = _Slot(flow.theta, flow.theta_version, ctx)
             slot.builder.add(flow.stats)
 

@@ -80,15 +80,14 @@ class ContextResolver:
         found = self.table.lookup(dst) if self.table else None
         return found or Place(UNKNOWN, UNKNOWN)
 
-    def context(self, dst: str, when: dt.datetime) -> pb.Context:
-        place = self.place(dst)
+    def message(self, place: Place, hour: int) -> pb.Context:
         return pb.Context(src_region=self.src.region, src_isp=self.src.isp,
-                          dst_region=place.region, dst_isp=place.isp, hour=when.hour)
+                          dst_region=place.region, dst_isp=place.isp, hour=hour)
+
+    def context(self, dst: str, when: dt.datetime) -> pb.Context:
+        return self.message(self.place(dst), when.hour)
 
     def served_prefixes(self) -> list[tuple[str, Place]]:
         """Every prefix the table knows, for installing per-context profiles."""
         return self.table.prefixes() if self.table else []
 
-
-def context_key(ctx: pb.Context) -> tuple[str, str, str, str, int]:
-    return (ctx.src_region, ctx.src_isp, ctx.dst_region, ctx.dst_isp, ctx.hour)

@@ -49,9 +49,7 @@ class Agent:
         self.interval_start_ms = int(time.time() * 1000)
 
     def contexts(self, now: dt.datetime) -> list[pb.Context]:
-        return [pb.Context(src_region=self.s.src_region, src_isp=self.s.src_isp,
-                           dst_region=p.region, dst_isp=p.isp, hour=now.hour)
-                for p in self.places]
+        return [self.resolver.message(p, now.hour) for p in self.places]
 
     def refresh_theta(self) -> None:
         now = dt.datetime.now(dt.UTC)
@@ -68,7 +66,6 @@ class Agent:
         plan = self.applier.plan_from(resp, self.places)
         if self.s.apply_to_kernel:
             self.applier.apply(plan, self.prefixes)
-        self.metrics.staleness.set(0)
 
     def close_interval(self) -> None:
         end_ms = int(time.time() * 1000)

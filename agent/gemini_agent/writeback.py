@@ -23,10 +23,6 @@ log = logging.getLogger(__name__)
 SYSCTL_ROOT = Path("/proc/sys/net/fusion")
 
 
-def theta_from_proto(msg: pb.Theta, spec: ThetaSpec) -> dict[str, int]:
-    return {name: int(getattr(msg, name)) for name in spec.names}
-
-
 @dataclass(frozen=True)
 class Plan:
     """What the kernel should run: a default θ and a θ per destination place."""
@@ -81,10 +77,10 @@ class ThetaApplier:
                   places: Sequence[Place]) -> Plan:
         """Booster's answer, each θ checked; a refused θ keeps what that context ran before."""
         previous = self.applied or Plan(self.safe_default, {})
-        default = self.checked(theta_from_proto(resp.default_theta, self.spec))
+        default = self.checked(self.spec.from_message(resp.default_theta))
         per_place = dict(previous.per_place)
         for params, place in zip(resp.parameters, places, strict=True):
-            theta = self.checked(theta_from_proto(params.theta, self.spec))
+            theta = self.checked(self.spec.from_message(params.theta))
             if theta is not None:
                 per_place[place] = theta
         return Plan(default or previous.default, per_place)
@@ -110,6 +106,7 @@ class ThetaApplier:
     def booster_answered(self) -> None:
         self.last_ok = time.monotonic()
         self.fell_back = False
+        self.metrics.staleness.set(0)
 
     def check_staleness(self, prefixes: Sequence[tuple[str, Place]]) -> None:
         """Keep the last good θ while Booster is away, up to the staleness limit."""

@@ -108,6 +108,10 @@ class ThetaSpec:
         """A canonical text key for a θ, stable across processes (used as a database key)."""
         return ",".join(str(int(theta[n])) for n in self.names)
 
+    def from_message(self, msg: object) -> dict[str, int]:
+        """θ from anything carrying the parameters as attributes (the protobuf Theta)."""
+        return {n: int(getattr(msg, n)) for n in self.names}
+
     def from_key(self, key: str) -> dict[str, int]:
         values = [int(v) for v in key.split(",")]
         if len(values) != len(self.params):

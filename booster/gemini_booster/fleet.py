@@ -19,11 +19,10 @@ from gemini_api.v1 import booster_pb2 as pb
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 
 from . import simulation as sim
-from .service.validation import theta_dict
 
 
 def theta_of(msg: pb.Theta) -> dict[str, int]:
-    return theta_dict(msg, load_spec())
+    return load_spec().from_message(msg)
 
 
 @dataclass

@@ -72,10 +72,6 @@ def context_key(ctx: pb.Context, path: str, problems: list[str]) -> ContextKey:
     return (ctx.src_region, ctx.src_isp, ctx.dst_region, ctx.dst_isp, ctx.hour)
 
 
-def theta_dict(theta: pb.Theta, spec: ThetaSpec) -> dict[str, int]:
-    return {n: getattr(theta, n) for n in spec.names}
-
-
 def _moments(a: pb.Aggregate, path: str, problems: list[str]) -> None:
     n = a.flow_count
     stats = {
@@ -111,7 +107,7 @@ def aggregate_row(
         problems.append(f"{path}.theta: missing")
         theta = None
     else:
-        theta = theta_dict(a.theta, spec)
+        theta = spec.from_message(a.theta)
         problems += [f"{path}.theta.{v}" for v in spec.violations(theta, policy.resolved_bounds())]
     if not a.HasField("context"):
         problems.append(f"{path}.context: missing")

@@ -42,10 +42,13 @@ def sketch_errors(msg: pb.QuantileSketch) -> list[str]:
         errors.append(f"relative_accuracy {msg.relative_accuracy} != {RELATIVE_ACCURACY}")
     if len(msg.counts) > MAX_BUCKETS:
         errors.append(f"{len(msg.counts)} buckets > {MAX_BUCKETS}")
-    for value in (*msg.counts, msg.zero_count):
-        if not math.isfinite(value) or value < 0:
-            errors.append(f"bucket count {value} is not a finite non-negative number")
-            break
+    counts = msg.counts
+    total = sum(counts, msg.zero_count)  # NaN or ±inf anywhere leaves the sum not finite
+    if not math.isfinite(total) or (counts and min(counts) < 0) or msg.zero_count < 0:
+        bad = next(
+            (v for v in (*counts, msg.zero_count) if not math.isfinite(v) or v < 0), total
+        )
+        errors.append(f"bucket count {bad} is not a finite non-negative number")
     return errors
 
 

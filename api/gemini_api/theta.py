@@ -10,7 +10,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 
 SPEC_PATH = Path(__file__).with_name("theta_spec.toml")
@@ -49,7 +49,7 @@ class ThetaSpec:
     version: int
     params: tuple[ThetaParam, ...]
 
-    @property
+    @cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
 

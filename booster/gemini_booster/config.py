@@ -33,7 +33,12 @@ class Settings(BaseSettings):
     grpc_listen: str = "127.0.0.1:50051"
     http_host: str = "127.0.0.1"
     http_port: int = 8080
-    grpc_workers: int = Field(default=32, ge=1, le=512)
+    grpc_processes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="processes serving the agent port (SO_REUSEPORT); more ingest faster",
+    )
     max_report_bytes: int = Field(default=1 << 20, ge=1024)
     max_aggregates_per_report: int = Field(default=4096, ge=1)
     ingest_batch_max: int = Field(default=256, ge=1)

@@ -6,7 +6,6 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-import grpc
 import uvicorn
 from sqlalchemy import Engine
 
@@ -15,7 +14,8 @@ from ..storage import database
 from ..storage import repository as repo
 from .auth import TokenAuthority
 from .core import Booster
-from .grpc_server import build_server
+from .fronts import Fronts
+from .grpc_server import AgentServer
 from .rest import create_app
 
 log = logging.getLogger(__name__)
@@ -43,24 +43,28 @@ class BoosterServer:
     settings: Settings
     engine: Engine | None = None
     booster: Booster | None = None
-    grpc_server: grpc.Server | None = None
+    grpc_server: AgentServer | None = None
     grpc_port: int = 0
     http_port: int = 0
+    fronts: Fronts | None = None
     _uvicorn: uvicorn.Server | None = None
     _http_thread: threading.Thread | None = field(default=None, repr=False)
 
     def start(self) -> BoosterServer:
         s = self.settings
-        self.engine = database.make_engine(database_url(s))
+        url = database_url(s)
+        self.engine = database.make_engine(url)
         database.migrate(self.engine)
         bootstrap_tokens(self.engine, s)
         self.booster = Booster(self.engine, s)
         self.booster.start()
         auth = TokenAuthority(self.engine)
-        self.grpc_server, self.grpc_port = build_server(
-            self.booster, auth, s.grpc_listen, s.grpc_workers, s.max_report_bytes
+        self.grpc_server = AgentServer(
+            self.booster, auth, s.grpc_listen, s.max_report_bytes, share_port=s.grpc_processes > 1
         )
-        self.grpc_server.start()
+        self.grpc_port = self.grpc_server.start()
+        self.fronts = Fronts(self.booster, s, url)
+        self.fronts.start(self.grpc_port)
         config = uvicorn.Config(
             create_app(self.booster, auth),
             host=s.http_host,
@@ -88,8 +92,10 @@ class BoosterServer:
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
             self._http_thread.join(timeout=10)
+        if self.fronts is not None:
+            self.fronts.stop()
         if self.grpc_server is not None:
-            self.grpc_server.stop(grace=2).wait()
+            self.grpc_server.stop(grace=2)
         if self.booster is not None:
             self.booster.stop()
         if self.engine is not None:

@@ -24,7 +24,7 @@ from ..config import Settings
 from ..models import Policy
 from ..policy.planner import ContextPlan, Planner, PolicyState
 from ..storage import repository as repo
-from ..storage.ingest import ContextKey, IngestOutcome
+from ..storage.ingest import ContextKey, ReportRow
 from .ingest_writer import IngestWriter
 from .metrics import Metrics
 from .validation import InvalidReport, context_key, report_row
@@ -74,7 +74,7 @@ class Booster:
         self.writer = IngestWriter(
             engine,
             self.metrics,
-            self._mark_dirty,
+            self.mark_dirty,
             settings.ingest_batch_max,
             settings.ingest_linger_ms / 1000,
         )
@@ -106,7 +106,7 @@ class Booster:
             self._defaults = {
                 p.id: pb.Theta(**self.planner.clip_default(p)) for p in policies.values()
             }
-        self._mark_dirty(set(changed))
+        self.mark_dirty(set(changed))
 
     def _load_plans(self) -> None:
         contexts = repo.load_contexts(self.engine)
@@ -126,13 +126,12 @@ class Booster:
 
     # -- agents ----------------------------------------------------------------------------
 
-    def submit_report(self, raw: bytes) -> IngestOutcome:
-        """Validate and store one serialized ReportRequest; raises InvalidReport."""
+    def validate_report(self, raw: bytes) -> ReportRow:
+        """Parse and check one serialized ReportRequest; raises DecodeError or InvalidReport."""
         req = pb.ReportRequest.FromString(raw)
-        row = report_row(
+        return report_row(
             raw, req, self.spec, self.policies, self.settings.max_aggregates_per_report
         )
-        return self.writer.submit(row).result()
 
     def parameters(self, req: pb.GetParametersRequest) -> pb.GetParametersResponse:
         policy = self.policies.get(req.policy)
@@ -156,9 +155,7 @@ class Booster:
     def _answer(self, policy: Policy, host: str, msg: pb.Context, key: ContextKey):
         plan = self._plans.get((policy.id, key))
         if plan is None:
-            with self._lock:
-                self._requested.setdefault(policy.id, set()).add(key)
-            self._mark_dirty({policy.id})
+            self.request_contexts(policy.id, {key})
             return pb.ContextParameters(context=msg, theta=self._defaults[policy.id])
         explore = plan.candidates and _share(host, key, plan.version) < policy.exploration_share
         theta = plan.incumbent
@@ -174,7 +171,13 @@ class Booster:
 
     # -- refits ----------------------------------------------------------------------------
 
-    def _mark_dirty(self, policy_ids: set[int]) -> None:
+    def request_contexts(self, policy_id: int, keys: set[ContextKey]) -> None:
+        """Plan for these contexts at the next refit, though no data came from them yet."""
+        with self._lock:
+            self._requested.setdefault(policy_id, set()).update(keys)
+        self.mark_dirty({policy_id})
+
+    def mark_dirty(self, policy_ids: set[int]) -> None:
         if policy_ids:
             with self._lock:
                 self._dirty |= policy_ids

@@ -3,7 +3,10 @@ benchmarks) can live in one process."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 REFIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
@@ -12,6 +15,7 @@ REFIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
+        self.remote: dict[int, list[Metric]] = {}  # latest snapshot from each front process
         r = self.registry
         self.reports = Counter(
             "gemini_booster_reports",
@@ -67,3 +71,39 @@ class Metrics:
             ["api", "reason"],
             registry=r,
         )
+
+    def exposition(self) -> bytes:
+        """This process's metrics with every front process's added in, as one exposition."""
+        return generate_latest(_Snapshot(merge(self.registry.collect(), *self.remote.values())))
+
+
+class _Snapshot:
+    def __init__(self, families: list[Metric]):
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def merge(*sources: Iterable[Metric]) -> list[Metric]:
+    """Sum samples of the same name and labels across processes (counters and histograms add;
+    a ``_created`` time keeps the earliest)."""
+    merged: dict[str, Metric] = {}
+    values: dict[str, dict] = {}
+    for source in sources:
+        for family in source:
+            if family.name not in merged:
+                merged[family.name] = Metric(family.name, family.documentation, family.type)
+                values[family.name] = {}
+            slot = values[family.name]
+            for s in family.samples:
+                key = (s.name, tuple(sorted(s.labels.items())))
+                if key not in slot:
+                    slot[key] = s
+                elif s.name.endswith("_created"):
+                    slot[key] = s._replace(value=min(slot[key].value, s.value))
+                else:
+                    slot[key] = slot[key]._replace(value=slot[key].value + s.value)
+    for name, family in merged.items():
+        family.samples = list(values[name].values())
+    return list(merged.values())

@@ -9,7 +9,7 @@ import time
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 
@@ -97,7 +97,7 @@ def create_app(booster: Booster, auth: TokenAuthority) -> FastAPI:
 
     @app.get("/metrics", tags=["health"])
     def metrics() -> Response:
-        return Response(generate_latest(booster.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(booster.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     v1 = APIRouter(prefix="/v1")
 

@@ -57,6 +57,16 @@ def unknown_field_paths(msg: Message, path: str = "") -> list[str]:
     return found
 
 
+def has_unknown_fields(req: Message, raw: bytes) -> bool:
+    """Cheap test first: a message without unknown fields re-encodes to as many bytes once they
+    are dropped. Only a size change (unknown fields, or a valid but non-canonical encoding) pays
+    for the walk that names their paths."""
+    probe = type(req)()
+    probe.CopyFrom(req)
+    probe.DiscardUnknownFields()
+    return probe.ByteSize() != len(raw)
+
+
 def _label(value: str, path: str, problems: list[str]) -> None:
     if not value:
         problems.append(f"{path}: empty (use 'unknown')")
@@ -164,7 +174,7 @@ def report_row(
     policies: dict[str, Policy],
     max_aggregates: int,
 ) -> ReportRow:
-    problems = unknown_field_paths(req)
+    problems = unknown_field_paths(req) if has_unknown_fields(req, raw) else []
     _identity(req, max_aggregates, problems)
     policy = policies.get(req.policy)
     if policy is None:

@@ -37,6 +37,15 @@ def make_engine(url: str, pool_size: int = 8) -> Engine:
     return create_engine(url, pool_size=pool_size, max_overflow=8, pool_pre_ping=True)
 
 
+def writer_engine(engine: Engine) -> Engine:
+    """One connection for the ingest writer, without a ping before every transaction.
+
+    The ping is a round trip per batch; the writer does not need it, because a batch that meets
+    a dead connection fails as a whole, its agents retry, and the pool replaces the connection.
+    """
+    return create_engine(engine.url, pool_size=1, max_overflow=0, pool_pre_ping=False)
+
+
 def alembic_config(url: str) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))

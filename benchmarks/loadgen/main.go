@@ -1,0 +1,144 @@
+// Command loadgen drives one unary gRPC method of Booster at a fixed concurrency, the way a
+// fleet of agents would, and prints a JSON summary.
+//
+// Requests are pre-serialized protobuf messages read from a file (each prefixed with its
+// length as a varint) and sent as raw bytes, round-robin, so that the load generator spends
+// almost no CPU per call and leaves the machine to the server under test. Calls still in
+// flight when the duration ends are awaited, not cancelled, so every call has an answer.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// rawCodec passes request and response bytes through untouched.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error)   { return *(v.(*[]byte)), nil }
+func (rawCodec) Unmarshal(b []byte, v any) error { *(v.(*[]byte)) = append([]byte(nil), b...); return nil }
+func (rawCodec) Name() string                    { return "proto" }
+
+type summary struct {
+	Calls   int            `json:"calls"`
+	Codes   map[string]int `json:"codes"`
+	Seconds float64        `json:"seconds"`
+	P50Ms   float64        `json:"p50_ms"`
+	P99Ms   float64        `json:"p99_ms"`
+}
+
+func readRequests(path string) ([][]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	r := bufio.NewReader(f)
+	var out [][]byte
+	for {
+		n, err := binary.ReadUvarint(r)
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		buf := make([]byte, n)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return nil, err
+		}
+		out = append(out, buf)
+	}
+}
+
+func percentile(sorted []time.Duration, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p / 100 * float64(len(sorted)-1))
+	return float64(sorted[i].Microseconds()) / 1000
+}
+
+func main() {
+	target := flag.String("target", "127.0.0.1:50051", "host:port")
+	method := flag.String("method", "/gemini.booster.v1.Booster/ReportAggregates", "full method")
+	requests := flag.String("requests", "", "file of length-prefixed serialized requests")
+	concurrency := flag.Int("concurrency", 128, "calls in flight")
+	connections := flag.Int("connections", 16, "client connections")
+	duration := flag.Duration("duration", 15*time.Second, "how long to start new calls")
+	token := flag.String("token", "", "bearer token")
+	flag.Parse()
+
+	reqs, err := readRequests(*requests)
+	if err != nil || len(reqs) == 0 {
+		log.Fatalf("reading %s: %v (%d requests)", *requests, err, len(reqs))
+	}
+	conns := make([]*grpc.ClientConn, *connections)
+	for i := range conns {
+		conns[i], err = grpc.NewClient(*target,
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})))
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+*token)
+
+	var next atomic.Int64
+	var mu sync.Mutex
+	codes := map[string]int{}
+	var latencies []time.Duration
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(*duration)
+	for w := 0; w < *concurrency; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			conn := conns[w%len(conns)]
+			var mine []time.Duration
+			local := map[string]int{}
+			for time.Now().Before(deadline) {
+				req := reqs[int(next.Add(1)-1)%len(reqs)]
+				var resp []byte
+				t0 := time.Now()
+				err := conn.Invoke(ctx, *method, &req, &resp)
+				mine = append(mine, time.Since(t0))
+				local[status.Code(err).String()]++
+			}
+			mu.Lock()
+			latencies = append(latencies, mine...)
+			for k, v := range local {
+				codes[k] += v
+			}
+			mu.Unlock()
+		}(w)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	sort.Slice(latencies, func(i, j int) bool { return latencies[i] < latencies[j] })
+	out, _ := json.Marshal(summary{
+		Calls:   len(latencies),
+		Codes:   codes,
+		Seconds: elapsed.Seconds(),
+		P50Ms:   percentile(latencies, 50),
+		P99Ms:   percentile(latencies, 99),
+	})
+	fmt.Println(string(out))
+}

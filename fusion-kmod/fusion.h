@@ -60,8 +60,24 @@ struct fusion_net {
 	atomic64_t nostate;
 };
 
-/* What a finished flow reports; addresses and ports are read from the socket. */
+/*
+ * A flow's addresses and ports, taken when it starts: an abortive close (RST, SO_LINGER 0)
+ * runs tcp_disconnect(), which clears the destination port and an unbound source address
+ * before the congestion control is released, so the socket no longer knows them by then.
+ */
+struct fusion_endpoints {
+	u8 family;
+	__be16 sport;
+	__be16 dport;
+	union {
+		__be32 a4;
+		struct in6_addr a6;
+	} saddr, daddr;
+};
+
+/* What a finished flow reports. */
 struct fusion_record {
+	struct fusion_endpoints ends;
 	u64 bytes_acked;
 	u64 duration_us;
 	u32 rtt_avg_us;
@@ -87,6 +103,7 @@ void fusion_profiles_exit(void);
 
 int fusion_netlink_init(void);
 void fusion_netlink_exit(void);
+void fusion_endpoints_of(const struct sock *sk, struct fusion_endpoints *ends);
 void fusion_record_emit(struct sock *sk, const struct fusion_record *rec);
 
 #endif /* _FUSION_H */

@@ -111,7 +111,12 @@ struct fusion_flow {
 	bool round_start;
 	bool cutting;				/* ssthresh() is asked on our own signal */
 
-	u64 start_us;				/* for the flow record */
+	/* for the flow record; counters mirrored per ACK, since an abortive close zeroes them */
+	struct fusion_endpoints ends;
+	u64 bytes_acked;
+	u32 retrans;
+	u32 segs_out;
+	u64 start_us;
 	u64 last_ack_us;
 	u64 rtt_sum_us;
 	u32 rtt_samples;
@@ -294,6 +299,9 @@ static void fusion_sample(struct fusion_flow *f, const struct tcp_sock *tp,
 	f->round_lost += rs->losses;
 	if (rs->acked_sacked)
 		f->last_ack_us = tp->tcp_mstamp;
+	f->bytes_acked = tp->bytes_acked;
+	f->retrans = tp->total_retrans;
+	f->segs_out = tp->segs_out;
 	if (rs->delivered <= 0 || rs->interval_us <= 0)
 		return;
 	if (!before(rs->prior_delivered, f->next_round_delivered))
@@ -501,6 +509,7 @@ static void fusion_init(struct sock *sk)
 		return;
 	}
 	fusion_profile_for(sk, &f->theta);
+	fusion_endpoints_of(sk, &f->ends);
 	fusion_minmax_reset(&f->bw_max, 0, 0);
 	fusion_minmax_reset(&f->rtt_min, 0, U32_MAX);
 	fusion_minmax_reset(&f->rtt_max, 0, 0);
@@ -530,12 +539,13 @@ static void fusion_release(struct sock *sk)
 	if (!f)
 		return;
 	rec = (struct fusion_record) {
-		.bytes_acked = tp->bytes_acked,
+		.ends = f->ends,
+		.bytes_acked = max(tp->bytes_acked, f->bytes_acked),
 		.duration_us = f->last_ack_us - f->start_us,
 		.rtt_avg_us = f->rtt_samples ? div_u64(f->rtt_sum_us, f->rtt_samples) : 0,
 		.rtt_min_us = f->flow_rtt_min_us == U32_MAX ? 0 : f->flow_rtt_min_us,
-		.retrans = tp->total_retrans,
-		.segs_out = tp->segs_out,
+		.retrans = max(tp->total_retrans, f->retrans),
+		.segs_out = max(tp->segs_out, f->segs_out),
 		.profile_id = f->theta.id,
 		.profile_version = f->theta.version,
 	};

@@ -357,29 +357,45 @@ static size_t fusion_record_size(void)
 	       nla_total_size(FUSION_THETA_NPARAMS * sizeof(u32));
 }
 
-static int fusion_put_addrs(struct sk_buff *msg, const struct sock *sk)
+void fusion_endpoints_of(const struct sock *sk, struct fusion_endpoints *ends)
 {
 	const struct inet_sock *inet = inet_sk(sk);
 
+	ends->sport = inet->inet_sport;
+	ends->dport = inet->inet_dport;
 #if IS_ENABLED(CONFIG_IPV6)
-	if (sk->sk_family == AF_INET6 && !ipv6_addr_v4mapped(&sk->sk_v6_daddr))
-		return nla_put_u8(msg, FUSION_ATTR_REC_FAMILY, AF_INET6) ||
-		       nla_put_in6_addr(msg, FUSION_ATTR_REC_SADDR, &sk->sk_v6_rcv_saddr) ||
-		       nla_put_in6_addr(msg, FUSION_ATTR_REC_DADDR, &sk->sk_v6_daddr);
+	if (sk->sk_family == AF_INET6 && !ipv6_addr_v4mapped(&sk->sk_v6_daddr)) {
+		ends->family = AF_INET6;
+		ends->saddr.a6 = sk->sk_v6_rcv_saddr;
+		ends->daddr.a6 = sk->sk_v6_daddr;
+		return;
+	}
 #endif
-	return nla_put_u8(msg, FUSION_ATTR_REC_FAMILY, AF_INET) ||
-	       nla_put_in_addr(msg, FUSION_ATTR_REC_SADDR, inet->inet_saddr) ||
-	       nla_put_in_addr(msg, FUSION_ATTR_REC_DADDR, sk->sk_daddr);
+	ends->family = AF_INET;
+	ends->saddr.a4 = inet->inet_saddr;
+	ends->daddr.a4 = sk->sk_daddr;
 }
 
-static int fusion_put_record(struct sk_buff *msg, struct sock *sk,
-			     const struct fusion_record *rec)
+static int fusion_put_endpoints(struct sk_buff *msg, const struct fusion_endpoints *ends)
 {
-	const struct inet_sock *inet = inet_sk(sk);
+	int err;
 
-	return fusion_put_addrs(msg, sk) ||
-	       nla_put_u16(msg, FUSION_ATTR_REC_SPORT, ntohs(inet->inet_sport)) ||
-	       nla_put_u16(msg, FUSION_ATTR_REC_DPORT, ntohs(inet->inet_dport)) ||
+	if (ends->family == AF_INET6)
+		err = nla_put_u8(msg, FUSION_ATTR_REC_FAMILY, AF_INET6) ||
+		      nla_put_in6_addr(msg, FUSION_ATTR_REC_SADDR, &ends->saddr.a6) ||
+		      nla_put_in6_addr(msg, FUSION_ATTR_REC_DADDR, &ends->daddr.a6);
+	else
+		err = nla_put_u8(msg, FUSION_ATTR_REC_FAMILY, AF_INET) ||
+		      nla_put_in_addr(msg, FUSION_ATTR_REC_SADDR, ends->saddr.a4) ||
+		      nla_put_in_addr(msg, FUSION_ATTR_REC_DADDR, ends->daddr.a4);
+	return err ||
+	       nla_put_u16(msg, FUSION_ATTR_REC_SPORT, ntohs(ends->sport)) ||
+	       nla_put_u16(msg, FUSION_ATTR_REC_DPORT, ntohs(ends->dport));
+}
+
+static int fusion_put_record(struct sk_buff *msg, const struct fusion_record *rec)
+{
+	return fusion_put_endpoints(msg, &rec->ends) ||
 	       nla_put_u64_64bit(msg, FUSION_ATTR_REC_BYTES_ACKED, rec->bytes_acked,
 				 FUSION_ATTR_PAD) ||
 	       nla_put_u64_64bit(msg, FUSION_ATTR_REC_DURATION_US, rec->duration_us,
@@ -409,7 +425,7 @@ void fusion_record_emit(struct sock *sk, const struct fusion_record *rec)
 	if (!msg)
 		goto drop;
 	hdr = genlmsg_put(msg, 0, 0, &fusion_family, 0, FUSION_CMD_FLOW_RECORD);
-	if (!hdr || fusion_put_record(msg, sk, rec)) {
+	if (!hdr || fusion_put_record(msg, rec)) {
 		nlmsg_free(msg);
 		goto drop;
 	}

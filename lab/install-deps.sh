@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # What the lab needs from Debian's packages: a stock kernel and its headers for the guest (and
-# for building tcp_fusion.ko), qemu, busybox for the initramfs, and the tools the guest runs.
+# for building tcp_fusion.ko), qemu, busybox for the initramfs, the tools the guest runs, and
+# openssl, which the TLS test uses to make its certificates.
 set -euo pipefail
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   linux-image-amd64 linux-headers-amd64 qemu-system-x86 busybox-static cpio kmod \
-  iproute2 iperf3 ethtool make gcc >/dev/null
+  iproute2 iperf3 ethtool make gcc openssl >/dev/null

@@ -57,6 +57,16 @@ def test_module_loads_carries_traffic_and_unloads_cleanly(lab):
     assert lab["kernel_problems"] == [], lab["kernel_problems"]
 
 
+def test_flows_ending_together_each_get_a_record_with_their_bytes(lab):
+    """3,000 connections closed at once, abortively (RST): none loses its record, and each
+    record keeps its addresses and byte count although the close clears them on the socket."""
+    burst = _exp(lab, "records-burst")
+    assert burst["failed"] == 0, burst.get("errors")
+    assert burst["records_received"] == burst["flows"] == burst["kernel_records"] == 3000
+    assert burst["kernel_dropped"] == 0
+    assert burst["records_short_of_payload"] == 0
+
+
 def test_out_of_range_sysctl_writes_are_refused_and_values_kept(lab):
     cases = _exp(lab, "rejects")["sysctl"]
     spec = load_spec()

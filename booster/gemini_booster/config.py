@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     grpc_listen: str = "127.0.0.1:50051"
     http_host: str = "127.0.0.1"
     http_port: int = 8080
+    grpc_tls_cert_file: Path | None = Field(
+        default=None, description="PEM certificate chain: the agent port speaks TLS when set"
+    )
+    grpc_tls_key_file: Path | None = Field(default=None, description="PEM private key for it")
     grpc_processes: int = Field(
         default=1,
         ge=1,

@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     records = sub.add_parser("records", help="flow-record delivery under many short flows")
     records.add_argument("--flows", type=int, default=10000)
     records.add_argument("--workers", type=int, default=8)
+    records.add_argument("--burst", type=int, default=10000,
+                         help="flows opened first and then ended at once (0: skip)")
     loop = sub.add_parser("loop", help="Booster (embedded PostgreSQL) + agent in the guest")
     loop.add_argument("--duration", type=int, default=300)
     loop.add_argument("--interval", type=float, default=8)
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.cmd == "loop":
             return cmd_loop(args)
         elif args.cmd == "records":
-            results = run_plan(plans.records_plan(args.flows, args.workers), args.out)
+            results = run_plan(plans.records_plan(args.flows, args.workers, args.burst), args.out)
             report.write_records(results, " ".join(["gemini-lab", *sys.argv[1:]]))
         else:
             results = run_plan(plans.acceptance_plan(), args.out)

@@ -28,6 +28,7 @@ from gemini_lab.experiment import (
     set_default_theta,
     start_flow,
 )
+from gemini_lab.flowgen import FLOW_BYTES
 from gemini_lab.netem import SENDER_NS, Topology, receiver_addr, receiver_ns, sh
 from gemini_lab.scenario import Scenario
 
@@ -144,24 +145,27 @@ def exp_cpu(e: dict, out: Path) -> dict:
 
 
 def exp_records(e: dict, out: Path) -> dict:
-    """Short fusion flows as fast as the guest makes them: is every record delivered?"""
+    """Short fusion flows as fast as the guest makes them (or all ended at once, ``burst``):
+    is every record delivered, with the bytes the flow carried?"""
     port, path = BASE_PORT + 70, e["path"]
     sh("sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1", ns=SENDER_NS)
+    mode, receiver = ("burst", "hold") if e.get("burst") else ("send", "serve")
     server = subprocess.Popen(["ip", "netns", "exec", receiver_ns(path), sys.executable, "-m",
-                               "gemini_lab.flowgen", "serve", str(port)])
+                               "gemini_lab.flowgen", receiver, str(port)])
     time.sleep(1)
     with FusionNetlink() as nl:
         before = nl.stats()
-    with RecordCollector(out / "records-rate.jsonl") as rc:
-        sent = json.loads(sh(sys.executable, "-m", "gemini_lab.flowgen", "send",
+    with RecordCollector(out / f"records-{mode}.jsonl") as rc:
+        sent = json.loads(sh(sys.executable, "-m", "gemini_lab.flowgen", mode,
                              receiver_addr(path), str(port), str(e["flows"]), str(e["workers"]),
                              ns=SENDER_NS))
     with FusionNetlink() as nl:
         after = nl.stats()
     server.kill()
-    received = sum(1 for r in rc.records() if r["dport"] == port)
+    mine = [r for r in rc.records() if r["dport"] == port]
     return {
-        **sent, "flows_per_s": sent["flows"] / sent["seconds"], "records_received": received,
+        **sent, "flows_per_s": sent["flows"] / sent["seconds"], "records_received": len(mine),
+        "records_short_of_payload": sum(1 for r in mine if r["bytes_acked"] < FLOW_BYTES),
         "kernel_dropped": after["dropped"] - before["dropped"],
         "kernel_records": after["records"] - before["records"],
         "listener": rc.summary,

@@ -18,9 +18,10 @@ LAN = scenario.Scenario(
 
 
 def acceptance_plan(duration_s: int = 20) -> dict:
-    """Ethernet rate, λ sensitivity, two profiles at once, rejects, record byte counts."""
+    """Ethernet rate, λ sensitivity, two profiles at once, rejects, record byte counts, and
+    records of flows that all end at once."""
     ethernet, satellite = scenario.load("ethernet"), scenario.load("satellite")
-    paths = [ethernet, LOSSY, satellite]
+    paths = [ethernet, LOSSY, satellite, LAN]
     return {
         "paths": [p.to_dict() for p in paths],
         "experiments": [
@@ -35,15 +36,22 @@ def acceptance_plan(duration_s: int = 20) -> dict:
              "duration_s": duration_s,
              "thetas": [{"mult_decrease": 80, "loss_threshold": 0},
                         {"mult_decrease": 40, "loss_threshold": 20, "window_intervals": 8}]},
+            {**BURST, "path": 3, "flows": 3000},
         ],
     }
 
 
-def records_plan(flows: int, workers: int) -> dict:
-    """Short flows over the LAN path, to load the flow-record path."""
-    return {"paths": [LAN.to_dict()],
-            "experiments": [{"label": "records", "kind": "records", "path": 0, "flows": flows,
-                             "workers": workers}]}
+BURST = {"label": "records-burst", "kind": "records", "workers": 2, "burst": True}
+
+
+def records_plan(flows: int, workers: int, burst: int = 0) -> dict:
+    """Short flows over the LAN path, to load the flow-record path; with ``burst``, also that
+    many flows ended at once."""
+    experiments = [{"label": "records", "kind": "records", "path": 0, "flows": flows,
+                    "workers": workers}]
+    if burst:
+        experiments.append({**BURST, "path": 0, "flows": burst})
+    return {"paths": [LAN.to_dict()], "experiments": experiments}
 
 
 # θ set by hand for the benchmark, besides the default.

@@ -15,7 +15,7 @@ from ..storage import repository as repo
 from .auth import TokenAuthority
 from .core import Booster
 from .fronts import Fronts
-from .grpc_server import AgentServer
+from .grpc_server import AgentServer, tls_credentials
 from .rest import create_app
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,12 @@ class BoosterServer:
         self.booster.start()
         auth = TokenAuthority(self.engine)
         self.grpc_server = AgentServer(
-            self.booster, auth, s.grpc_listen, s.max_report_bytes, share_port=s.grpc_processes > 1
+            self.booster,
+            auth,
+            s.grpc_listen,
+            s.max_report_bytes,
+            share_port=s.grpc_processes > 1,
+            tls=tls_credentials(s),
         )
         self.grpc_port = self.grpc_server.start()
         self.fronts = Fronts(self.booster, s, url)

@@ -28,7 +28,7 @@ from ..config import Settings
 from ..storage import database
 from .auth import TokenAuthority
 from .core import Booster
-from .grpc_server import AgentServer
+from .grpc_server import AgentServer, tls_credentials
 
 log = logging.getLogger(__name__)
 SYNC_S = 1.0
@@ -93,7 +93,14 @@ def _serve_front(
     core = FrontCore(engine, settings, front_id, events)
     core.start()
     auth = TokenAuthority(engine)
-    server = AgentServer(core, auth, listen, settings.max_report_bytes, share_port=True)
+    server = AgentServer(
+        core,
+        auth,
+        listen,
+        settings.max_report_bytes,
+        share_port=True,
+        tls=tls_credentials(settings),
+    )
     server.start()
     ready.set()
     stop.wait()
@@ -160,4 +167,3 @@ class Fronts:
         if self._thread is not None:
             self._events.put(None)
             self._thread.join(timeout=5)
-

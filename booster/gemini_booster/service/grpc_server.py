@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 
 from gemini_api.v1 import booster_pb2 as pb
 
+from ..config import Settings
 from .auth import AuthError, TokenAuthority
 from .core import Booster
 from .validation import InvalidReport
@@ -70,9 +71,7 @@ class AgentService:
         try:
             row = self.booster.validate_report(raw)
         except DecodeError:
-            await self._reject(
-                context, INVALID, "garbled", "request is not a ReportRequest"
-            )
+            await self._reject(context, INVALID, "garbled", "request is not a ReportRequest")
         except InvalidReport as e:
             await self._reject(context, INVALID, e.reason, str(e))
         # The writer thread stores it with whatever else has queued up (group commit); this
@@ -136,9 +135,11 @@ class AgentServer:
         listen: str,
         max_message_bytes: int,
         share_port: bool = False,
+        tls: grpc.ServerCredentials | None = None,
     ):
         self._service = AgentService(booster, auth)
         self._listen = listen
+        self._tls = tls
         self._options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", 16 << 20),
@@ -157,7 +158,10 @@ class AgentServer:
     async def _start(self) -> int:
         self._server = grpc.aio.server(options=self._options)
         self._server.add_generic_rpc_handlers((self._service.handler(),))
-        port = self._server.add_insecure_port(self._listen)
+        if self._tls is not None:
+            port = self._server.add_secure_port(self._listen, self._tls)
+        else:
+            port = self._server.add_insecure_port(self._listen)
         if port == 0:
             raise RuntimeError(f"cannot listen on {self._listen}")
         await self._server.start()
@@ -173,3 +177,13 @@ class AgentServer:
             self._run(self._server.stop(grace))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=grace + 5)
+
+
+def tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """TLS for the agent port when both files are configured; plaintext (loopback) otherwise."""
+    cert, key = settings.grpc_tls_cert_file, settings.grpc_tls_key_file
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("TLS needs both grpc_tls_cert_file and grpc_tls_key_file")
+    return grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])

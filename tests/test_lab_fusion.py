@@ -139,3 +139,19 @@ def test_default_theta_reaches_90_percent_of_the_ethernet_link(lab):
 def test_ss_shows_fusion_state(lab):
     ss = _exp(lab, "ethernet-default")["ss"]
     assert "fusion" in ss and "mrtt:" in ss
+
+
+def test_agent_writeback_in_the_real_kernel(lab):
+    """The agent's write-back against tcp_fusion itself: a plan lands whole (per-destination
+    profile, catch-all default, sysctls); a θ from Booster outside Θ′ changes nothing, not
+    even its in-range parameters; past the staleness limit the safe default is everywhere."""
+    wb = _exp(lab, "writeback")
+    default, remote, safe = wb["default"], wb["remote"], wb["safe"]
+    installed = wb["installed"]
+    assert installed["sysctl"] == default
+    assert installed["rules"] == {"10.9.0.0/16": remote, "0.0.0.0/0": default, "::/0": default}
+    assert wb["refused"] == 2  # the default θ and the context's θ of that answer
+    assert wb["after_refusal"] == installed
+    after = wb["after_staleness"]
+    assert after["sysctl"] == safe
+    assert after["rules"] == {"0.0.0.0/0": safe, "::/0": safe}

@@ -1,9 +1,12 @@
 """θ from Booster into the kernel: checked against the θ spec, installed atomically, kept when
 Booster fails, replaced by the spec's safe default once Booster has been silent too long.
 
-The default profile goes through the net.fusion.* sysctls; per-context profiles go through the
-module's netlink table, one message that replaces the whole table. A θ that fails the spec's
-check never reaches either."""
+Everything goes into the module's netlink table in one message that replaces the whole table:
+per-context profiles by destination prefix, and the default as catch-all rules (0.0.0.0/0,
+::/0). A flow that starts during an update sees either the old θ or the new one, never a mix of
+the two, which writing seven sysctls one by one could not promise. The sysctls are written
+afterwards, so that net.fusion.* shows the default and holds it should the table ever be
+cleared. A θ that fails the spec's check reaches neither."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from gemini_api.v1 import booster_pb2 as pb
 
 log = logging.getLogger(__name__)
 SYSCTL_ROOT = Path("/proc/sys/net/fusion")
+CATCH_ALL = ("0.0.0.0/0", "::/0")
 
 
 @dataclass(frozen=True)
@@ -86,20 +90,21 @@ class ThetaApplier:
         return Plan(default or previous.default, per_place)
 
     def apply(self, plan: Plan, prefixes: Sequence[tuple[str, Place]]) -> None:
-        distinct: dict[tuple, int] = {}
         profiles: dict[int, dict[str, int]] = {}
-        rules = []
-        for prefix, place in prefixes:
-            theta = plan.per_place.get(place)
-            if theta is None:
-                continue
+        ids: dict[tuple, int] = {}
+
+        def profile(theta: dict[str, int]) -> int:
             key = tuple(sorted(theta.items()))
-            if key not in distinct:
-                distinct[key] = len(distinct) + 1
-                profiles[distinct[key]] = theta
-            rules.append(Rule(prefix, distinct[key]))
-        self.kernel.write_default(plan.default)
+            if key not in ids:
+                ids[key] = len(ids) + 1
+                profiles[ids[key]] = theta
+            return ids[key]
+
+        rules = [Rule(prefix, profile(plan.per_place[place]))
+                 for prefix, place in prefixes if place in plan.per_place]
+        rules += [Rule(prefix, profile(plan.default)) for prefix in CATCH_ALL]
         self.kernel.write_table(profiles, rules)
+        self.kernel.write_default(plan.default)
         self.applied = plan
         self.metrics.theta_version.set(self.kernel.version())
 

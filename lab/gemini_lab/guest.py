@@ -132,15 +132,17 @@ def exp_rejects(e: dict, out: Path) -> dict:
 
 
 def exp_cpu(e: dict, out: Path) -> dict:
-    """Guest CPU per byte for each CC at several flow counts, in the same boot."""
+    """Guest CPU per byte for each CC at several flow counts, in the same boot; the CCs take
+    turns ``repeats`` times, so a drift in the emulator's speed falls on all of them."""
     rows = []
     for n in e["flow_counts"]:
-        for cc in e["ccs"]:
-            r = run_flow(e["path"], cc, e["duration_s"], parallel=n, port=BASE_PORT + 50)
-            gbytes = r["bytes_received"] / 1e9
-            rows.append({"cc": cc, "flows": n, "cpu_busy_s": r["cpu_busy_s"],
-                         "throughput_mbps": r["throughput_mbps"],
-                         "cpu_s_per_gb": r["cpu_busy_s"] / gbytes if gbytes else None})
+        for _ in range(e.get("repeats", 1)):
+            for cc in e["ccs"]:
+                r = run_flow(e["path"], cc, e["duration_s"], parallel=n, port=BASE_PORT + 50)
+                gbytes = r["bytes_received"] / 1e9
+                rows.append({"cc": cc, "flows": n, "cpu_busy_s": r["cpu_busy_s"],
+                             "gbytes": gbytes, "throughput_mbps": r["throughput_mbps"],
+                             "cpu_s_per_gb": r["cpu_busy_s"] / gbytes if gbytes else None})
     return {"rows": rows}
 
 
@@ -170,6 +172,51 @@ def exp_records(e: dict, out: Path) -> dict:
         "kernel_records": after["records"] - before["records"],
         "listener": rc.summary,
     }
+
+
+def exp_writeback(e: dict, out: Path) -> dict:
+    """The agent's write-back against the real module: a plan goes in whole (table and
+    sysctls), a θ outside Θ′ from Booster changes nothing at all (not even its in-range
+    parameters), and after the staleness limit the safe default replaces everything."""
+    from gemini_agent.context import Place
+    from gemini_agent.metrics import AgentMetrics
+    from gemini_agent.writeback import Kernel, ThetaApplier
+    from gemini_api.v1 import booster_pb2 as pb
+
+    spec = load_spec()
+    applier = ThetaApplier(Kernel(), AgentMetrics(), staleness_s=1.0, spec=spec)
+    place = Place("sat", "isp")
+    prefixes = [("10.9.0.0/16", place)]
+    default = {**spec.default(), "mult_decrease": 80, "init_cwnd": 16}
+    remote = {**spec.default(), "mult_decrease": 90, "loss_threshold": 10}
+
+    def kernel_state() -> dict:
+        with FusionNetlink() as nl:
+            _, profiles, rules = nl.get_profiles()
+        return {
+            "sysctl": {p.name: read_sysctl(f"net.fusion.{p.name}") for p in spec.params},
+            "rules": {r.prefix: profiles[r.profile_id] for r in rules},
+        }
+
+    def answer(default_theta: dict, theta: dict) -> pb.GetParametersResponse:
+        return pb.GetParametersResponse(
+            default_theta=pb.Theta(**default_theta),
+            parameters=[pb.ContextParameters(theta=pb.Theta(**theta))])
+
+    applier.booster_answered()
+    applier.apply(applier.plan_from(answer(default, remote), [place]), prefixes)
+    installed = kernel_state()
+    outside = {**default, "init_cwnd": 20, "mult_decrease": spec.param("mult_decrease").wide[1] + 5}
+    applier.apply(applier.plan_from(answer(outside, outside), [place]), prefixes)
+    after_refusal = kernel_state()
+    time.sleep(1.2)
+    applier.check_staleness(prefixes)
+    after_staleness = kernel_state()
+    return {"default": default, "remote": remote, "safe": spec.default(),
+            "installed": installed, "after_refusal": after_refusal,
+            "after_staleness": after_staleness,
+            "refused": applier.metrics.registry.get_sample_value(
+                "gemini_agent_theta_refused_total")}
 
 
 def _join_host_network() -> None:
@@ -232,7 +279,7 @@ def exp_agent(e: dict, out: Path) -> dict:
 
 
 EXPERIMENTS = {"flow": exp_flow, "profiles": exp_profiles, "rejects": exp_rejects, "cpu": exp_cpu,
-               "records": exp_records, "agent": exp_agent}
+               "records": exp_records, "agent": exp_agent, "writeback": exp_writeback}
 
 
 def main() -> None:

@@ -54,8 +54,10 @@ def test_no_report_lost_or_doubled_across_a_booster_restart(loop):
 def test_two_contexts_converge_to_their_own_theta(loop):
     assert set(loop.incumbents) == {"wired", "lossy"}, loop.incumbents
     assert loop.incumbents["wired"] != loop.incumbents["lossy"]
-    table = _agent(loop)["table"]
-    assert len(table["rules"]) == 2  # the agent installed a profile per destination prefix
+    prefixes = [prefix for prefix, _ in _agent(loop)["table"]["rules"]]
+    # a profile per destination prefix, and the default as catch-all rules
+    assert len([p for p in prefixes if not p.endswith("/0")]) == 2, prefixes
+    assert {"0.0.0.0/0", "::/0"} <= set(prefixes), prefixes
 
 
 # One host and ~30 rounds of 8 s under emulation: with this set-up these held in one of two

@@ -155,3 +155,18 @@ def test_agent_writeback_in_the_real_kernel(lab):
     after = wb["after_staleness"]
     assert after["sysctl"] == safe
     assert after["rules"] == {"0.0.0.0/0": safe, "::/0": safe}
+
+
+def test_agent_sees_other_ccs_flows_through_socket_diagnostics(lab):
+    """The agent's source for non-Fusion flows: a cubic flow's destroy event carries the bytes
+    the receiver got and its CC (from the periodic dump); 300 cubic connections reset at once
+    each keep their bytes, which their own destroy events have lost to tcp_disconnect()."""
+    sd = _exp(lab, "sockdiag")
+    assert sd["dumps"]["error"] is None and sd["dumps"]["count"] > 0
+    flow = sd["data_flow"]
+    assert flow["cc"] == "cubic"
+    assert abs(flow["bytes_acked"] - sd["receiver_bytes"]) <= 0.01 * sd["receiver_bytes"]
+    assert flow["min_rtt_us"] <= flow["rtt_us"] and flow["busy_us"] > 0
+    assert sd["burst_sent"] == sd["burst_events"] == sd["burst_with_bytes"] == 300
+    assert sd["burst_ccs"] == ["cubic"]
+    assert sd["burst_raw_events_zeroed"] == 300  # what a listener without the dumps would see

@@ -48,6 +48,8 @@ class AgentSettings(BaseSettings):
     staleness_s: float = 1800.0        # after this without Booster, fall back to the safe default
     apply_to_kernel: bool = True       # False: ask and log, never write θ (dry run)
     metrics_listen: str = "127.0.0.1:9465"
+    sockdiag: bool = False             # also watch flows of other CCs (socket diagnostics)
+    sockdiag_dump_s: float = 5.0       # dump of open sockets: counters an abortive close erases
 
     @field_validator("interval_s", "rpc_deadline_s", "staleness_s")
     @classmethod

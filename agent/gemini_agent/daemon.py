@@ -17,7 +17,7 @@ from gemini_agent.config import AgentSettings
 from gemini_agent.context import ContextResolver, MmdbTable, Place, PrefixTable
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.reporter import Reporter
-from gemini_agent.sources import FusionRecordSource
+from gemini_agent.sources import FusionRecordSource, SockDiagSource
 from gemini_agent.spool import Spool
 from gemini_agent.writeback import Kernel, ThetaApplier
 from gemini_api.v1 import booster_pb2 as pb
@@ -83,8 +83,11 @@ class Agent:
     def run(self) -> None:
         host, _, port = self.s.metrics_listen.rpartition(":")
         start_http_server(int(port), addr=host, registry=self.metrics.registry)
-        source = FusionRecordSource(self.aggregator.add, self.metrics)
-        source.start()
+        sources = [FusionRecordSource(self.aggregator.add, self.metrics)]
+        if self.s.sockdiag:
+            sources.append(SockDiagSource(self.metrics, self.s.sockdiag_dump_s))
+        for source in sources:
+            source.start()
         self.refresh_theta()
         next_close = time.monotonic() + self.s.interval_s
         try:
@@ -95,5 +98,6 @@ class Agent:
                 else:
                     self.reporter.drain()  # a spool left by an outage drains between intervals
         finally:
-            source.stop()
+            for source in sources:
+                source.stop()
             self.close_interval()

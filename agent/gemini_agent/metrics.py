@@ -10,6 +10,9 @@ class AgentMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.flows = Counter("gemini_agent_flows", "Finished flows seen", ["source"], registry=r)
+        self.other_cc_flows = Counter("gemini_agent_other_cc_flows",
+                                      "Finished flows of other CCs, from socket diagnostics",
+                                      ["cc"], registry=r)
         self.records_dropped = Counter(
             "gemini_agent_records_dropped", "Flow records lost before the agent read them",
             ["where"], registry=r)

@@ -1,7 +1,10 @@
-"""Where finished flows come from: the Fusion module's flow records (exact θ attribution).
+"""Where finished flows come from: the Fusion module's flow records (exact θ attribution), and
+socket-diagnostics destroy events for flows of every other congestion control.
 
-A reader thread turns each record into an aggregator Flow. The kernel counts records it could
-not deliver; the listener counts receive-buffer overruns; both surface as metrics."""
+A reader thread turns each Fusion record into an aggregator Flow. The kernel counts records it
+could not deliver; the listener counts receive-buffer overruns; both surface as metrics.
+Flows of other CCs are counted per CC (gemini_agent_other_cc_flows); Booster's report has no
+field for a CC yet, so they are not reported until A/B comparisons get one."""
 
 from __future__ import annotations
 
@@ -9,10 +12,12 @@ import datetime as dt
 import logging
 import select
 import threading
+import time
 from collections.abc import Callable
 
 from gemini_agent.aggregator import Flow
 from gemini_agent.metrics import AgentMetrics
+from gemini_agent.sockdiag import DestroyListener
 from gemini_api.aggregate import FlowStats
 from gemini_api.fusion_genl import FlowRecord, FlowRecordListener
 
@@ -46,6 +51,39 @@ class FusionRecordSource(threading.Thread):
             if self.listener.overruns != overruns:
                 self.metrics.records_dropped.labels("socket").inc(self.listener.overruns - overruns)
                 overruns = self.listener.overruns
+        self.listener.close()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+class SockDiagSource(threading.Thread):
+    """Destroy events of every TCP socket, completed from a dump every ``dump_s`` (see
+    gemini_agent.sockdiag); Fusion's own flows are left to its records."""
+
+    def __init__(self, metrics: AgentMetrics, dump_s: float) -> None:
+        super().__init__(name="sockdiag", daemon=True)
+        self.metrics, self.dump_s = metrics, dump_s
+        self.listener = DestroyListener()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        next_dump = 0.0
+        while not self.stopped.is_set():
+            if time.monotonic() >= next_dump:
+                try:
+                    self.listener.snapshots.refresh()
+                except OSError as exc:
+                    log.warning("socket dump failed: %s", exc)
+                next_dump = time.monotonic() + self.dump_s
+            select.select([self.listener], [], [], min(0.5, self.dump_s))
+            for flow in self.listener.read():
+                # Fusion's flows come from its records; a socket with no peer and no bytes (a
+                # listener, an unanswered connect) is no flow
+                if flow.cc == "fusion" or (flow.dport == 0 and flow.bytes_acked == 0):
+                    continue
+                self.metrics.flows.labels("sockdiag").inc()
+                self.metrics.other_cc_flows.labels(flow.cc).inc()
         self.listener.close()
 
     def stop(self) -> None:

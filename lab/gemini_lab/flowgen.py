@@ -3,7 +3,8 @@
     python -m gemini_lab.flowgen serve PORT            accept, read to EOF, close; forever
     python -m gemini_lab.flowgen hold PORT             accept and keep, never read; forever
     python -m gemini_lab.flowgen send ADDR PORT N W    N fusion flows of 1 KB from W processes
-    python -m gemini_lab.flowgen burst ADDR PORT N W   N flows opened, then all ended at once
+    python -m gemini_lab.flowgen burst ADDR PORT N W [CC [PAUSE]]
+                                                       N flows opened, then all ended at once
 
 `send` prints one JSON line: flows completed, failures, seconds. `burst` opens N fusion
 connections from W processes, sends 1 KB on each and waits for it to be acknowledged, then all
@@ -124,7 +125,7 @@ def _acked(s: socket.socket) -> bool:
 
 
 def _burst_worker(args: tuple) -> tuple[int, dict[str, int], float, float]:
-    addr, port, n, cc, barrier = args
+    addr, port, n, cc, pause_s, barrier = args
     _raise_fd_limit()
     payload = b"x" * FLOW_BYTES
     socks, failed = [], {}
@@ -145,6 +146,7 @@ def _burst_worker(args: tuple) -> tuple[int, dict[str, int], float, float]:
         time.sleep(0.05)
     for s in socks:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, ABORT)
+    time.sleep(pause_s)
     barrier.wait()
     t0 = time.monotonic()
     for s in socks:
@@ -152,12 +154,14 @@ def _burst_worker(args: tuple) -> tuple[int, dict[str, int], float, float]:
     return len(socks), failed, t0, time.monotonic()
 
 
-def burst(addr: str, port: int, flows: int, workers: int, cc: str = "fusion") -> None:
+def burst(addr: str, port: int, flows: int, workers: int, cc: str = "fusion",
+          pause_s: float = 0.0) -> None:
     share = [flows // workers + (1 if i < flows % workers else 0) for i in range(workers)]
     with multiprocessing.Manager() as manager:
         barrier = manager.Barrier(workers)
         with multiprocessing.Pool(workers) as pool:
-            results = pool.map(_burst_worker, [(addr, port, n, cc, barrier) for n in share])
+            results = pool.map(_burst_worker,
+                               [(addr, port, n, cc, pause_s, barrier) for n in share])
     start, end = min(r[2] for r in results), max(r[3] for r in results)
     errors: dict[str, int] = {}
     for r in results:
@@ -171,8 +175,14 @@ def main() -> None:
     if sys.argv[1] in ("serve", "hold"):
         (serve if sys.argv[1] == "serve" else hold)(int(sys.argv[2]))
     else:
-        run = burst if sys.argv[1] == "burst" else send
-        run(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+        addr, port = sys.argv[2], int(sys.argv[3])
+        flows, workers = int(sys.argv[4]), int(sys.argv[5])
+        if sys.argv[1] == "burst":  # optional: the CC, and seconds to wait before the closes
+            cc = sys.argv[6] if len(sys.argv) > 6 else "fusion"
+            pause_s = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
+            burst(addr, port, flows, workers, cc, pause_s)
+        else:
+            send(addr, port, flows, workers)
 
 
 if __name__ == "__main__":

@@ -219,6 +219,58 @@ def exp_writeback(e: dict, out: Path) -> dict:
                 "gemini_agent_theta_refused_total")}
 
 
+def exp_sockdiag(e: dict, out: Path) -> dict:
+    """The agent's source for flows of other CCs (socket-diagnostics destroy events, completed
+    from periodic dumps): a whole cubic flow's bytes against what the receiver got, and cubic
+    connections closed abortively (which zeroes their counters) keeping their bytes."""
+    import threading
+
+    from gemini_agent.sockdiag import DestroyListener
+
+    path, port = e["path"], BASE_PORT + 80
+    stop = threading.Event()
+    dumps: dict = {"count": 0, "sockets": 0, "error": None}
+    with DestroyListener() as listener, DestroyListener() as raw:  # raw: never snapshotted
+
+        def dump_often() -> None:
+            while not stop.wait(0.3):
+                try:
+                    dumps["sockets"] = max(dumps["sockets"], listener.snapshots.refresh())
+                    dumps["count"] += 1
+                except Exception as exc:  # recorded: the test shows it
+                    dumps["error"] = repr(exc)
+
+        dumper = threading.Thread(target=dump_often, daemon=True)
+        dumper.start()
+        flow = run_flow(path, "cubic", e["duration_s"], port=port)
+        time.sleep(1)
+        whole = [f for f in listener.read() if f.dport == port]
+        server = subprocess.Popen(["ip", "netns", "exec", receiver_ns(path), sys.executable,
+                                   "-m", "gemini_lab.flowgen", "hold", str(port + 1)])
+        time.sleep(1)
+        raw.read()  # what came before the burst
+        sent = json.loads(sh(sys.executable, "-m", "gemini_lab.flowgen", "burst",
+                             receiver_addr(path), str(port + 1), str(e["flows"]), "2", "cubic",
+                             "1.5", ns=SENDER_NS))
+        time.sleep(1)
+        closed = [f for f in listener.read() if f.dport == port + 1]
+        raw_zero = sum(1 for f in raw.read() if f.bytes_acked == 0 and f.dport == 0)
+        stop.set()
+        dumper.join()
+        server.kill()
+    data = max(whole, key=lambda f: f.bytes_acked) if whole else None
+    return {
+        "receiver_bytes": flow["bytes_received"],
+        "data_flow": data.__dict__ if data else None,
+        "burst_sent": sent["flows"],
+        "burst_events": len(closed),
+        "burst_with_bytes": sum(1 for f in closed if f.bytes_acked >= FLOW_BYTES),
+        "burst_raw_events_zeroed": raw_zero,
+        "burst_ccs": sorted({f.cc for f in closed}),
+        "dumps": dumps,
+    }
+
+
 def _join_host_network() -> None:
     """Move qemu's user-mode NIC into the sender namespace: the host (Booster) is 10.0.2.2."""
     # this process already lives in the sender namespace; the NIC is in PID 1's
@@ -279,7 +331,8 @@ def exp_agent(e: dict, out: Path) -> dict:
 
 
 EXPERIMENTS = {"flow": exp_flow, "profiles": exp_profiles, "rejects": exp_rejects, "cpu": exp_cpu,
-               "records": exp_records, "agent": exp_agent, "writeback": exp_writeback}
+               "records": exp_records, "agent": exp_agent, "writeback": exp_writeback,
+               "sockdiag": exp_sockdiag}
 
 
 def main() -> None:

@@ -45,6 +45,7 @@ def acceptance_plan(duration_s: int = 20) -> dict:
                         {"mult_decrease": 40, "loss_threshold": 20, "window_intervals": 8}]},
             {**BURST, "path": 3, "flows": 3000},
             {"label": "writeback", "kind": "writeback"},
+            {"label": "sockdiag", "kind": "sockdiag", "path": 3, "duration_s": 5, "flows": 300},
         ],
     }
 

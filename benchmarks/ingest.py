@@ -30,7 +30,6 @@ from sqlalchemy import text
 from gemini_api.theta import load_spec
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
-from gemini_booster.service.metrics import merge
 from gemini_booster.storage import repository as repo
 
 from .common import AGENT, start_booster, write_result
@@ -89,8 +88,7 @@ def stored_rows(server) -> tuple[int, int]:
 
 
 def transactions(server) -> float:
-    metrics = server.booster.metrics
-    families = merge(metrics.registry.collect(), *metrics.remote.values())
+    families = server.booster.metrics.families()
     batches = next(f for f in families if f.name == "gemini_booster_ingest_batch_reports")
     return next(s.value for s in batches.samples if s.name.endswith("_count"))
 

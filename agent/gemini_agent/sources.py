@@ -31,12 +31,23 @@ def flow_from_record(rec: FlowRecord, ended: dt.datetime) -> Flow:
                 ended=ended)
 
 
-class FusionRecordSource(threading.Thread):
-    def __init__(self, sink: Callable[[Flow], None], metrics: AgentMetrics) -> None:
-        super().__init__(name="fusion-records", daemon=True)
-        self.sink, self.metrics = sink, metrics
-        self.listener = FlowRecordListener()
+class _Source(threading.Thread):
+    """A reader thread over one kernel socket; ``stop`` ends it within its poll timeout."""
+
+    def __init__(self, name: str, metrics: AgentMetrics) -> None:
+        super().__init__(name=name, daemon=True)
+        self.metrics = metrics
         self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+class FusionRecordSource(_Source):
+    def __init__(self, sink: Callable[[Flow], None], metrics: AgentMetrics) -> None:
+        super().__init__("fusion-records", metrics)
+        self.sink = sink
+        self.listener = FlowRecordListener()
 
     def run(self) -> None:
         overruns = 0
@@ -53,19 +64,15 @@ class FusionRecordSource(threading.Thread):
                 overruns = self.listener.overruns
         self.listener.close()
 
-    def stop(self) -> None:
-        self.stopped.set()
 
-
-class SockDiagSource(threading.Thread):
+class SockDiagSource(_Source):
     """Destroy events of every TCP socket, completed from a dump every ``dump_s`` (see
     gemini_agent.sockdiag); Fusion's own flows are left to its records."""
 
     def __init__(self, metrics: AgentMetrics, dump_s: float) -> None:
-        super().__init__(name="sockdiag", daemon=True)
-        self.metrics, self.dump_s = metrics, dump_s
+        super().__init__("sockdiag", metrics)
+        self.dump_s = dump_s
         self.listener = DestroyListener()
-        self.stopped = threading.Event()
 
     def run(self) -> None:
         next_dump = 0.0
@@ -85,6 +92,3 @@ class SockDiagSource(threading.Thread):
                 self.metrics.flows.labels("sockdiag").inc()
                 self.metrics.other_cc_flows.labels(flow.cc).inc()
         self.listener.close()
-
-    def stop(self) -> None:
-        self.stopped.set()

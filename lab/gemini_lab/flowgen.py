@@ -88,17 +88,31 @@ def serve(port: int) -> None:
                 conn.close()
 
 
+def _shares(flows: int, workers: int) -> list[int]:
+    return [flows // workers + (1 if i < flows % workers else 0) for i in range(workers)]
+
+
+def _open_flow(addr: str, port: int, cc: str, payload: bytes, timeout_s: float) -> socket.socket:
+    """A connection under ``cc`` with ``payload`` sent; closed again if any step fails."""
+    s = socket.socket()
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+        s.settimeout(timeout_s)
+        s.connect((addr, port))
+        s.sendall(payload)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
 def _worker(args: tuple[str, int, int, str]) -> tuple[int, int]:
     addr, port, n, cc = args
     payload = b"x" * FLOW_BYTES
     done = failed = 0
     for _ in range(n):
         try:
-            with socket.socket() as s:
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
-                s.settimeout(10)
-                s.connect((addr, port))
-                s.sendall(payload)
+            with _open_flow(addr, port, cc, payload, 10) as s:
                 s.shutdown(socket.SHUT_WR)
                 while s.recv(4096):
                     pass
@@ -109,10 +123,9 @@ def _worker(args: tuple[str, int, int, str]) -> tuple[int, int]:
 
 
 def send(addr: str, port: int, flows: int, workers: int, cc: str = "fusion") -> None:
-    share = [flows // workers + (1 if i < flows % workers else 0) for i in range(workers)]
     t0 = time.monotonic()
     with multiprocessing.Pool(workers) as pool:
-        results = pool.map(_worker, [(addr, port, n, cc) for n in share])
+        results = pool.map(_worker, [(addr, port, n, cc) for n in _shares(flows, workers)])
     elapsed = time.monotonic() - t0
     print(json.dumps({"flows": sum(r[0] for r in results), "failed": sum(r[1] for r in results),
                       "seconds": elapsed}))
@@ -130,15 +143,9 @@ def _burst_worker(args: tuple) -> tuple[int, dict[str, int], float, float]:
     payload = b"x" * FLOW_BYTES
     socks, failed = [], {}
     for _ in range(n):
-        s = socket.socket()
         try:
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
-            s.settimeout(30)
-            s.connect((addr, port))
-            s.sendall(payload)
-            socks.append(s)
+            socks.append(_open_flow(addr, port, cc, payload, 30))
         except OSError as e:
-            s.close()
             name = type(e).__name__ if e.errno is None else errno.errorcode.get(e.errno, "?")
             failed[name] = failed.get(name, 0) + 1
     deadline = time.monotonic() + ACK_WAIT_S
@@ -156,12 +163,11 @@ def _burst_worker(args: tuple) -> tuple[int, dict[str, int], float, float]:
 
 def burst(addr: str, port: int, flows: int, workers: int, cc: str = "fusion",
           pause_s: float = 0.0) -> None:
-    share = [flows // workers + (1 if i < flows % workers else 0) for i in range(workers)]
     with multiprocessing.Manager() as manager:
         barrier = manager.Barrier(workers)
         with multiprocessing.Pool(workers) as pool:
-            results = pool.map(_burst_worker,
-                               [(addr, port, n, cc, pause_s, barrier) for n in share])
+            results = pool.map(_burst_worker, [(addr, port, n, cc, pause_s, barrier)
+                                               for n in _shares(flows, workers)])
     start, end = min(r[2] for r in results), max(r[3] for r in results)
     errors: dict[str, int] = {}
     for r in results:

@@ -146,21 +146,31 @@ def exp_cpu(e: dict, out: Path) -> dict:
     return {"rows": rows}
 
 
+def _flowgen_receiver(path: int, mode: str, port: int) -> subprocess.Popen:
+    """``gemini_lab.flowgen serve|hold`` in the path's receiver namespace."""
+    server = subprocess.Popen(["ip", "netns", "exec", receiver_ns(path), sys.executable, "-m",
+                               "gemini_lab.flowgen", mode, str(port)])
+    time.sleep(1)
+    return server
+
+
+def _flowgen_send(mode: str, path: int, port: int, *args: object) -> dict:
+    """``gemini_lab.flowgen send|burst`` from the sender namespace; its JSON summary."""
+    return json.loads(sh(sys.executable, "-m", "gemini_lab.flowgen", mode, receiver_addr(path),
+                         str(port), *map(str, args), ns=SENDER_NS))
+
+
 def exp_records(e: dict, out: Path) -> dict:
     """Short fusion flows as fast as the guest makes them (or all ended at once, ``burst``):
     is every record delivered, with the bytes the flow carried?"""
     port, path = BASE_PORT + 70, e["path"]
     sh("sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1", ns=SENDER_NS)
     mode, receiver = ("burst", "hold") if e.get("burst") else ("send", "serve")
-    server = subprocess.Popen(["ip", "netns", "exec", receiver_ns(path), sys.executable, "-m",
-                               "gemini_lab.flowgen", receiver, str(port)])
-    time.sleep(1)
+    server = _flowgen_receiver(path, receiver, port)
     with FusionNetlink() as nl:
         before = nl.stats()
     with RecordCollector(out / f"records-{mode}.jsonl") as rc:
-        sent = json.loads(sh(sys.executable, "-m", "gemini_lab.flowgen", mode,
-                             receiver_addr(path), str(port), str(e["flows"]), str(e["workers"]),
-                             ns=SENDER_NS))
+        sent = _flowgen_send(mode, path, port, e["flows"], e["workers"])
     with FusionNetlink() as nl:
         after = nl.stats()
     server.kill()
@@ -245,13 +255,9 @@ def exp_sockdiag(e: dict, out: Path) -> dict:
         flow = run_flow(path, "cubic", e["duration_s"], port=port)
         time.sleep(1)
         whole = [f for f in listener.read() if f.dport == port]
-        server = subprocess.Popen(["ip", "netns", "exec", receiver_ns(path), sys.executable,
-                                   "-m", "gemini_lab.flowgen", "hold", str(port + 1)])
-        time.sleep(1)
+        server = _flowgen_receiver(path, "hold", port + 1)
         raw.read()  # what came before the burst
-        sent = json.loads(sh(sys.executable, "-m", "gemini_lab.flowgen", "burst",
-                             receiver_addr(path), str(port + 1), str(e["flows"]), "2", "cubic",
-                             "1.5", ns=SENDER_NS))
+        sent = _flowgen_send("burst", path, port + 1, e["flows"], 2, "cubic", 1.5)
         time.sleep(1)
         closed = [f for f in listener.read() if f.dport == port + 1]
         raw_zero = sum(1 for f in raw.read() if f.bytes_acked == 0 and f.dport == 0)

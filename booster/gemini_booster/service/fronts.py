@@ -42,18 +42,9 @@ class FrontCore(Booster):
         self._front_id = front_id
         self._events = events
         self._dirty_out: set[int] = set()
-        self._sync_thread = threading.Thread(target=self._sync_loop, name="sync", daemon=True)
-
-    def start(self) -> None:
-        self.reload_policies()
-        self._load_plans()
-        self.writer.start()
-        self._sync_thread.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        self.writer.stop()
-        self._sync_thread.join(timeout=5)
+        super().stop()
         self._ship()
 
     def _send(self, kind: str, payload) -> None:
@@ -73,7 +64,8 @@ class FrontCore(Booster):
             self._send("requested", requested)
         self._send("metrics", list(self.metrics.registry.collect()))
 
-    def _sync_loop(self) -> None:
+    def _refresh_loop(self) -> None:
+        """A front's refresh: plans and policies from PostgreSQL, its news to the main process."""
         while not self._stopping.wait(SYNC_S):
             try:
                 self.reload_policies()

@@ -72,9 +72,12 @@ class Metrics:
             registry=r,
         )
 
+    def families(self) -> list[Metric]:
+        """This process's metrics with every front process's added in."""
+        return merge(self.registry.collect(), *self.remote.values())
+
     def exposition(self) -> bytes:
-        """This process's metrics with every front process's added in, as one exposition."""
-        return generate_latest(_Snapshot(merge(self.registry.collect(), *self.remote.values())))
+        return generate_latest(_Snapshot(self.families()))
 
 
 class _Snapshot:

@@ -90,6 +90,21 @@ def test_aggregates_per_theta_and_context_with_exact_sums(csv_table):
     assert agg.close_interval(301_000, 601_000) is None
 
 
+def test_flows_of_another_cc_aggregate_apart_without_theta(csv_table):
+    agg = Aggregator(ContextResolver(Place("us-east", "own"), csv_table), "host-1", "cdn")
+    agg.add(_flow("10.1.0.5", mbytes=2.0))
+    for mbytes in (1.0, 3.0):
+        agg.add(Flow("10.1.0.5", FlowStats(int(mbytes * 1e6), 1_000_000, 50_000, 40_000), {}, 0,
+                     NOW, cc="cubic"))
+    report = agg.close_interval(0, 300_000)
+    (fusion,) = [a for a in report.aggregates if not a.cc]
+    (cubic,) = [a for a in report.aggregates if a.cc]
+    assert fusion.HasField("theta") and fusion.flow_count == 1
+    assert cubic.cc == "cubic" and not cubic.HasField("theta") and cubic.flow_count == 2
+    assert cubic.throughput_mbps_sum == pytest.approx(32.0)
+    assert cubic.context.dst_region == fusion.context.dst_region == "eu-west"
+
+
 def test_a_typical_report_stays_under_1kb_per_minute(csv_table):
     """Two contexts, one θ, 200 flows of varied throughput over a 5-minute interval."""
     agg = Aggregator(ContextResolver(Place("us-east", "own"), csv_table), "host-1", "cdn")

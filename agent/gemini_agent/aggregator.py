@@ -1,4 +1,5 @@
-"""Per-interval aggregation of finished flows by (θ, θ version, context)."""
+"""Per-interval aggregation of finished flows by (θ, θ version, context), and flows of other
+congestion controls by (CC, context) as the baseline of A/B comparisons."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Flow:
     theta: dict[str, int]
     theta_version: int
     ended: dt.datetime
+    cc: str = ""  # '' for Fusion; else the CC that ran (its flows have no θ)
 
 
 @dataclass
@@ -28,6 +30,7 @@ class _Slot:
     theta: dict[str, int]
     version: int
     context: pb.Context
+    cc: str
     builder: AggregateBuilder = field(default_factory=AggregateBuilder)
 
 
@@ -44,12 +47,12 @@ class Aggregator:
             return
         # the source side of the context is the host's own: place and hour decide the rest
         place, hour = self.resolver.place(flow.dst), flow.ended.hour
-        key = (tuple(sorted(flow.theta.items())), flow.theta_version, place, hour)
+        key = (flow.cc, tuple(sorted(flow.theta.items())), flow.theta_version, place, hour)
         with self._lock:
             slot = self._slots.get(key)
             if slot is None:
                 ctx = self.resolver.message(place, hour)
-                slot = self._slots[key] = _Slot(flow.theta, flow.theta_version, ctx)
+                slot = self._slots[key] = _Slot(flow.theta, flow.theta_version, ctx, flow.cc)
             slot.builder.add(flow.stats)
 
     def close_interval(self, start_ms: int, end_ms: int) -> pb.ReportRequest | None:
@@ -63,6 +66,6 @@ class Aggregator:
         return pb.ReportRequest(
             report_id=str(report_id), host_id=self.host_id, policy=self.policy,
             interval_start_unix_ms=start_ms, interval_end_unix_ms=end_ms,
-            aggregates=[s.builder.to_proto(s.theta, s.version, s.context)
+            aggregates=[s.builder.to_proto(s.theta, s.version, s.context, s.cc)
                         for s in slots.values()],
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import socket
 import threading
 import time
 
@@ -32,6 +33,19 @@ def make_resolver(s: AgentSettings) -> ContextResolver:
     elif s.geo_csv:
         table = PrefixTable(s.geo_csv)
     return ContextResolver(Place(s.src_region, s.src_isp), table)
+
+
+def booster_peers(s: AgentSettings) -> frozenset[tuple[str, int]]:
+    """(address, port) of Booster as the kernel will name it in a socket's destination."""
+    host, _, port = s.booster_address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, int(port), proto=socket.IPPROTO_TCP)
+    except (OSError, ValueError) as exc:
+        log.warning("cannot resolve Booster at %s (%s): its connection may count as a flow",
+                    s.booster_address, exc)
+        return frozenset()
+    return frozenset((info[4][0], int(port)) for info in infos)
 
 
 class Agent:
@@ -85,7 +99,8 @@ class Agent:
         start_http_server(int(port), addr=host, registry=self.metrics.registry)
         sources = [FusionRecordSource(self.aggregator.add, self.metrics)]
         if self.s.sockdiag:
-            sources.append(SockDiagSource(self.metrics, self.s.sockdiag_dump_s))
+            sources.append(SockDiagSource(self.aggregator.add, self.metrics,
+                                          self.s.sockdiag_dump_s, booster_peers(self.s)))
         for source in sources:
             source.start()
         self.refresh_theta()

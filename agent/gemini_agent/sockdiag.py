@@ -65,7 +65,9 @@ class ClosedFlow:
 
 
 def _address(family: int, raw: bytes) -> str:
-    return str(ipaddress.ip_address(raw[:4] if family == socket.AF_INET else raw))
+    """Dotted IPv4 also for a dual-stack socket's v4-mapped peer: contexts key on it."""
+    addr = ipaddress.ip_address(raw[:4] if family == socket.AF_INET else raw)
+    return str(getattr(addr, "ipv4_mapped", None) or addr)
 
 
 def _attrs(data: bytes, start: int, end: int) -> dict[int, bytes]:

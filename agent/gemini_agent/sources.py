@@ -3,8 +3,12 @@ socket-diagnostics destroy events for flows of every other congestion control.
 
 A reader thread turns each Fusion record into an aggregator Flow. The kernel counts records it
 could not deliver; the listener counts receive-buffer overruns; both surface as metrics.
-Flows of other CCs are counted per CC (gemini_agent_other_cc_flows); Booster's report has no
-field for a CC yet, so they are not reported until A/B comparisons get one."""
+Flows of other CCs are counted per CC (gemini_agent_other_cc_flows) and aggregated per (CC,
+context) without θ: Booster keeps them as the baseline of A/B comparisons, never as points of
+its model. Their throughput is bytes acked over the time the socket had data to send (tcp_info's
+busy time, receive-window and send-buffer limited included), their queueing delay the smoothed
+RTT at close less the minimum RTT: the kernel keeps no mean RTT per socket, as Fusion does.
+The agent's own connection to Booster is not a flow of the host's service and is skipped."""
 
 from __future__ import annotations
 
@@ -17,11 +21,12 @@ from collections.abc import Callable
 
 from gemini_agent.aggregator import Flow
 from gemini_agent.metrics import AgentMetrics
-from gemini_agent.sockdiag import DestroyListener
+from gemini_agent.sockdiag import ClosedFlow, DestroyListener
 from gemini_api.aggregate import FlowStats
 from gemini_api.fusion_genl import FlowRecord, FlowRecordListener
 
 log = logging.getLogger(__name__)
+FIN_ONLY_BYTES = 1  # tcpi_bytes_acked of a socket that sent nothing but its FIN
 
 
 def flow_from_record(rec: FlowRecord, ended: dt.datetime) -> Flow:
@@ -65,13 +70,21 @@ class FusionRecordSource(_Source):
         self.listener.close()
 
 
+def flow_from_closed(flow: ClosedFlow, ended: dt.datetime) -> Flow:
+    stats = FlowStats(bytes_acked=flow.bytes_acked, duration_us=flow.busy_us,
+                      rtt_avg_us=flow.rtt_us, rtt_min_us=flow.min_rtt_us)
+    return Flow(dst=flow.daddr, stats=stats, theta={}, theta_version=0, ended=ended, cc=flow.cc)
+
+
 class SockDiagSource(_Source):
     """Destroy events of every TCP socket, completed from a dump every ``dump_s`` (see
-    gemini_agent.sockdiag); Fusion's own flows are left to its records."""
+    gemini_agent.sockdiag); Fusion's own flows are left to its records. ``skip`` holds
+    (address, port) peers that are not the host's service (the agent's Booster)."""
 
-    def __init__(self, metrics: AgentMetrics, dump_s: float) -> None:
+    def __init__(self, sink: Callable[[Flow], None], metrics: AgentMetrics, dump_s: float,
+                 skip: frozenset[tuple[str, int]] = frozenset()) -> None:
         super().__init__("sockdiag", metrics)
-        self.dump_s = dump_s
+        self.sink, self.dump_s, self.skip = sink, dump_s, skip
         self.listener = DestroyListener()
 
     def run(self) -> None:
@@ -89,6 +102,10 @@ class SockDiagSource(_Source):
                 # listener, an unanswered connect) is no flow
                 if flow.cc == "fusion" or (flow.dport == 0 and flow.bytes_acked == 0):
                     continue
+                if (flow.daddr, flow.dport) in self.skip:
+                    continue
                 self.metrics.flows.labels("sockdiag").inc()
                 self.metrics.other_cc_flows.labels(flow.cc).inc()
+                if flow.bytes_acked > FIN_ONLY_BYTES:  # a receiving socket sent no data
+                    self.sink(flow_from_closed(flow, dt.datetime.now(dt.UTC)))
         self.listener.close()

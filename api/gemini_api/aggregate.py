@@ -66,10 +66,12 @@ class AggregateBuilder:
         self.sketch.add(tpt)
 
     def to_proto(self, theta: Mapping[str, int], theta_version: int,
-                 context: pb.Context) -> pb.Aggregate:
+                 context: pb.Context, cc: str = "") -> pb.Aggregate:
+        """Fusion flows carry their θ; another CC's flows (``cc`` set) carry none."""
         return pb.Aggregate(
-            theta=pb.Theta(**theta),
+            theta=None if cc else pb.Theta(**theta),
             theta_version=theta_version,
+            cc=cc,
             context=context,
             flow_count=self.flow_count,
             throughput_mbps_sum=self.tpt_sum,

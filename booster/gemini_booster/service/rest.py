@@ -6,6 +6,7 @@ needs an operator token and leaves an audit entry. Request bodies are strict pyd
 """
 
 import time
+from datetime import timedelta
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response
@@ -17,8 +18,10 @@ from ..models import NAME_PATTERN, Policy, PolicyCreate, PolicyUpdate
 from ..policy.objective import utility
 from ..storage import repository as repo
 from .auth import AuthError, Principal, TokenAuthority
+from .comparison import ContextComparison, compare
 from .core import Booster, context_label
 
+SigmaQuery = Annotated[float | None, Query(ge=0, description="recompute eq. 9 with this σ")]
 _AUTH_STATUS = {"missing": 401, "invalid": 401, "forbidden": 403}
 
 
@@ -170,9 +173,7 @@ def create_app(booster: Booster, auth: TokenAuthority) -> FastAPI:
     def trials(
         name: str,
         _: Reader,
-        sigma: Annotated[
-            float | None, Query(ge=0, description="recompute eq. 9 with this σ")
-        ] = None,
+        sigma: SigmaQuery = None,
         limit: Annotated[int, Query(ge=1, le=10000)] = 500,
     ) -> list[TrialOut]:
         p = _policy(name)
@@ -203,6 +204,39 @@ def create_app(booster: Booster, auth: TokenAuthority) -> FastAPI:
                 )
             )
         return sorted(rows, key=lambda r: -r.utility)[:limit]
+
+    @v1.get("/policies/{name}/comparison", tags=["plans"])
+    def comparison(
+        name: str,
+        _: Reader,
+        sigma: SigmaQuery = None,
+    ) -> list[ContextComparison]:
+        """Fusion against the other CCs the agents saw, per context with baseline flows."""
+        p = _policy(name)
+        history = timedelta(hours=p.history_hours)
+        contexts = repo.load_contexts(booster.engine)
+        ids = {key: cid for cid, key in contexts.items()}
+        incumbents = {
+            ids[key]: plan.incumbent_key
+            for key, plan in booster.plan_snapshot(p.id).items()
+            if key in ids
+        }
+        table = compare(
+            p,
+            repo.load_trials(booster.engine, p.id, history),
+            repo.load_baselines(booster.engine, p.id, history),
+            incumbents,
+            sigma,
+        )
+        return [
+            ContextComparison(
+                context=_ctx_dict(contexts[c]),
+                label=context_label(contexts[c]),
+                arms=arms,
+                versus=pairs,
+            )
+            for c, (arms, pairs) in table.items()
+        ]
 
     @v1.post("/tokens", status_code=201, tags=["credentials"])
     def create_token(body: TokenCreate, who: Writer) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from datetime import UTC, datetime
 
 from google.protobuf import unknown_fields
@@ -27,6 +28,7 @@ MAX_LABEL_LEN = 64
 MAX_INTERVAL_MS = 24 * 3600 * 1000
 SIZE_BUCKETS = 5
 REL_TOL = 1e-6
+CC_NAME = re.compile(r"[a-z][a-z0-9_]{0,15}")  # TCP_CA_NAME_MAX is 16 with the NUL
 
 
 class InvalidReport(ValueError):
@@ -109,16 +111,31 @@ def _moments(a: pb.Aggregate, path: str, problems: list[str]) -> None:
             problems.append(f"{path}.{squares}: smaller than ({total})²/flow_count allows")
 
 
+def _theta_key(
+    a: pb.Aggregate, path: str, spec: ThetaSpec, policy: Policy, problems: list[str]
+) -> str | None:
+    """A Fusion aggregate's θ, checked against the policy's region; a baseline's is ''."""
+    if a.cc:
+        if not CC_NAME.fullmatch(a.cc):
+            problems.append(f"{path}.cc: {a.cc[:32]!r} is not a kernel congestion-control name")
+        elif a.cc == policy.target_cc:
+            problems.append(f"{path}.cc: {a.cc!r} flows leave cc empty and carry theta")
+        elif a.HasField("theta"):
+            problems.append(f"{path}.theta: a baseline ({a.cc}) aggregate carries no theta")
+        return ""
+    if not a.HasField("theta"):
+        problems.append(f"{path}.theta: missing")
+        return None
+    theta = spec.from_message(a.theta)
+    problems += [f"{path}.theta.{v}" for v in spec.violations(theta, policy.resolved_bounds())]
+    return spec.key(theta)
+
+
 def aggregate_row(
     a: pb.Aggregate, path: str, spec: ThetaSpec, policy: Policy, problems: list[str]
 ) -> AggregateRow | None:
     start = len(problems)
-    if not a.HasField("theta"):
-        problems.append(f"{path}.theta: missing")
-        theta = None
-    else:
-        theta = spec.from_message(a.theta)
-        problems += [f"{path}.theta.{v}" for v in spec.violations(theta, policy.resolved_bounds())]
+    theta_key = _theta_key(a, path, spec, policy, problems)
     if not a.HasField("context"):
         problems.append(f"{path}.context: missing")
     ctx = context_key(a.context, f"{path}.context", problems)
@@ -135,11 +152,12 @@ def aggregate_row(
     problems += [
         f"{path}.throughput_sketch: {e}" for e in sketches.sketch_errors(a.throughput_sketch)
     ]
-    if len(problems) > start or theta is None:
+    if len(problems) > start or theta_key is None:
         return None
     return AggregateRow(
         context=ctx,
-        theta_key=spec.key(theta),
+        cc=a.cc,
+        theta_key=theta_key,
         theta_version=a.theta_version,
         flow_count=a.flow_count,
         tpt_sum=a.throughput_mbps_sum,

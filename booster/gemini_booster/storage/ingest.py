@@ -27,7 +27,11 @@ ContextKey = tuple[str, str, str, str, int]
 
 @dataclass(frozen=True)
 class AggregateRow:
+    """One checked aggregate: Fusion flows under ``theta_key`` (cc ''), or a baseline CC's
+    flows (theta_key '')."""
+
     context: ContextKey
+    cc: str
     theta_key: str
     theta_version: int
     flow_count: int
@@ -91,10 +95,10 @@ class ContextIds:
 
 def _trial_deltas(reports: Sequence[ReportRow], context_ids: dict[ContextKey, int]) -> list[dict]:
     """Sum a batch per trial key first: one upsert may not touch the same row twice."""
-    sums: dict[tuple[int, int, str], list[float]] = defaultdict(lambda: [0] * len(TRIAL_SUMS))
+    sums: dict[tuple[int, int, str, str], list[float]] = defaultdict(lambda: [0] * len(TRIAL_SUMS))
     for r in reports:
         for a in r.aggregates:
-            s = sums[(r.policy_id, context_ids[a.context], a.theta_key)]
+            s = sums[(r.policy_id, context_ids[a.context], a.cc, a.theta_key)]
             for i, v in enumerate(
                 (
                     a.flow_count,
@@ -109,16 +113,22 @@ def _trial_deltas(reports: Sequence[ReportRow], context_ids: dict[ContextKey, in
             ):
                 s[i] += v
     return [
-        {"policy_id": p, "context_id": c, "theta_key": k, **dict(zip(TRIAL_SUMS, v, strict=True))}
-        for (p, c, k), v in sums.items()
+        {
+            "policy_id": p,
+            "context_id": c,
+            "cc": cc,
+            "theta_key": k,
+            **dict(zip(TRIAL_SUMS, v, strict=True)),
+        }
+        for (p, c, cc, k), v in sums.items()
     ]
 
 
 _UPSERT_TRIALS = """
-INSERT INTO trials (policy_id, context_id, theta_key, {cols}, first_seen, last_seen)
-SELECT p, c, k, {unnest_cols}, now(), now()
-FROM unnest(%s::int[], %s::int[], %s::text[], {arrays}) AS u(p, c, k, {ucols})
-ON CONFLICT (policy_id, context_id, theta_key) DO UPDATE SET {updates}, last_seen = now()
+INSERT INTO trials (policy_id, context_id, cc, theta_key, {cols}, first_seen, last_seen)
+SELECT p, c, cc, k, {unnest_cols}, now(), now()
+FROM unnest(%s::int[], %s::int[], %s::text[], %s::text[], {arrays}) AS u(p, c, cc, k, {ucols})
+ON CONFLICT (policy_id, context_id, cc, theta_key) DO UPDATE SET {updates}, last_seen = now()
 """.format(
     cols=", ".join(TRIAL_SUMS),
     unnest_cols=", ".join(f"u_{c}" for c in TRIAL_SUMS),
@@ -143,6 +153,7 @@ _AGGREGATE_COLUMNS = (
     "report_pk",
     "policy_id",
     "context_id",
+    "cc",
     "theta_key",
     "theta_version",
     "flow_count",
@@ -165,10 +176,9 @@ def _upsert_trials(cur, deltas: list[dict]) -> None:
     if not deltas:
         return
     # Sorted, so concurrent replicas lock trial rows in one order and cannot deadlock.
-    deltas = sorted(deltas, key=lambda d: (d["policy_id"], d["context_id"], d["theta_key"]))
-    cur.execute(
-        _UPSERT_TRIALS, _columns(deltas, ("policy_id", "context_id", "theta_key", *TRIAL_SUMS))
-    )
+    key = ("policy_id", "context_id", "cc", "theta_key")
+    deltas = sorted(deltas, key=lambda d: tuple(d[k] for k in key))
+    cur.execute(_UPSERT_TRIALS, _columns(deltas, (*key, *TRIAL_SUMS)))
 
 
 def _insert_reports(cur, reports: Sequence[ReportRow]) -> dict[str, int]:
@@ -241,6 +251,7 @@ def store_reports(
                 new_pk[r.report_id],
                 r.policy_id,
                 ids[a.context],
+                a.cc,
                 a.theta_key,
                 a.theta_version,
                 a.flow_count,

@@ -120,26 +120,44 @@ class TrialRecord:
     last_seen: datetime
 
 
+_TRIAL_COLUMNS = (
+    Trial.context_id,
+    Trial.theta_key,
+    Trial.flow_count,
+    Trial.tpt_sum,
+    Trial.tpt_sq_sum,
+    Trial.delay_sum,
+    Trial.delay_sq_sum,
+    Trial.tpt_delay_sum,
+    Trial.slow_flows,
+    Trial.report_count,
+    Trial.last_seen,
+)
+
+
+def _recent(q, history: timedelta | None):
+    return q if history is None else q.where(Trial.last_seen >= func.now() - history)
+
+
 def load_trials(
     engine: Engine, policy_id: int, history: timedelta | None = None
 ) -> list[TrialRecord]:
-    q = select(
-        Trial.context_id,
-        Trial.theta_key,
-        Trial.flow_count,
-        Trial.tpt_sum,
-        Trial.tpt_sq_sum,
-        Trial.delay_sum,
-        Trial.delay_sq_sum,
-        Trial.tpt_delay_sum,
-        Trial.slow_flows,
-        Trial.report_count,
-        Trial.last_seen,
-    ).where(Trial.policy_id == policy_id)
-    if history is not None:
-        q = q.where(Trial.last_seen >= func.now() - history)
+    """The model's points: Fusion trials only (a baseline CC's flows have no θ to learn)."""
+    q = select(*_TRIAL_COLUMNS).where(Trial.policy_id == policy_id, Trial.cc == "")
     with engine.connect() as conn:
-        return [TrialRecord(*r) for r in conn.execute(q.order_by(Trial.id))]
+        return [TrialRecord(*r) for r in conn.execute(_recent(q, history).order_by(Trial.id))]
+
+
+def load_baselines(
+    engine: Engine, policy_id: int, history: timedelta | None = None
+) -> dict[str, list[TrialRecord]]:
+    """Flows of other CCs per CC name, one record per context (theta_key '')."""
+    q = select(Trial.cc, *_TRIAL_COLUMNS).where(Trial.policy_id == policy_id, Trial.cc != "")
+    out: dict[str, list[TrialRecord]] = {}
+    with engine.connect() as conn:
+        for cc, *rest in conn.execute(_recent(q, history).order_by(Trial.id)):
+            out.setdefault(cc, []).append(TrialRecord(*rest))
+    return out
 
 
 def trial_sketches(engine: Engine, policy_id: int, context_id: int, theta_key: str) -> list[bytes]:
@@ -149,6 +167,7 @@ def trial_sketches(engine: Engine, policy_id: int, context_id: int, theta_key: s
                 select(ReportAggregate.sketch).where(
                     ReportAggregate.policy_id == policy_id,
                     ReportAggregate.context_id == context_id,
+                    ReportAggregate.cc == "",
                     ReportAggregate.theta_key == theta_key,
                 )
             ).scalars()

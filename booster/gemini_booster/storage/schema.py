@@ -35,6 +35,11 @@ def _now() -> Mapped[datetime]:
     return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
 
 
+def _cc() -> Mapped[str]:
+    """'' for Fusion flows (θ says what ran); else the name of the baseline CC that ran."""
+    return mapped_column(String(16), nullable=False, server_default="")
+
+
 class Policy(Base):
     """An operator's optimisation goal: σ, the θ region, the CC, and how to explore."""
 
@@ -96,6 +101,7 @@ class ReportAggregate(Base):
     )
     policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), nullable=False)
     context_id: Mapped[int] = mapped_column(ForeignKey("contexts.id"), nullable=False)
+    cc: Mapped[str] = _cc()
     theta_key: Mapped[str] = mapped_column(String(96), nullable=False)
     theta_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
     flow_count: Mapped[int] = mapped_column(BigInteger, nullable=False)
@@ -122,13 +128,24 @@ TRIAL_SUMS = (
 
 
 class Trial(Base):
-    """Running sums of every aggregate for one (policy, context, θ): one point for the model."""
+    """Running sums of every aggregate for one (policy, context, θ): one point for the model.
+    Rows with a ``cc`` are another CC's flows in that context (θ ''): the A/B baseline, never
+    a point for the model."""
 
     __tablename__ = "trials"
-    __table_args__ = (UniqueConstraint("policy_id", "context_id", "theta_key"),)
+    __table_args__ = (
+        UniqueConstraint(
+            "policy_id",
+            "context_id",
+            "cc",
+            "theta_key",
+            name="trials_policy_id_context_id_cc_theta_key_key",
+        ),
+    )
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), nullable=False)
     context_id: Mapped[int] = mapped_column(ForeignKey("contexts.id"), nullable=False)
+    cc: Mapped[str] = _cc()
     theta_key: Mapped[str] = mapped_column(String(96), nullable=False)
     flow_count: Mapped[int] = mapped_column(BigInteger, nullable=False)
     tpt_sum: Mapped[float] = mapped_column(Double, nullable=False)

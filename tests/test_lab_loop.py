@@ -29,7 +29,7 @@ def loop(tmp_path_factory, pg_admin_url):
     except LabError as exc:
         pytest.skip(str(exc))
     db_url = new_database(pg_admin_url)
-    cfg = LoopConfig(duration_s=240, interval_s=8, kill_at_s=130, outage_s=20)
+    cfg = LoopConfig(kill_after_reports=10, outage_s=20)
     return run_loop(lambda listen: make_settings(db_url, grpc_listen=listen, refit_interval_s=2),
                     _free_port(), AGENT, tmp_path_factory.mktemp("loop"), cfg)
 
@@ -60,19 +60,15 @@ def test_two_contexts_converge_to_their_own_theta(loop):
     assert {"0.0.0.0/0", "::/0"} <= set(prefixes), prefixes
 
 
-# One host and ~30 rounds of 8 s under emulation: with this set-up these held in one of two
-# runs here (the other ended on l = 0 for the lossy path), not reliably enough for CI. They run
-# with `pytest -m statistical`; benchmarks/results/lab-loop.md records the run that held.
-@pytest.mark.statistical
 def test_utility_rises_from_the_first_rounds(loop):
-    """The last third of the rounds beats the random first ones, on each context."""
+    """With exploration off at the end, each context gets more than in its first rounds, which
+    ran Booster's random initial θ."""
     for region, values in loop.rounds.items():
-        assert len(values) >= 12, (region, values)
-        last = values[-len(values) // 3:]
-        assert statistics.mean(last) > statistics.mean(values[:4]), (region, values)
+        tuned = loop.evaluation[region]
+        assert len(tuned) >= 4 and len(values) >= 20, (region, values, tuned)
+        assert statistics.mean(tuned) > statistics.mean(values[:4]), (region, values, tuned)
 
 
-@pytest.mark.statistical
 def test_lossy_path_learns_a_high_loss_tolerance(loop):
     """The paper's direction: on a lossy path the tuned l sits in the upper half of Θ."""
     assert loop.incumbents["lossy"]["loss_threshold"] >= 6, loop.incumbents

@@ -47,13 +47,16 @@ def cmd_loop(args: argparse.Namespace) -> None:
     from gemini_lab.loop import LoopConfig, run_loop
 
     token = "lab-agent-" + os.urandom(8).hex()
-    cfg = LoopConfig(duration_s=args.duration, interval_s=args.interval, sigma=args.sigma)
+    cfg = LoopConfig(interval_s=args.interval, sigma=args.sigma,
+                     search_reports=args.search_reports, eval_reports=args.eval_reports)
     result = run_loop(
         lambda listen: Settings(grpc_listen=listen, http_port=0, refit_interval_s=2,
                                 bootstrap_agent_token=token),
         args.port, token, args.out, cfg)
     for region, values in sorted(result.rounds.items()):
         print(f"{region:>8}: " + " ".join(f"{v:6.2f}" for v in values))
+        print(f"{region:>8} with exploration off: "
+              + " ".join(f"{v:6.2f}" for v in result.evaluation[region]))
     for region, theta in sorted(result.incumbents.items()):
         print(f"{region:>8} incumbent: {theta}")
     print(f"reports: {len(result.report_ids)}, duplicates: {result.duplicate_ids}")
@@ -77,9 +80,12 @@ def main(argv: list[str] | None = None) -> None:
     records.add_argument("--burst", type=int, default=10000,
                          help="flows opened first and then ended at once (0: skip)")
     loop = sub.add_parser("loop", help="Booster (embedded PostgreSQL) + agent in the guest")
-    loop.add_argument("--duration", type=int, default=300)
+    loop.add_argument("--search-reports", type=int, default=26,
+                      help="reporting intervals of search (the host explores) ...")
+    loop.add_argument("--eval-reports", type=int, default=6,
+                      help="... then of evaluation (exploration off, the incumbent runs)")
     loop.add_argument("--interval", type=float, default=8)
-    loop.add_argument("--sigma", type=float, default=1.0)
+    loop.add_argument("--sigma", type=float, default=0.1)
     loop.add_argument("--port", type=int, default=50151)
     for p in (run, bench, records, loop, sub.choices["check"]):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)

@@ -13,10 +13,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
+from gemini_api.aggregate import FlowStats
 from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
 from gemini_api.theta import load_spec
 from gemini_lab.experiment import (
@@ -299,12 +301,72 @@ def _agent_metrics(port: int) -> dict[str, float]:
     return out
 
 
+def _iperf_servers(paths: list[int]) -> list[subprocess.Popen]:
+    return [subprocess.Popen(["ip", "netns", "exec", receiver_ns(i), "iperf3", "-s", "-p",
+                              str(BASE_PORT)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL) for i in paths]
+
+
+def _bulk_flows(paths: list[int], flow_bytes: str, deadline: float,
+                flows: int | None = None, stop: Path | None = None) -> dict[int, int]:
+    """Back-to-back fusion flows of ``flow_bytes`` on each path, each path on its own, until
+    ``deadline`` (monotonic), ``flows`` flows per path, or until the file ``stop`` appears;
+    returns flows completed per path.
+    Paths do not wait for each other: a slow lossy flow must not starve the fast path of
+    samples."""
+    done = dict.fromkeys(paths, 0)
+
+    def loop(i: int) -> None:
+        while (time.monotonic() < deadline and (flows is None or done[i] < flows)
+               and not (stop and stop.exists())):
+            client = subprocess.Popen(
+                ["ip", "netns", "exec", SENDER_NS, "iperf3", "-c", receiver_addr(i), "-p",
+                 str(BASE_PORT), "-n", flow_bytes, "-C", "fusion"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                client.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                client.kill()
+            done[i] += 1
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in paths]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return done
+
+
+def exp_landscape(e: dict, out: Path) -> dict:
+    """Utility (eq. 9) of fixed θ on each path: where a search over the loop's region has
+    something to find. Each θ is installed for all paths; flows of each path run back to back."""
+    servers = _iperf_servers(e["paths"])
+    time.sleep(0.5)
+    sigma, spec = e["sigma"], load_spec()
+    with RecordCollector(out / "records-landscape.jsonl") as rc:
+        for theta in e["thetas"]:
+            with FusionNetlink() as nl:
+                nl.set_profiles({1: {**default_theta(), **theta}},
+                                [Rule(f"10.{i + 1}.0.0/16", 1) for i in e["paths"]])
+            _bulk_flows(e["paths"], e["flow_bytes"], time.monotonic() + e["max_s"], e["flows"])
+    for s in servers:
+        s.terminate()
+    cells: dict[tuple, list[float]] = {}
+    for r in rc.records():
+        path = int(r["dst"].split(".")[1]) - 1
+        st = FlowStats(r["bytes_acked"], r["duration_us"], r["rtt_avg_us"], r["rtt_min_us"])
+        if st.usable:
+            cells.setdefault((spec.key(r["theta"]), path), []).append(
+                st.throughput_mbps - sigma * st.queue_delay_ms)
+    return {"cells": [{"theta": spec.from_key(k), "path": path, "utilities": u}
+                      for (k, path), u in sorted(cells.items())]}
+
+
 def exp_agent(e: dict, out: Path) -> dict:
-    """The agent in the sender namespace, Booster on the host; bulk fusion flows to each path."""
+    """The agent in the sender namespace, Booster on the host; bulk fusion flows to each path
+    until the host writes {out}/stop (or the duration cap)."""
     _join_host_network()
-    for i in e["paths"]:
-        subprocess.Popen(["ip", "netns", "exec", receiver_ns(i), "iperf3", "-s", "-p",
-                          str(BASE_PORT)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    servers = _iperf_servers(e["paths"])
     config = out / "agent.toml"
     config.write_text(e["agent_toml"].replace("{out}", str(out)))  # the share's path in here
     log = (out / "agent.log").open("w")
@@ -312,33 +374,25 @@ def exp_agent(e: dict, out: Path) -> dict:
         ["ip", "netns", "exec", SENDER_NS, sys.executable, "-m", "gemini_agent.cli", "run"],
         env={**os.environ, "GEMINI_AGENT_CONFIG": str(config)}, stdout=log, stderr=log)
     time.sleep(3)
-    rounds, deadline = 0, time.monotonic() + e["duration_s"]
-    while time.monotonic() < deadline and agent.poll() is None:
-        clients = [subprocess.Popen(
-            ["ip", "netns", "exec", SENDER_NS, "iperf3", "-c", receiver_addr(i), "-p",
-             str(BASE_PORT), "-n", e["flow_bytes"], "-C", "fusion"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in e["paths"]]
-        for c in clients:
-            try:
-                c.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                c.kill()
-        rounds += 1
+    flows = _bulk_flows(e["paths"], e["flow_bytes"], time.monotonic() + e["duration_s"],
+                        stop=out / "stop")
     time.sleep(2)
     metrics = _agent_metrics(e["metrics_port"]) if agent.poll() is None else {}
     with FusionNetlink() as nl:
         version, profiles, rules = nl.get_profiles()
     agent.terminate()
     agent.wait(timeout=30)
-    return {"flow_rounds": rounds, "agent_rc": agent.returncode, "agent_metrics": metrics,
+    for s in servers:
+        s.terminate()
+    return {"flows": flows, "agent_rc": agent.returncode, "agent_metrics": metrics,
             "table": {"version": version, "profiles": profiles,
                       "rules": [(r.prefix, r.profile_id) for r in rules]},
             "agent_log_tail": (out / "agent.log").read_text()[-3000:]}
 
 
 EXPERIMENTS = {"flow": exp_flow, "profiles": exp_profiles, "rejects": exp_rejects, "cpu": exp_cpu,
-               "records": exp_records, "agent": exp_agent, "writeback": exp_writeback,
-               "sockdiag": exp_sockdiag}
+               "records": exp_records, "agent": exp_agent, "landscape": exp_landscape,
+               "writeback": exp_writeback, "sockdiag": exp_sockdiag}
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ aggregates, Booster's incumbent θ per context, and a convergence plot like the 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 import time
@@ -21,7 +22,7 @@ from sqlalchemy import text
 
 from gemini_api.theta import load_spec
 from gemini_booster.config import Settings
-from gemini_booster.models import PolicyCreate
+from gemini_booster.models import PolicyCreate, PolicyUpdate
 from gemini_booster.service.app import BoosterServer
 from gemini_booster.storage import repository as repo
 from gemini_lab.host import run_plan
@@ -43,14 +44,23 @@ HOST_ID = "lab-host"
 
 @dataclass
 class LoopConfig:
-    duration_s: float = 240
+    """The run is paced by reports stored, not by the clock: the guest's boot time varies.
+
+    Search: the lone host explores in every plan (exploration share 1), i.e. it runs Booster's
+    sequence of Bayesian-optimisation proposals, first ``n_initial_points`` random θ. Evaluation:
+    the operator then turns exploration off, as for a fleet that has converged, and the host
+    runs the incumbent for ``eval_reports`` intervals. Fig. 6's question is the utility the host
+    gets at the end against what it got in the first rounds."""
+
     interval_s: float = 8
     sigma: float = 0.1  # throughput-leaning, as the paper's σ = 0.1: loss tolerance pays
     flow_bytes: str = "3M"
-    kill_at_s: float | None = None   # seconds after the guest starts
+    search_reports: int = 26
+    eval_reports: int = 6
+    kill_after_reports: int | None = None  # stop Booster once this many reports are stored
     outage_s: float = 20
     n_initial_points: int = 5
-    exploration_share: float = 0.5   # one host: it explores in about half the plan versions
+    duration_s: float = 900  # the guest's cap on flows, should the run stall
 
 
 def lab_bounds() -> dict[str, tuple[int, int]]:
@@ -63,6 +73,7 @@ def lab_bounds() -> dict[str, tuple[int, int]]:
 class LoopResult:
     guest: dict
     rounds: dict[str, list[float]]            # region → utility per round
+    evaluation: dict[str, list[float]]        # region → utility per round with exploration off
     incumbents: dict[str, dict[str, int]]     # region → Booster's incumbent θ
     report_ids: list[str]
     duplicate_ids: int
@@ -93,7 +104,9 @@ def agent_toml(port: int, token: str, policy: str, mmdb: Path, cfg: LoopConfig) 
     ])
 
 
-def utility_rounds(engine, policy_id: int, sigma: float) -> dict[str, list[float]]:
+def utility_rounds(engine, policy_id: int, sigma: float
+                   ) -> dict[str, list[tuple[dt.datetime, float]]]:
+    """Eq. 9 per context per reporting interval, from the raw aggregates as stored."""
     sql = text("""
         SELECT c.dst_region, r.interval_start,
                sum(a.tpt_sum - :sigma * a.delay_sum) / sum(a.flow_count) AS utility
@@ -101,14 +114,15 @@ def utility_rounds(engine, policy_id: int, sigma: float) -> dict[str, list[float
              JOIN contexts c ON c.id = a.context_id
         WHERE a.policy_id = :pid GROUP BY c.dst_region, r.interval_start
         ORDER BY r.interval_start""")
-    out: dict[str, list[float]] = {}
+    out: dict[str, list[tuple[dt.datetime, float]]] = {}
     with engine.connect() as conn:
-        for region, _, utility in conn.execute(sql, {"sigma": sigma, "pid": policy_id}):
-            out.setdefault(region, []).append(float(utility))
+        for region, start, utility in conn.execute(sql, {"sigma": sigma, "pid": policy_id}):
+            out.setdefault(region, []).append((start, float(utility)))
     return out
 
 
-def plot_rounds(rounds: dict[str, list[float]], path: Path, title: str) -> Path:
+def plot_rounds(rounds: dict[str, list[tuple[dt.datetime, float]]], eval_from, path: Path,
+                title: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,7 +130,12 @@ def plot_rounds(rounds: dict[str, list[float]], path: Path, title: str) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for region, values in sorted(rounds.items()):
-        ax.plot(range(1, len(values) + 1), values, marker="o", label=region)
+        ax.plot(range(1, len(values) + 1), [u for _, u in values], marker="o", label=region)
+    first = min((i for values in rounds.values() for i, (start, _) in enumerate(values, 1)
+                 if eval_from is not None and start >= eval_from), default=None)
+    if first is not None:
+        ax.axvline(first - 0.5, color="grey", linestyle="--", linewidth=1)
+        ax.text(first - 0.3, ax.get_ylim()[0], " exploration off", color="grey", va="bottom")
     ax.set_xlabel("reporting round")
     ax.set_ylabel("utility: mean(throughput − σ·delay), Mbit/s")
     ax.set_title(title)
@@ -128,6 +147,29 @@ def plot_rounds(rounds: dict[str, list[float]], path: Path, title: str) -> Path:
     return path
 
 
+class _Timeline:
+    """Polls the stored reports of the lab host."""
+
+    def __init__(self, engine, guest: threading.Thread, cfg: LoopConfig) -> None:
+        self.engine, self.guest, self.cfg = engine, guest, cfg
+
+    def reports(self, since: dt.datetime | None = None) -> int:
+        q = "SELECT count(*) FROM reports WHERE host_id = :h AND interval_start >= :t"
+        with self.engine.connect() as conn:
+            return conn.execute(text(q), {"h": HOST_ID, "t": since or EPOCH}).scalar_one()
+
+    def wait_for(self, n: int, since: dt.datetime | None = None) -> bool:
+        """Until ``n`` reports are stored (False if the guest ended first)."""
+        while self.reports(since) < n:
+            if not self.guest.is_alive():
+                return False
+            time.sleep(1)
+        return True
+
+
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
 def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, out_dir: Path,
              cfg: LoopConfig) -> LoopResult:
     """make_settings(grpc_listen) gives Booster's settings; Booster listens on 127.0.0.1:port."""
@@ -136,12 +178,14 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
     server = BoosterServer(settings).start()
     policy_name = f"lab-{uuid.uuid4().hex[:8]}"
     policy = repo.create_policy(server.engine, PolicyCreate(
-        name=policy_name, sigma=cfg.sigma, exploration_share=cfg.exploration_share,
+        name=policy_name, sigma=cfg.sigma, exploration_share=1.0,
         n_initial_points=cfg.n_initial_points, region="custom", bounds=lab_bounds()),
         actor="gemini-lab")
     server.booster.reload_policies()
-    (out_dir / "guest").mkdir(exist_ok=True)
-    write_mmdb(out_dir / "guest" / "paths.mmdb")  # the guest sees this directory as {out}
+    guest_dir = out_dir / "guest"  # the guest sees this directory as {out}
+    guest_dir.mkdir(exist_ok=True)
+    (guest_dir / "stop").unlink(missing_ok=True)
+    write_mmdb(guest_dir / "paths.mmdb")
     mmdb = Path("{out}/paths.mmdb")
     plan = {
         "paths": [p.to_dict() for p, _, _ in PATHS],
@@ -154,20 +198,35 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
 
     def guest() -> None:
         try:
-            box["results"] = run_plan(plan, out_dir / "guest", timeout_s=cfg.duration_s + 900)
+            box["results"] = run_plan(plan, guest_dir, timeout_s=cfg.duration_s + 900)
         except Exception as exc:
             box["error"] = exc
 
     thread = threading.Thread(target=guest)
     thread.start()
-    notes = []
-    if cfg.kill_at_s is not None:
-        time.sleep(cfg.kill_at_s)
-        server.stop()
-        notes.append(f"Booster stopped at {cfg.kill_at_s:.0f} s for {cfg.outage_s:.0f} s")
-        time.sleep(cfg.outage_s)
-        server = BoosterServer(settings).start()
-    thread.join()
+    timeline = _Timeline(server.engine, thread, cfg)
+    notes: list[str] = []
+    eval_from = None
+    try:
+        if cfg.kill_after_reports is not None and timeline.wait_for(cfg.kill_after_reports):
+            server.stop()
+            notes.append(f"Booster stopped after {cfg.kill_after_reports} reports for "
+                         f"{cfg.outage_s:.0f} s")
+            time.sleep(cfg.outage_s)
+            server = BoosterServer(settings).start()
+            timeline.engine = server.engine
+        if timeline.wait_for(cfg.search_reports):
+            repo.update_policy(server.engine, policy_name, PolicyUpdate(exploration_share=0.0),
+                               actor="gemini-lab")
+            server.booster.reload_policies()
+            # the agent asks for θ at the end of each interval: the one after next is the
+            # first to run wholly on the incumbent
+            eval_from = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=cfg.interval_s)
+            notes.append(f"exploration off after {cfg.search_reports} reports")
+            timeline.wait_for(cfg.eval_reports, since=eval_from)
+    finally:
+        (guest_dir / "stop").touch()
+        thread.join()
     try:
         if "error" in box:
             raise box["error"]
@@ -180,17 +239,20 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
             rows = conn.execute(text(
                 "SELECT report_id, interval_start, interval_end FROM reports "
                 "WHERE host_id = :h ORDER BY interval_start"), {"h": HOST_ID}).all()
-        ids = [r[0] for r in rows]
-        intervals = [(int(r[1].timestamp() * 1000), int(r[2].timestamp() * 1000)) for r in rows]
     finally:
         server.stop()
-    png = plot_rounds(rounds, out_dir / "convergence.png",
+    ids = [r[0] for r in rows]
+    intervals = [(int(r[1].timestamp() * 1000), int(r[2].timestamp() * 1000)) for r in rows]
+    evaluation = {region: [u for start, u in values if eval_from and start >= eval_from]
+                  for region, values in rounds.items()}
+    utilities = {region: [u for _, u in values] for region, values in rounds.items()}
+    png = plot_rounds(rounds, eval_from, out_dir / "convergence.png",
                       f"Booster + Fusion in the lab (σ = {cfg.sigma})") if rounds else None
     (out_dir / "loop.json").write_text(json.dumps(
-        {"rounds": rounds, "incumbents": incumbents, "reports": len(ids),
-         "duplicates": len(ids) - len(set(ids)), "notes": notes,
+        {"rounds": utilities, "evaluation": evaluation, "incumbents": incumbents,
+         "reports": len(ids), "duplicates": len(ids) - len(set(ids)), "notes": notes,
          "agent_metrics": box["results"]["experiments"]["loop"].get("agent_metrics")}, indent=1))
-    return LoopResult(guest=box["results"], rounds=rounds, incumbents=incumbents,
-                      report_ids=ids, duplicate_ids=len(ids) - len(set(ids)),
-                      intervals=intervals, plot=png,
+    return LoopResult(guest=box["results"], rounds=utilities, evaluation=evaluation,
+                      incumbents=incumbents, report_ids=ids,
+                      duplicate_ids=len(ids) - len(set(ids)), intervals=intervals, plot=png,
                       notes=notes)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import socket
+import threading
+import time
 
 import pytest
 from sqlalchemy import text
@@ -16,6 +19,7 @@ from sqlalchemy import text
 from gemini_agent.aggregator import Aggregator, Flow
 from gemini_agent.config import AgentSettings
 from gemini_agent.context import ContextResolver, MmdbTable, Place, PrefixTable
+from gemini_agent.daemon import Agent
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.reporter import Reporter
 from gemini_agent.spool import Spool
@@ -172,6 +176,41 @@ def test_reports_survive_booster_outage_and_agent_restart_in_order_once(tmp_path
         assert _stored(server.engine) == ids
     finally:
         server.stop()
+
+
+class _NoSources(Agent):
+    """The daemon's loop without kernel flow sources (this machine cannot load Fusion)."""
+
+    def make_sources(self) -> list:
+        return []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_agent_asks_for_theta_as_often_as_booster_says(tmp_path, db_url):
+    """Booster's refresh_after_seconds (1 s here) paces GetParameters between 60 s intervals."""
+    server = BoosterServer(make_settings(db_url, refresh_after_s=1)).start()
+    repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+    server.booster.reload_policies()
+    settings = _settings(tmp_path, f"127.0.0.1:{server.grpc_port}", interval_s=60,
+                         apply_to_kernel=False, metrics_listen=f"127.0.0.1:{_free_port()}")
+    agent = _NoSources(settings, kernel=Kernel(tmp_path, use_netlink=False))
+    runner = threading.Thread(target=agent.run)
+    try:
+        runner.start()
+        time.sleep(4.5)
+    finally:
+        agent.stopped.set()
+        runner.join(timeout=10)
+        server.stop()
+    asked = server.booster.metrics.registry.get_sample_value(
+        "gemini_booster_grpc_request_seconds_count", {"method": "GetParameters", "code": "OK"})
+    assert agent.refresh_after_s == 1.0
+    assert 4 <= asked <= 6, asked  # at start, then about once a second; never a busy loop
 
 
 @pytest.fixture

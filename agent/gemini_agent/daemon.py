@@ -24,6 +24,7 @@ from gemini_agent.writeback import Kernel, ThetaApplier
 from gemini_api.v1 import booster_pb2 as pb
 
 log = logging.getLogger(__name__)
+MIN_REFRESH_S = 1.0  # whatever Booster says, at most one GetParameters per second
 
 
 def make_resolver(s: AgentSettings) -> ContextResolver:
@@ -61,6 +62,7 @@ class Agent:
         self.places = sorted({p for _, p in self.prefixes}, key=lambda p: (p.region, p.isp))
         self.stopped = threading.Event()
         self.interval_start_ms = int(time.time() * 1000)
+        self.refresh_after_s = settings.interval_s  # until Booster says otherwise
 
     def contexts(self, now: dt.datetime) -> list[pb.Context]:
         return [self.resolver.message(p, now.hour) for p in self.places]
@@ -77,6 +79,8 @@ class Agent:
             self.applier.check_staleness(self.prefixes)
             return
         self.applier.booster_answered()
+        if resp.refresh_after_seconds:
+            self.refresh_after_s = max(float(resp.refresh_after_seconds), MIN_REFRESH_S)
         plan = self.applier.plan_from(resp, self.places)
         if self.s.apply_to_kernel:
             self.applier.apply(plan, self.prefixes)
@@ -94,22 +98,32 @@ class Agent:
         self.reporter.drain()
         self.refresh_theta()
 
-    def run(self) -> None:
-        host, _, port = self.s.metrics_listen.rpartition(":")
-        start_http_server(int(port), addr=host, registry=self.metrics.registry)
-        sources = [FusionRecordSource(self.aggregator.add, self.metrics)]
+    def make_sources(self) -> list[threading.Thread]:
+        sources: list[threading.Thread] = [FusionRecordSource(self.aggregator.add, self.metrics)]
         if self.s.sockdiag:
             sources.append(SockDiagSource(self.aggregator.add, self.metrics,
                                           self.s.sockdiag_dump_s, booster_peers(self.s)))
+        return sources
+
+    def run(self) -> None:
+        host, _, port = self.s.metrics_listen.rpartition(":")
+        start_http_server(int(port), addr=host, registry=self.metrics.registry)
+        sources = self.make_sources()
         for source in sources:
             source.start()
         self.refresh_theta()
         next_close = time.monotonic() + self.s.interval_s
+        last_refresh = time.monotonic()
         try:
             while not self.stopped.wait(min(1.0, max(0.0, next_close - time.monotonic()))):
-                if time.monotonic() >= next_close:
+                now = time.monotonic()
+                if now >= next_close:
                     self.tick()
                     next_close += self.s.interval_s
+                    last_refresh = time.monotonic()
+                elif now - last_refresh >= self.refresh_after_s:
+                    self.refresh_theta()  # Booster asked to be asked sooner than each interval
+                    last_refresh = time.monotonic()
                 else:
                     self.reporter.drain()  # a spool left by an outage drains between intervals
         finally:

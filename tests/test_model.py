@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from gemini_booster.policy.kernels import ContextKernel
-from gemini_booster.policy.objective import utility
-from gemini_booster.policy.planner import Observation, bound_points
+from gemini_booster.policy.objective import Utility, utility
+from gemini_booster.policy.planner import Observation, bound_points, shrunk_noise
 
 
 def test_utility_and_its_variance_match_per_flow_values():
@@ -51,3 +51,15 @@ def test_model_points_are_bounded_keeping_each_contexts_best():
     for c in range(50):
         best = max(o.utility for o in obs if o.context_id == c)
         assert any(o.context_id == c and o.utility == best for o in kept)
+
+
+def test_a_trial_of_few_flows_borrows_its_contexts_spread():
+    """Two flows that agree by chance are not taken as a precise mean; ten thousand are."""
+    pooled = 4.0  # per-flow variance seen across the context's trials
+    lucky = Utility(mean=9.0, var_of_mean=0.001 / 2, flows=2)
+    assert shrunk_noise(lucky, pooled) == pytest.approx((1 * 0.001 + 4 * 4.0) / 5 / 2)
+    assert shrunk_noise(lucky, pooled) > 1.5  # not 0.0005
+    many = Utility(mean=9.0, var_of_mean=3.0 / 10_000, flows=10_000)
+    assert shrunk_noise(many, pooled) == pytest.approx(3.0 / 10_000, rel=1e-3)
+    single = Utility(mean=9.0, var_of_mean=25.0, flows=1)
+    assert shrunk_noise(single, pooled) == pytest.approx(4.0)  # the context's spread, not 5²

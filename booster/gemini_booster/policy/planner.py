@@ -31,7 +31,7 @@ from gemini_api.theta import ThetaSpec
 from ..models import Policy
 from ..storage.ingest import ContextKey
 from ..storage.repository import TrialRecord
-from .objective import utility
+from .objective import SINGLE_FLOW_STD, Utility, utility
 from .surrogate import CONTEXT_ATTRIBUTES, FittedSurrogate, ThetaSpace, fit_surrogate
 
 N_CANDIDATES = 8
@@ -40,6 +40,7 @@ POOL_LOCAL_PER_ANCHOR = 60
 LOCAL_STEP = 0.08  # std of local perturbations, in normalised θ units
 MIN_CANDIDATE_DISTANCE = 0.05  # normalised L∞ distance between parallel candidates
 BEST_PER_CONTEXT = 5
+PRIOR_FLOWS = 4  # weight, in flows, of a context's pooled per-flow variance in a trial's noise
 HEDGE_ETA = 1.0
 ACQUISITIONS = ("EI", "PI", "LCB")
 
@@ -105,10 +106,31 @@ class ContextEncoder:
         return np.asarray([self.codes[j][v] for j, v in enumerate(feats)], dtype=float)
 
 
+def _pooled_flow_var(per_trial: list[tuple[int, Utility]]) -> dict[int, float]:
+    """Per context, the per-flow variance of utility pooled over its trials of 2+ flows."""
+    num: dict[int, float] = defaultdict(float)
+    dof: dict[int, int] = defaultdict(int)
+    for context_id, u in per_trial:
+        if u.flows >= 2:
+            num[context_id] += u.var_of_mean * u.flows * (u.flows - 1)
+            dof[context_id] += u.flows - 1
+    return {c: num[c] / dof[c] for c in dof if num[c] > 0}
+
+
+def shrunk_noise(u: Utility, pooled: float | None) -> float:
+    """Variance of a trial's mean, its per-flow variance shrunk toward the context's pooled one
+    with the weight of PRIOR_FLOWS flows. Two flows that happen to agree say little about the
+    spread: taken at face value they would pin the model to a lucky mean."""
+    prior = SINGLE_FLOW_STD**2 if pooled is None else pooled
+    sample = u.var_of_mean * u.flows if u.flows >= 2 else 0.0
+    dof = max(u.flows - 1, 0)
+    return (dof * sample + PRIOR_FLOWS * prior) / (dof + PRIOR_FLOWS) / u.flows
+
+
 def observations(
     trials: Iterable[TrialRecord], sigma: float, spec: ThetaSpec, bounds: Mapping
 ) -> list[Observation]:
-    out = []
+    per_trial = []
     for t in trials:
         if t.flow_count <= 0:
             continue
@@ -124,12 +146,19 @@ def observations(
             t.delay_sq_sum,
             t.tpt_delay_sum,
         )
-        out.append(
-            Observation(
-                t.context_id, theta, u.mean, u.var_of_mean, t.flow_count, t.last_seen.timestamp()
-            )
+        per_trial.append((t, theta, u))
+    pooled = _pooled_flow_var([(t.context_id, u) for t, _, u in per_trial])
+    return [
+        Observation(
+            t.context_id,
+            theta,
+            u.mean,
+            shrunk_noise(u, pooled.get(t.context_id)),
+            t.flow_count,
+            t.last_seen.timestamp(),
         )
-    return out
+        for t, theta, u in per_trial
+    ]
 
 
 def bound_points(obs: list[Observation], max_points: int) -> list[Observation]:

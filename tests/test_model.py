@@ -7,9 +7,17 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
+from gemini_api.theta import load_spec
+from gemini_booster.models import Policy
 from gemini_booster.policy.kernels import ContextKernel
 from gemini_booster.policy.objective import Utility, utility
-from gemini_booster.policy.planner import Observation, bound_points, shrunk_noise
+from gemini_booster.policy.planner import (
+    Observation,
+    Planner,
+    bound_points,
+    shrunk_noise,
+)
+from gemini_booster.policy.surrogate import ThetaSpace
 
 
 def test_utility_and_its_variance_match_per_flow_values():
@@ -63,3 +71,34 @@ def test_a_trial_of_few_flows_borrows_its_contexts_spread():
     assert shrunk_noise(many, pooled) == pytest.approx(3.0 / 10_000, rel=1e-3)
     single = Utility(mean=9.0, var_of_mean=25.0, flows=1)
     assert shrunk_noise(single, pooled) == pytest.approx(4.0)  # the context's spread, not 5²
+
+
+def test_cold_start_design_spans_the_region_from_its_first_points():
+    spec = load_spec()
+    bounds = {p.name: (p.default, p.default) for p in spec.params}
+    bounds |= {"mult_decrease": (10, 99), "loss_threshold": (0, 10)}
+    space = ThetaSpace(spec, bounds)
+    design = space.design(8, seed=3)
+    X = space.encode(design)
+    # a Latin hypercube: 8 distinct values of each parameter, from one end of its range to
+    # the other (on the integer grid, strata are as fine as the grid allows)
+    for j in range(space.dims):
+        assert len(set(X[:, j])) == 8 and X[:, j].min() <= 0.15 and X[:, j].max() >= 0.85, X
+    # farthest point first: the first two already sit at opposite ends of some parameter
+    assert np.abs(X[0] - X[1]).max() >= 0.6, X[:2]
+    assert design == space.design(8, seed=3)  # reproducible: a restart hands out the same
+
+
+def test_initial_plans_hand_out_the_design_points_not_yet_tried():
+    spec = load_spec()
+    policy = Policy(id=1, revision=1, name="p", n_initial_points=6, region="custom", bounds={
+        p.name: (p.default, p.default) for p in spec.params} | {"mult_decrease": (10, 99)})
+    planner = Planner(spec)
+    now = datetime.now(UTC)
+    first = planner._initial_plan(policy, ThetaSpace(spec, policy.resolved_bounds()), [], 7,
+                                  np.random.default_rng(0))
+    assert first.acquisition == "initial design" and len(first.candidates) == 6
+    tried = [Observation(7, first.candidates[0], 5.0, 1.0, 3, now.timestamp())]
+    second = planner._initial_plan(policy, ThetaSpace(spec, policy.resolved_bounds()), tried, 7,
+                                   np.random.default_rng(0))
+    assert second.candidates == first.candidates[1:]

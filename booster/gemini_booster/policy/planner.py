@@ -6,9 +6,10 @@ For every context h' Booster serves, the planner answers two things:
   - exploration candidates: argmax over θ of an acquisition function evaluated at h = h',
     handed to the share of hosts that explore, several distinct θ so that hosts which share a
     context explore in parallel.
-Until a policy has ``n_initial_points`` distinct θ, candidates are drawn at random from its
-region. The acquisition is chosen per refit by GP-Hedge (Hoffman et al.), as scikit-optimize's
-``Optimizer`` does: each of EI, PI and LCB proposes, one is picked with probability
+Until a policy has ``n_initial_points`` distinct θ, candidates come from a space-filling
+initial design per context (a maximin Latin hypercube, ordered farthest point first). The
+acquisition is chosen per refit by GP-Hedge (Hoffman et al.), as scikit-optimize's ``Optimizer``
+does: each of EI, PI and LCB proposes, one is picked with probability
 softmax(η·gains), and every proposer is credited with the model's later estimate of its pick.
 
 The model is kept bounded: trials older than the policy's history window are dropped (drift),
@@ -334,7 +335,16 @@ class Planner:
             incumbent, inc_u = best.theta, best.utility
         else:
             incumbent, inc_u = self.clip_default(policy), None
-        return ContextPlan(incumbent, inc_u, tuple(space.sample(N_CANDIDATES, rng)), "random")
+        contextual = policy.mode == "contextual"
+        seen = {self.spec.key(o.theta) for o in obs if o.context_id == context_id or not contextual}
+        design = space.design(
+            policy.n_initial_points,
+            _seed("design", policy.id, policy.revision, context_id if contextual else 0),
+        )
+        todo = tuple(t for t in design if self.spec.key(t) not in seen)[:N_CANDIDATES]
+        if not todo:  # the design is done but too few distinct θ overall: random ones
+            return ContextPlan(incumbent, inc_u, tuple(space.sample(N_CANDIDATES, rng)), "random")
+        return ContextPlan(incumbent, inc_u, todo, "initial design")
 
     def clip_default(self, policy: Policy) -> dict[str, int]:
         """The spec's safe default θ, moved into the policy's region where it lies outside."""

@@ -15,6 +15,7 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process.kernels import ConstantKernel, Matern
 from skopt.learning import GaussianProcessRegressor
+from skopt.sampler import Lhs
 from skopt.space import Integer, Space
 
 from gemini_api.theta import ThetaSpec
@@ -24,6 +25,7 @@ from .kernels import ContextKernel, OnColumns
 CONTEXT_ATTRIBUTES = ("src_region", "src_isp", "dst_region", "dst_isp", "time_block")
 COLD_RESTARTS = 1
 JITTER = 1e-6
+LHS_ITERATIONS = 200  # random hypercubes tried for the maximin design
 
 
 class ThetaSpace:
@@ -44,6 +46,26 @@ class ThetaSpace:
     def sample(self, n: int, rng: np.random.Generator) -> list[dict[str, int]]:
         seed = int(rng.integers(2**31 - 1))
         return [self.theta(row) for row in self.space.rvs(n, random_state=seed)]
+
+    def design(self, n: int, seed: int) -> list[dict[str, int]]:
+        """``n`` space-filling θ for a cold start: a maximin Latin hypercube (every parameter's
+        range cut in ``n`` strata, one point in each), ordered farthest point first, so that
+        the first few tried already span the region instead of clustering by chance."""
+        if self.dims == 0:
+            return [self.theta([])]
+        rows = Lhs(criterion="maximin", iterations=LHS_ITERATIONS).generate(
+            self.space.dimensions, n, random_state=seed
+        )
+        thetas = [self.theta(r) for r in rows]
+        X = self.encode(thetas)
+        order = [int(np.argmax(np.abs(X - 0.5).sum(axis=1)))]  # start at a corner
+        while len(order) < len(thetas):
+            dist = np.min(
+                [np.abs(X - X[i]).max(axis=1) for i in order], axis=0
+            )  # L∞ to the nearest chosen
+            dist[order] = -1.0
+            order.append(int(np.argmax(dist)))
+        return [thetas[i] for i in order]
 
     def theta(self, free_values: Sequence[int]) -> dict[str, int]:
         values = dict(zip(self.free, (int(v) for v in free_values), strict=True))

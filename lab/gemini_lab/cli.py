@@ -80,9 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     records.add_argument("--burst", type=int, default=10000,
                          help="flows opened first and then ended at once (0: skip)")
     loop = sub.add_parser("loop", help="Booster (embedded PostgreSQL) + agent in the guest")
-    loop.add_argument("--search-reports", type=int, default=26,
+    loop.add_argument("--search-reports", type=int, default=32,
                       help="reporting intervals of search (the host explores) ...")
-    loop.add_argument("--eval-reports", type=int, default=6,
+    loop.add_argument("--eval-reports", type=int, default=10,
                       help="... then of evaluation (exploration off, the incumbent runs)")
     loop.add_argument("--interval", type=float, default=8)
     loop.add_argument("--sigma", type=float, default=0.1)

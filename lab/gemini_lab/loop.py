@@ -47,19 +47,20 @@ class LoopConfig:
     """The run is paced by reports stored, not by the clock: the guest's boot time varies.
 
     Search: the lone host explores in every plan (exploration share 1), i.e. it runs Booster's
-    sequence of Bayesian-optimisation proposals, first ``n_initial_points`` random θ. Evaluation:
+    sequence of Bayesian-optimisation proposals, first its space-filling initial design. Evaluation:
     the operator then turns exploration off, as for a fleet that has converged, and the host
     runs the incumbent for ``eval_reports`` intervals. Fig. 6's question is the utility the host
-    gets at the end against what it got in the first rounds."""
+    gets at the end against what it got in the first rounds (FIRST_ROUNDS)."""
 
     interval_s: float = 8
     sigma: float = 0.1  # throughput-leaning, as the paper's σ = 0.1: loss tolerance pays
     flow_bytes: str = "3M"
-    search_reports: int = 26
-    eval_reports: int = 6
+    lanes: int = 1  # flows at a time per path (2 fill the lossy link: tolerance stops paying)
+    search_reports: int = 32
+    eval_reports: int = 10
     kill_after_reports: int | None = None  # stop Booster once this many reports are stored
     outage_s: float = 20
-    n_initial_points: int = 5
+    n_initial_points: int = 12  # two contexts: about their first seven rounds are the design
     duration_s: float = 900  # the guest's cap on flows, should the run stall
 
 
@@ -167,6 +168,7 @@ class _Timeline:
         return True
 
 
+FIRST_ROUNDS = 6  # rounds that surely ran the initial design (n_initial_points = 12)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
@@ -191,6 +193,7 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
         "paths": [p.to_dict() for p, _, _ in PATHS],
         "experiments": [{"label": "loop", "kind": "agent", "paths": [0, 1],
                          "duration_s": cfg.duration_s, "flow_bytes": cfg.flow_bytes,
+                         "lanes": cfg.lanes,
                          "agent_toml": agent_toml(port, token, policy_name, mmdb, cfg),
                          "metrics_port": METRICS_PORT}],
     }

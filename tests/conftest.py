@@ -4,6 +4,7 @@ fresh migrated database per test, and a whole Booster (gRPC + REST) on loopback 
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -96,6 +97,13 @@ def booster(db_url) -> Iterator[Running]:
     finally:
         http.close()
         server.stop()
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (for servers that must be told their port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def auth(token: str) -> dict[str, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import socket
 import threading
 import time
 
@@ -30,7 +29,7 @@ from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
 from gemini_booster.storage import repository as repo
-from tests.conftest import AGENT, make_settings
+from tests.conftest import AGENT, free_port, make_settings
 
 SPEC = load_spec()
 NOW = dt.datetime(2026, 11, 21, 14, 30, tzinfo=dt.UTC)
@@ -185,11 +184,6 @@ class _NoSources(Agent):
         return []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_agent_asks_for_theta_as_often_as_booster_says(tmp_path, db_url):
     """Booster's refresh_after_seconds (1 s here) paces GetParameters between 60 s intervals."""
@@ -197,7 +191,7 @@ def test_agent_asks_for_theta_as_often_as_booster_says(tmp_path, db_url):
     repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
     server.booster.reload_policies()
     settings = _settings(tmp_path, f"127.0.0.1:{server.grpc_port}", interval_s=60,
-                         apply_to_kernel=False, metrics_listen=f"127.0.0.1:{_free_port()}")
+                         apply_to_kernel=False, metrics_listen=f"127.0.0.1:{free_port()}")
     agent = _NoSources(settings, kernel=Kernel(tmp_path, use_netlink=False))
     runner = threading.Thread(target=agent.run)
     try:

@@ -4,22 +4,16 @@ Booster is stopped mid-run and restarted. Needs what the other lab tests need.""
 
 from __future__ import annotations
 
-import socket
 import statistics
 
 import pytest
 
 from gemini_lab.loop import FIRST_ROUNDS, LoopConfig, run_loop
 from gemini_lab.vm import LabError, find_kernel
-from tests.conftest import AGENT, make_settings, new_database
+from tests.conftest import AGENT, free_port, make_settings, new_database
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +25,7 @@ def loop(tmp_path_factory, pg_admin_url):
     db_url = new_database(pg_admin_url)
     cfg = LoopConfig(kill_after_reports=10, outage_s=20)
     return run_loop(lambda listen: make_settings(db_url, grpc_listen=listen, refit_interval_s=2),
-                    _free_port(), AGENT, tmp_path_factory.mktemp("loop"), cfg)
+                    free_port(), AGENT, tmp_path_factory.mktemp("loop"), cfg)
 
 
 def _agent(loop) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,13 +17,7 @@ from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster import simulation as sim
 from gemini_booster.fleet import SyntheticFleet
 
-from .conftest import AGENT, OPERATOR, agent_md, auth
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .conftest import AGENT, OPERATOR, agent_md, auth, free_port
 
 
 def start(db_url: str, grpc_port: int, http_port: int, tmp_path) -> subprocess.Popen:

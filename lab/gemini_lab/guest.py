@@ -301,43 +301,35 @@ def _agent_metrics(port: int) -> dict[str, float]:
     return out
 
 
-def _iperf_servers(paths: list[int], lanes: int = 1) -> list[subprocess.Popen]:
-    """One iperf3 server per path and lane (a server runs one test at a time)."""
+def _iperf_servers(paths: list[int]) -> list[subprocess.Popen]:
     return [subprocess.Popen(["ip", "netns", "exec", receiver_ns(i), "iperf3", "-s", "-p",
-                              str(BASE_PORT + lane)], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-            for i in paths for lane in range(lanes)]
+                              str(BASE_PORT)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL) for i in paths]
 
 
 def _bulk_flows(paths: list[int], flow_bytes: str, deadline: float, flows: int | None = None,
-                stop: Path | None = None, lanes: int = 1) -> dict[int, int]:
-    """Back-to-back fusion flows of ``flow_bytes`` on each path, ``lanes`` at a time, until
+                stop: Path | None = None) -> dict[int, int]:
+    """Back-to-back fusion flows of ``flow_bytes`` on each path, one at a time, until
     ``deadline`` (monotonic), ``flows`` flows per path, or until the file ``stop`` appears;
-    returns flows completed per path. Paths and lanes do not wait for each other: a slow lossy
-    flow must not starve the fast path of samples."""
+    returns flows completed per path. Paths do not wait for each other: a slow lossy flow must
+    not starve the fast path of samples. (Two flows at a time fill the lossy path, and loss
+    tolerance stops paying: see benchmarks/results/lab-loop.md.)"""
     done = dict.fromkeys(paths, 0)
-    lock = threading.Lock()
 
-    def more(i: int) -> bool:
-        with lock:
-            return (time.monotonic() < deadline and (flows is None or done[i] < flows)
-                    and not (stop and stop.exists()))
-
-    def loop(i: int, lane: int) -> None:
-        while more(i):
+    def loop(i: int) -> None:
+        while (time.monotonic() < deadline and (flows is None or done[i] < flows)
+               and not (stop and stop.exists())):
             client = subprocess.Popen(
                 ["ip", "netns", "exec", SENDER_NS, "iperf3", "-c", receiver_addr(i), "-p",
-                 str(BASE_PORT + lane), "-n", flow_bytes, "-C", "fusion"],
+                 str(BASE_PORT), "-n", flow_bytes, "-C", "fusion"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 client.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 client.kill()
-            with lock:
-                done[i] += 1
+            done[i] += 1
 
-    threads = [threading.Thread(target=loop, args=(i, lane))
-               for i in paths for lane in range(lanes)]
+    threads = [threading.Thread(target=loop, args=(i,)) for i in paths]
     for t in threads:
         t.start()
     for t in threads:
@@ -348,8 +340,7 @@ def _bulk_flows(paths: list[int], flow_bytes: str, deadline: float, flows: int |
 def exp_landscape(e: dict, out: Path) -> dict:
     """Utility (eq. 9) of fixed θ on each path: where a search over the loop's region has
     something to find. Each θ is installed for all paths; flows of each path run back to back."""
-    lanes = e.get("lanes", 1)
-    servers = _iperf_servers(e["paths"], lanes)
+    servers = _iperf_servers(e["paths"])
     time.sleep(0.5)
     sigma, spec = e["sigma"], load_spec()
     with RecordCollector(out / "records-landscape.jsonl") as rc:
@@ -357,13 +348,13 @@ def exp_landscape(e: dict, out: Path) -> dict:
             with FusionNetlink() as nl:
                 nl.set_profiles({1: {**default_theta(), **theta}},
                                 [Rule(f"10.{i + 1}.0.0/16", 1) for i in e["paths"]])
-            _bulk_flows(e["paths"], e["flow_bytes"], time.monotonic() + e["max_s"], e["flows"],
-                        lanes=lanes)
+            _bulk_flows(e["paths"], e["flow_bytes"], time.monotonic() + e["max_s"], e["flows"])
     for s in servers:
         s.terminate()
+    path_of = {receiver_addr(i): i for i in e["paths"]}
     cells: dict[tuple, list[float]] = {}
     for r in rc.records():
-        path = int(r["dst"].split(".")[1]) - 1
+        path = path_of[r["dst"]]
         st = FlowStats(r["bytes_acked"], r["duration_us"], r["rtt_avg_us"], r["rtt_min_us"])
         if st.usable:
             cells.setdefault((spec.key(r["theta"]), path), []).append(
@@ -376,8 +367,7 @@ def exp_agent(e: dict, out: Path) -> dict:
     """The agent in the sender namespace, Booster on the host; bulk fusion flows to each path
     until the host writes {out}/stop (or the duration cap)."""
     _join_host_network()
-    lanes = e.get("lanes", 1)
-    servers = _iperf_servers(e["paths"], lanes)
+    servers = _iperf_servers(e["paths"])
     config = out / "agent.toml"
     config.write_text(e["agent_toml"].replace("{out}", str(out)))  # the share's path in here
     log = (out / "agent.log").open("w")
@@ -386,7 +376,7 @@ def exp_agent(e: dict, out: Path) -> dict:
         env={**os.environ, "GEMINI_AGENT_CONFIG": str(config)}, stdout=log, stderr=log)
     time.sleep(3)
     flows = _bulk_flows(e["paths"], e["flow_bytes"], time.monotonic() + e["duration_s"],
-                        stop=out / "stop", lanes=lanes)
+                        stop=out / "stop")
     time.sleep(2)
     metrics = _agent_metrics(e["metrics_port"]) if agent.poll() is None else {}
     with FusionNetlink() as nl:

@@ -55,7 +55,6 @@ class LoopConfig:
     interval_s: float = 8
     sigma: float = 0.1  # throughput-leaning, as the paper's σ = 0.1: loss tolerance pays
     flow_bytes: str = "3M"
-    lanes: int = 1  # flows at a time per path (2 fill the lossy link: tolerance stops paying)
     search_reports: int = 32
     eval_reports: int = 10
     kill_after_reports: int | None = None  # stop Booster once this many reports are stored
@@ -151,8 +150,8 @@ def plot_rounds(rounds: dict[str, list[tuple[dt.datetime, float]]], eval_from, p
 class _Timeline:
     """Polls the stored reports of the lab host."""
 
-    def __init__(self, engine, guest: threading.Thread, cfg: LoopConfig) -> None:
-        self.engine, self.guest, self.cfg = engine, guest, cfg
+    def __init__(self, engine, guest: threading.Thread) -> None:
+        self.engine, self.guest = engine, guest
 
     def reports(self, since: dt.datetime | None = None) -> int:
         q = "SELECT count(*) FROM reports WHERE host_id = :h AND interval_start >= :t"
@@ -193,7 +192,6 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
         "paths": [p.to_dict() for p, _, _ in PATHS],
         "experiments": [{"label": "loop", "kind": "agent", "paths": [0, 1],
                          "duration_s": cfg.duration_s, "flow_bytes": cfg.flow_bytes,
-                         "lanes": cfg.lanes,
                          "agent_toml": agent_toml(port, token, policy_name, mmdb, cfg),
                          "metrics_port": METRICS_PORT}],
     }
@@ -207,7 +205,7 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
 
     thread = threading.Thread(target=guest)
     thread.start()
-    timeline = _Timeline(server.engine, thread, cfg)
+    timeline = _Timeline(server.engine, thread)
     notes: list[str] = []
     eval_from = None
     try:
@@ -245,6 +243,7 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
     finally:
         server.stop()
     ids = [r[0] for r in rows]
+    duplicates = len(ids) - len(set(ids))
     intervals = [(int(r[1].timestamp() * 1000), int(r[2].timestamp() * 1000)) for r in rows]
     evaluation = {region: [u for start, u in values if eval_from and start >= eval_from]
                   for region, values in rounds.items()}
@@ -253,9 +252,9 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
                       f"Booster + Fusion in the lab (σ = {cfg.sigma})") if rounds else None
     (out_dir / "loop.json").write_text(json.dumps(
         {"rounds": utilities, "evaluation": evaluation, "incumbents": incumbents,
-         "reports": len(ids), "duplicates": len(ids) - len(set(ids)), "notes": notes,
+         "reports": len(ids), "duplicates": duplicates, "notes": notes,
          "agent_metrics": box["results"]["experiments"]["loop"].get("agent_metrics")}, indent=1))
     return LoopResult(guest=box["results"], rounds=utilities, evaluation=evaluation,
                       incumbents=incumbents, report_ids=ids,
-                      duplicate_ids=len(ids) - len(set(ids)), intervals=intervals, plot=png,
+                      duplicate_ids=duplicates, intervals=intervals, plot=png,
                       notes=notes)

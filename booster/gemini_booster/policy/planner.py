@@ -327,16 +327,15 @@ class Planner:
         return chosen
 
     def _initial_plan(self, policy, space, obs, context_id, rng) -> ContextPlan:
-        in_ctx = [o for o in obs if o.context_id == context_id and o.flows >= policy.min_flows]
-        if policy.mode == "standard":
-            in_ctx = [o for o in obs if o.flows >= policy.min_flows]
-        if in_ctx:
-            best = max(in_ctx, key=lambda o: o.utility)
+        contextual = policy.mode == "contextual"
+        scope = [o for o in obs if o.context_id == context_id] if contextual else obs
+        eligible = [o for o in scope if o.flows >= policy.min_flows]
+        if eligible:
+            best = max(eligible, key=lambda o: o.utility)
             incumbent, inc_u = best.theta, best.utility
         else:
             incumbent, inc_u = self.clip_default(policy), None
-        contextual = policy.mode == "contextual"
-        seen = {self.spec.key(o.theta) for o in obs if o.context_id == context_id or not contextual}
+        seen = {self.spec.key(o.theta) for o in scope}
         design = space.design(
             policy.n_initial_points,
             _seed("design", policy.id, policy.revision, context_id if contextual else 0),

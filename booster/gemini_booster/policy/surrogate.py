@@ -59,12 +59,11 @@ class ThetaSpace:
         thetas = [self.theta(r) for r in rows]
         X = self.encode(thetas)
         order = [int(np.argmax(np.abs(X - 0.5).sum(axis=1)))]  # start at a corner
+        nearest = np.abs(X - X[order[0]]).max(axis=1)  # L∞ to the nearest point chosen
         while len(order) < len(thetas):
-            dist = np.min(
-                [np.abs(X - X[i]).max(axis=1) for i in order], axis=0
-            )  # L∞ to the nearest chosen
-            dist[order] = -1.0
-            order.append(int(np.argmax(dist)))
+            nearest[order] = -1.0
+            order.append(int(np.argmax(nearest)))
+            nearest = np.minimum(nearest, np.abs(X - X[order[-1]]).max(axis=1))
         return [thetas[i] for i in order]
 
     def theta(self, free_values: Sequence[int]) -> dict[str, int]:

@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ..models import Policy, PolicyCreate, PolicyFields, PolicyUpdate
 from .ingest import ContextKey
-from .schema import ApiToken, AuditEntry, Context, Plan, ReportAggregate, Trial
+from .schema import ApiToken, AuditEntry, Context, Plan, Trial
 from .schema import Policy as PolicyRow
 
 ROLES = ("agent", "operator", "viewer")
@@ -158,20 +158,6 @@ def load_baselines(
         for cc, *rest in conn.execute(_recent(q, history).order_by(Trial.id)):
             out.setdefault(cc, []).append(TrialRecord(*rest))
     return out
-
-
-def trial_sketches(engine: Engine, policy_id: int, context_id: int, theta_key: str) -> list[bytes]:
-    with engine.connect() as conn:
-        return list(
-            conn.execute(
-                select(ReportAggregate.sketch).where(
-                    ReportAggregate.policy_id == policy_id,
-                    ReportAggregate.context_id == context_id,
-                    ReportAggregate.cc == "",
-                    ReportAggregate.theta_key == theta_key,
-                )
-            ).scalars()
-        )
 
 
 def load_contexts(engine: Engine) -> dict[int, ContextKey]:

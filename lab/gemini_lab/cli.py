@@ -5,6 +5,7 @@
     gemini-lab check        the acceptance plan, printed as a table
     gemini-lab records      short fusion flows as fast as the guest makes them; records lost?
     gemini-lab loop         Booster here + agent in the guest: the closed loop, plot in PNG
+    gemini-lab landscape    utility of fixed θ on the loop's paths (--theta k=v,k=v per cell)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from gemini_api.theta import load_spec
 from gemini_lab import plans, report, scenario
 from gemini_lab.host import REPO, run_plan
 from gemini_lab.vm import LabError
@@ -23,9 +25,11 @@ DEFAULT_OUT = REPO / "var" / "lab"
 
 
 def _theta(pairs: list[str]) -> dict[str, int]:
-    out = {}
+    names, out = load_spec().names, {}
     for pair in pairs:
         name, _, value = pair.partition("=")
+        if name not in names:
+            raise SystemExit(f"--theta {pair!r}: {name!r} is not one of {', '.join(names)}")
         if not value.lstrip("-").isdigit():
             raise SystemExit(f"--theta {pair!r}: expected name=integer (spec units)")
         out[name] = int(value)
@@ -57,10 +61,24 @@ def cmd_loop(args: argparse.Namespace) -> None:
         print(f"{region:>8}: " + " ".join(f"{v:6.2f}" for v in values))
         print(f"{region:>8} with exploration off: "
               + " ".join(f"{v:6.2f}" for v in result.evaluation[region]))
+    for region, trials in sorted(result.trials.items()):
+        print(f"{region:>8} θ tried, in order (tuned parameters, flows, utility):")
+        for t in trials:
+            print("          " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                        for k, v in t.items()))
     for region, theta in sorted(result.incumbents.items()):
         print(f"{region:>8} incumbent: {theta}")
     print(f"reports: {len(result.report_ids)}, duplicates: {result.duplicate_ids}")
     print(f"plot: {result.plot}")
+
+
+def cmd_landscape(args: argparse.Namespace) -> None:
+    from gemini_lab.loop import landscape_plan, landscape_table
+
+    thetas = [_theta([p for p in cell.split(",") if p]) for cell in args.theta or [""]]
+    results = run_plan(landscape_plan(thetas, args.flows, args.flow_bytes, args.sigma), args.out)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    print(landscape_table(results))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,7 +105,13 @@ def main(argv: list[str] | None = None) -> None:
     loop.add_argument("--interval", type=float, default=8)
     loop.add_argument("--sigma", type=float, default=0.1)
     loop.add_argument("--port", type=int, default=50151)
-    for p in (run, bench, records, loop, sub.choices["check"]):
+    land = sub.add_parser("landscape", help="utility of fixed θ on the loop's two paths")
+    land.add_argument("--theta", action="append", default=[],
+                      help="one cell: name=units[,name=units...] (others at the defaults)")
+    land.add_argument("--flows", type=int, default=6, help="flows per cell and path")
+    land.add_argument("--flow-bytes", default="3M")
+    land.add_argument("--sigma", type=float, default=0.1)
+    for p in (run, bench, records, loop, land, sub.choices["check"]):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     try:
@@ -100,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
             report.write_benchmark(results, " ".join(["gemini-lab", *sys.argv[1:]]))
         elif args.cmd == "loop":
             return cmd_loop(args)
+        elif args.cmd == "landscape":
+            return cmd_landscape(args)
         elif args.cmd == "records":
             results = run_plan(plans.records_plan(args.flows, args.workers, args.burst), args.out)
             report.write_records(results, " ".join(["gemini-lab", *sys.argv[1:]]))

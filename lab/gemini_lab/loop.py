@@ -34,10 +34,13 @@ PATHS = (
     (Scenario(name="lossy", description="100 ms, 20 Mbit/s, 1 % loss", rtt_ms=100,
               rate_mbit=20, loss_percent=1.0, queue_bdp=1.0), "lossy", "isp-b"),
 )
-# The loop tunes the loss response and holds the rest at the spec's defaults: λ over Θ' (so a
-# random start can be far off) and l over Θ. A small custom region an operator might choose,
-# and one a single lab host can search in minutes.
-TUNED = {"mult_decrease": "wide", "loss_threshold": "production"}
+# The loop tunes the start and the loss response and holds the rest at the spec's defaults:
+# ω over Θ, λ over Θ' (so a start can be far off) and l over 0–3 %. Θ's 1 % cap on l equals the
+# lossy path's random loss rate, which would put that path's optimum on the boundary. The fixed-θ
+# landscape (lab-loop.md) shows what there is to find: ω 40 against 10 gives +1.6 on the wired
+# path and +2.8 on the lossy one, l 3 % against 0 another +1.5 there. A small custom region an
+# operator might choose, and one a single lab host can search in minutes.
+TUNED_UNITS = {"init_cwnd": "production", "mult_decrease": "wide", "loss_threshold": (0, 30)}
 METRICS_PORT = 9465
 HOST_ID = "lab-host"
 
@@ -65,8 +68,10 @@ class LoopConfig:
 
 def lab_bounds() -> dict[str, tuple[int, int]]:
     spec = load_spec()
-    return {p.name: p.bounds(TUNED[p.name]) if p.name in TUNED else (p.default, p.default)
-            for p in spec.params}
+    bounds = {p.name: (p.default, p.default) for p in spec.params}
+    for name, region in TUNED_UNITS.items():
+        bounds[name] = spec.param(name).bounds(region) if isinstance(region, str) else region
+    return bounds
 
 
 @dataclass
@@ -75,11 +80,42 @@ class LoopResult:
     rounds: dict[str, list[float]]            # region → utility per round
     evaluation: dict[str, list[float]]        # region → utility per round with exploration off
     incumbents: dict[str, dict[str, int]]     # region → Booster's incumbent θ
+    trials: dict[str, list[dict]]             # region → θ tried (tuned part), flows, utility
     report_ids: list[str]
     duplicate_ids: int
     intervals: list[tuple[int, int]]          # (start, end) unix ms of each stored report
     plot: Path | None = None
     notes: list[str] = field(default_factory=list)
+
+
+def landscape_plan(thetas: list[dict[str, int]], flows: int, flow_bytes: str, sigma: float
+                   ) -> dict:
+    """Fixed θ (spec units, the rest at defaults) on the loop's paths, ``flows`` each: what a
+    search over the loop's region has to find, and how much one flow varies."""
+    return {"paths": [p.to_dict() for p, _, _ in PATHS],
+            "experiments": [{"label": "landscape", "kind": "landscape", "paths": [0, 1],
+                             "sigma": sigma, "thetas": thetas, "flow_bytes": flow_bytes,
+                             "flows": flows, "max_s": 60}]}
+
+
+def landscape_table(results: dict) -> str:
+    """Markdown: one row per θ, utility mean ± per-flow std (flows) per path."""
+    spec, cells = load_spec(), results["experiments"]["landscape"]["cells"]
+    rows: dict[str, dict[str, str]] = {}
+    for cell in cells:
+        theta = cell["theta"]
+        changed = ", ".join(f"{n} {theta[n]}" for n in spec.names
+                            if theta[n] != spec.param(n).default) or "defaults"
+        u = cell["utilities"]
+        mean = sum(u) / len(u)
+        std = (sum((x - mean) ** 2 for x in u) / max(len(u) - 1, 1)) ** 0.5
+        rows.setdefault(changed, {})[PATHS[cell["path"]][1]] = f"{mean:.2f} ± {std:.2f} ({len(u)})"
+    regions = [region for _, region, _ in PATHS]
+    lines = ["| θ (spec units, others at default) | " + " | ".join(regions) + " |",
+             "|---|" + "---:|" * len(regions)]
+    lines += [f"| {k} | " + " | ".join(v.get(r, "—") for r in regions) + " |"
+              for k, v in rows.items()]
+    return "\n".join(lines)
 
 
 def write_mmdb(path: Path) -> Path:
@@ -121,6 +157,25 @@ def utility_rounds(engine, policy_id: int, sigma: float
     return out
 
 
+def trial_table(engine, policy_id: int, sigma: float) -> dict[str, list[dict]]:
+    """Per context, each θ tried in the order first run: its flows and eq. 9 utility. What the
+    model was fit on, for reading a run's incumbent against the evidence."""
+    sql = text("""
+        SELECT c.dst_region, a.theta_key, min(r.interval_start) AS first, sum(a.flow_count),
+               sum(a.tpt_sum - :sigma * a.delay_sum) / sum(a.flow_count) AS utility
+        FROM report_aggregates a JOIN reports r ON r.id = a.report_pk
+             JOIN contexts c ON c.id = a.context_id
+        WHERE a.policy_id = :pid AND a.cc = '' GROUP BY c.dst_region, a.theta_key
+        ORDER BY first""")
+    spec, out = load_spec(), {}
+    with engine.connect() as conn:
+        for region, key, _, flows, u in conn.execute(sql, {"sigma": sigma, "pid": policy_id}):
+            theta = spec.from_key(key)
+            out.setdefault(region, []).append(
+                {**{n: theta[n] for n in TUNED_UNITS}, "flows": int(flows), "utility": float(u)})
+    return out
+
+
 def plot_rounds(rounds: dict[str, list[tuple[dt.datetime, float]]], eval_from, path: Path,
                 title: str) -> Path:
     import matplotlib
@@ -135,7 +190,7 @@ def plot_rounds(rounds: dict[str, list[tuple[dt.datetime, float]]], eval_from, p
                  if eval_from is not None and start >= eval_from), default=None)
     if first is not None:
         ax.axvline(first - 0.5, color="grey", linestyle="--", linewidth=1)
-        ax.text(first - 0.3, ax.get_ylim()[0], " exploration off", color="grey", va="bottom")
+        ax.text(first - 0.3, ax.get_ylim()[1], " exploration off", color="grey", va="top")
     ax.set_xlabel("reporting round")
     ax.set_ylabel("utility: mean(throughput − σ·delay), Mbit/s")
     ax.set_title(title)
@@ -236,6 +291,7 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
         incumbents = {key[2]: spec.from_key(plan.incumbent_key)
                       for key, plan in server.booster.plan_snapshot(policy.id).items()}
         rounds = utility_rounds(server.engine, policy.id, cfg.sigma)
+        trials = trial_table(server.engine, policy.id, cfg.sigma)
         with server.engine.connect() as conn:
             rows = conn.execute(text(
                 "SELECT report_id, interval_start, interval_end FROM reports "
@@ -252,9 +308,9 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
                       f"Booster + Fusion in the lab (σ = {cfg.sigma})") if rounds else None
     (out_dir / "loop.json").write_text(json.dumps(
         {"rounds": utilities, "evaluation": evaluation, "incumbents": incumbents,
-         "reports": len(ids), "duplicates": duplicates, "notes": notes,
+         "reports": len(ids), "duplicates": duplicates, "notes": notes, "trials": trials,
          "agent_metrics": box["results"]["experiments"]["loop"].get("agent_metrics")}, indent=1))
     return LoopResult(guest=box["results"], rounds=utilities, evaluation=evaluation,
-                      incumbents=incumbents, report_ids=ids,
+                      incumbents=incumbents, trials=trials, report_ids=ids,
                       duplicate_ids=duplicates, intervals=intervals, plot=png,
                       notes=notes)

@@ -51,7 +51,8 @@ def run_demo(settings: Settings, rounds: int, keep_serving: bool) -> int:
         policy = server.booster.policies[DEMO_POLICY]
         print(
             f"Booster serving: gRPC 127.0.0.1:{server.grpc_port}, "
-            f"REST http://{settings.http_host}:{server.http_port}/docs"
+            f"REST http://{settings.http_host}:{server.http_port}/docs, "
+            f"dashboard http://{settings.http_host}:{server.http_port}/dashboard/"
         )
         print(f"credentials: {settings.data_dir / 'demo-tokens.json'} (mode 0600)")
         print(

@@ -1,4 +1,5 @@
-"""The REST API for operators (FastAPI): policies, contexts and their plans, trials, tokens.
+"""The REST API for operators (FastAPI): policies, contexts and their plans, trials, tokens,
+and the web dashboard (static files under /dashboard/ that call this API).
 
 Every route but /healthz and /metrics needs a bearer token; every route that changes state
 needs an operator token and leaves an audit entry. Request bodies are strict pydantic models
@@ -7,9 +8,12 @@ needs an operator token and leaves an audit entry. Request bodies are strict pyd
 
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi.responses import RedirectResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
@@ -23,6 +27,14 @@ from .core import Booster, context_label
 
 SigmaQuery = Annotated[float | None, Query(ge=0, description="recompute eq. 9 with this σ")]
 _AUTH_STATUS = {"missing": 401, "invalid": 401, "forbidden": 403}
+DASHBOARD_DIR = Path(__file__).with_name("dashboard")
+# The dashboard is static files calling /v1 with the operator's token: no inline code, no
+# third-party origin, no framing (a token typed into a framed page could be clickjacked).
+DASHBOARD_HEADERS = {
+    "content-security-policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+}
 
 
 class TokenCreate(BaseModel):
@@ -83,6 +95,8 @@ def create_app(booster: Booster, auth: TokenAuthority) -> FastAPI:
     async def timing(request: Request, call_next):
         t0 = time.perf_counter()
         response = await call_next(request)
+        if request.url.path.startswith("/dashboard"):
+            response.headers.update(DASHBOARD_HEADERS)
         route = request.scope.get("route")
         booster.metrics.http_latency.labels(
             request.method, getattr(route, "path", "unmatched"), str(response.status_code)
@@ -261,4 +275,10 @@ def create_app(booster: Booster, auth: TokenAuthority) -> FastAPI:
         return repo.audit_entries(booster.engine, limit)
 
     app.include_router(v1)
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/dashboard/")
+
+    app.mount("/dashboard", StaticFiles(directory=DASHBOARD_DIR, html=True), name="dashboard")
     return app

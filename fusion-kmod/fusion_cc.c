@@ -27,7 +27,9 @@
  * Slow start (eq. 2): the window grows by the packets acknowledged, W ← W + acked, and never
  * below twice the estimated BDP: W' = max(2 · R^max · T^min, W), from W_0 = ω. Slow start ends
  * at a congestion signal or at a HyStart-style delay exit: the minimum of a round's first eight
- * RTT samples exceeds the flow's minimum RTT by an eighth of it (clamped to 4..16 ms).
+ * RTT samples exceeds the flow's minimum RTT by an eighth of it (clamped to 4..16 ms). While in
+ * slow start the RTT range is not learnt yet, so the delay signal also needs a rise past that
+ * same bar: jitter of a few milliseconds must not end slow start at the initial window.
  *
  * Recovery (eq. 3): on a congestion signal, W' = λ · W. The reduction runs through the kernel's
  * CWR or Recovery state and reaches λ · W by proportional rate reduction (RFC 6937): the window
@@ -218,10 +220,20 @@ static bool fusion_loss_signal(const struct fusion_flow *f)
 	return excess * excess > FUSION_LOSS_SIGMAS * FUSION_LOSS_SIGMAS * FUSION_LOSS_DENOM * expected;
 }
 
+/* HyStart's bar for "the queue is growing": min RTT / 8, clamped to 4..16 ms. */
+static u32 fusion_hystart_thresh_us(u32 base_us)
+{
+	return clamp_t(u32, base_us >> FUSION_HYSTART_DELAY_SHIFT,
+		       FUSION_HYSTART_DELAY_MIN_US, FUSION_HYSTART_DELAY_MAX_US);
+}
+
 /*
  * T^min_1 − T^min > δ · (T^max − T^min), on the interval just closed. The RTT range is taken
  * as at least T^min / 2^FUSION_RTT_RANGE_MIN_SHIFT (and FUSION_RTT_RANGE_MIN_US): with an
  * empty queue the range is only timer and ACK jitter, and a share of jitter is no signal.
+ * In slow start the range is not learnt yet, so the rise must also clear HyStart's bar: a
+ * few milliseconds of jitter in the first round trips would otherwise end slow start at the
+ * initial window, and on a long path avoidance takes many seconds to win that back.
  */
 static bool fusion_delay_signal(const struct fusion_flow *f, u32 latest_min_us)
 {
@@ -230,6 +242,9 @@ static bool fusion_delay_signal(const struct fusion_flow *f, u32 latest_min_us)
 			 (u32)FUSION_RTT_RANGE_MIN_US);
 
 	if (latest_min_us <= tmin)
+		return false;
+	if (f->mode == FUSION_SLOW_START &&
+	    latest_min_us - tmin < fusion_hystart_thresh_us(tmin))
 		return false;
 	return (u64)(latest_min_us - tmin) * FUSION_RTT_DENOM >
 	       (u64)fusion_theta(f, FUSION_THETA_RTT_THRESHOLD) * range;
@@ -355,14 +370,12 @@ static void fusion_close_interval(struct sock *sk, struct fusion_flow *f, u64 no
 /* HyStart-style delay exit from slow start, once a round has its first samples. */
 static bool fusion_hystart_exit(struct fusion_flow *f)
 {
-	u32 base = f->flow_rtt_min_us, thresh;
+	u32 base = f->flow_rtt_min_us;
 
 	if (f->ss_samples != FUSION_HYSTART_SAMPLES || base == U32_MAX)
 		return false;
 	f->ss_samples++;			/* decide once per round */
-	thresh = clamp_t(u32, base >> FUSION_HYSTART_DELAY_SHIFT,
-			 FUSION_HYSTART_DELAY_MIN_US, FUSION_HYSTART_DELAY_MAX_US);
-	return f->ss_rtt_min_us >= base + thresh;
+	return f->ss_rtt_min_us >= base + fusion_hystart_thresh_us(base);
 }
 
 /* Proportional rate reduction (RFC 6937) toward snd_ssthresh during CWR and Recovery. */

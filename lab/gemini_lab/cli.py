@@ -26,7 +26,7 @@ DEFAULT_OUT = REPO / "var" / "lab"
 
 def _theta(pairs: list[str]) -> dict[str, int]:
     names, out = load_spec().names, {}
-    for pair in pairs:
+    for pair in filter(None, pairs):
         name, _, value = pair.partition("=")
         if name not in names:
             raise SystemExit(f"--theta {pair!r}: {name!r} is not one of {', '.join(names)}")
@@ -75,7 +75,7 @@ def cmd_loop(args: argparse.Namespace) -> None:
 def cmd_landscape(args: argparse.Namespace) -> None:
     from gemini_lab.loop import landscape_plan, landscape_table
 
-    thetas = [_theta([p for p in cell.split(",") if p]) for cell in args.theta or [""]]
+    thetas = [_theta(cell.split(",")) for cell in args.theta or [""]]
     results = run_plan(landscape_plan(thetas, args.flows, args.flow_bytes, args.sigma), args.out)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print(landscape_table(results))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import statistics
 import threading
 import time
 import uuid
@@ -88,11 +89,15 @@ class LoopResult:
     notes: list[str] = field(default_factory=list)
 
 
+def _plan_paths() -> list[dict]:
+    return [p.to_dict() for p, _, _ in PATHS]
+
+
 def landscape_plan(thetas: list[dict[str, int]], flows: int, flow_bytes: str, sigma: float
                    ) -> dict:
     """Fixed θ (spec units, the rest at defaults) on the loop's paths, ``flows`` each: what a
     search over the loop's region has to find, and how much one flow varies."""
-    return {"paths": [p.to_dict() for p, _, _ in PATHS],
+    return {"paths": _plan_paths(),
             "experiments": [{"label": "landscape", "kind": "landscape", "paths": [0, 1],
                              "sigma": sigma, "thetas": thetas, "flow_bytes": flow_bytes,
                              "flows": flows, "max_s": 60}]}
@@ -107,9 +112,9 @@ def landscape_table(results: dict) -> str:
         changed = ", ".join(f"{n} {theta[n]}" for n in spec.names
                             if theta[n] != spec.param(n).default) or "defaults"
         u = cell["utilities"]
-        mean = sum(u) / len(u)
-        std = (sum((x - mean) ** 2 for x in u) / max(len(u) - 1, 1)) ** 0.5
-        rows.setdefault(changed, {})[PATHS[cell["path"]][1]] = f"{mean:.2f} ± {std:.2f} ({len(u)})"
+        std = statistics.stdev(u) if len(u) > 1 else 0.0
+        rows.setdefault(changed, {})[PATHS[cell["path"]][1]] = (
+            f"{statistics.mean(u):.2f} ± {std:.2f} ({len(u)})")
     regions = [region for _, region, _ in PATHS]
     lines = ["| θ (spec units, others at default) | " + " | ".join(regions) + " |",
              "|---|" + "---:|" * len(regions)]
@@ -140,39 +145,41 @@ def agent_toml(port: int, token: str, policy: str, mmdb: Path, cfg: LoopConfig) 
     ])
 
 
+# Eq. 9 over the raw Fusion aggregates as stored, per (destination region, ``group``).
+_UTILITY_SQL = """
+    SELECT c.dst_region, {group}, min(r.interval_start) AS first, sum(a.flow_count),
+           sum(a.tpt_sum - :sigma * a.delay_sum) / sum(a.flow_count)
+    FROM report_aggregates a JOIN reports r ON r.id = a.report_pk
+         JOIN contexts c ON c.id = a.context_id
+    WHERE a.policy_id = :pid AND a.cc = '' GROUP BY c.dst_region, {group}
+    ORDER BY first"""
+
+
+def _utility_by(engine, policy_id: int, sigma: float, group: str) -> list[tuple]:
+    """(region, group value, flows, utility) in the order each group was first reported."""
+    with engine.connect() as conn:
+        rows = conn.execute(text(_UTILITY_SQL.format(group=group)),
+                            {"sigma": sigma, "pid": policy_id})
+        return [(region, value, int(flows), float(u)) for region, value, _, flows, u in rows]
+
+
 def utility_rounds(engine, policy_id: int, sigma: float
                    ) -> dict[str, list[tuple[dt.datetime, float]]]:
-    """Eq. 9 per context per reporting interval, from the raw aggregates as stored."""
-    sql = text("""
-        SELECT c.dst_region, r.interval_start,
-               sum(a.tpt_sum - :sigma * a.delay_sum) / sum(a.flow_count) AS utility
-        FROM report_aggregates a JOIN reports r ON r.id = a.report_pk
-             JOIN contexts c ON c.id = a.context_id
-        WHERE a.policy_id = :pid GROUP BY c.dst_region, r.interval_start
-        ORDER BY r.interval_start""")
+    """Eq. 9 per context per reporting interval."""
     out: dict[str, list[tuple[dt.datetime, float]]] = {}
-    with engine.connect() as conn:
-        for region, start, utility in conn.execute(sql, {"sigma": sigma, "pid": policy_id}):
-            out.setdefault(region, []).append((start, float(utility)))
+    for region, start, _, utility in _utility_by(engine, policy_id, sigma, "r.interval_start"):
+        out.setdefault(region, []).append((start, utility))
     return out
 
 
 def trial_table(engine, policy_id: int, sigma: float) -> dict[str, list[dict]]:
     """Per context, each θ tried in the order first run: its flows and eq. 9 utility. What the
     model was fit on, for reading a run's incumbent against the evidence."""
-    sql = text("""
-        SELECT c.dst_region, a.theta_key, min(r.interval_start) AS first, sum(a.flow_count),
-               sum(a.tpt_sum - :sigma * a.delay_sum) / sum(a.flow_count) AS utility
-        FROM report_aggregates a JOIN reports r ON r.id = a.report_pk
-             JOIN contexts c ON c.id = a.context_id
-        WHERE a.policy_id = :pid AND a.cc = '' GROUP BY c.dst_region, a.theta_key
-        ORDER BY first""")
     spec, out = load_spec(), {}
-    with engine.connect() as conn:
-        for region, key, _, flows, u in conn.execute(sql, {"sigma": sigma, "pid": policy_id}):
-            theta = spec.from_key(key)
-            out.setdefault(region, []).append(
-                {**{n: theta[n] for n in TUNED_UNITS}, "flows": int(flows), "utility": float(u)})
+    for region, key, flows, utility in _utility_by(engine, policy_id, sigma, "a.theta_key"):
+        theta = spec.from_key(key)
+        out.setdefault(region, []).append(
+            {**{n: theta[n] for n in TUNED_UNITS}, "flows": flows, "utility": utility})
     return out
 
 
@@ -244,7 +251,7 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
     write_mmdb(guest_dir / "paths.mmdb")
     mmdb = Path("{out}/paths.mmdb")
     plan = {
-        "paths": [p.to_dict() for p, _, _ in PATHS],
+        "paths": _plan_paths(),
         "experiments": [{"label": "loop", "kind": "agent", "paths": [0, 1],
                          "duration_s": cfg.duration_s, "flow_bytes": cfg.flow_bytes,
                          "agent_toml": agent_toml(port, token, policy_name, mmdb, cfg),

@@ -92,11 +92,16 @@ def create_app(booster: Booster, auth: TokenAuthority) -> FastAPI:
     Writer = Annotated[Principal, Depends(principal("write"))]
 
     @app.middleware("http")
-    async def timing(request: Request, call_next):
-        t0 = time.perf_counter()
+    async def dashboard_headers(request: Request, call_next):
         response = await call_next(request)
         if request.url.path.startswith("/dashboard"):
             response.headers.update(DASHBOARD_HEADERS)
+        return response
+
+    @app.middleware("http")
+    async def timing(request: Request, call_next):
+        t0 = time.perf_counter()
+        response = await call_next(request)
         route = request.scope.get("route")
         booster.metrics.http_latency.labels(
             request.method, getattr(route, "path", "unmatched"), str(response.status_code)

@@ -86,20 +86,25 @@ def main() -> None:
             rows.append(
                 f"| {rate:,} | {n:,} | {cpu / n * 1e6:.1f} | **{share * 100:.1f} %** | "
                 f"{(rss1 - rss0) / 1024:.1f} | {len(report.aggregates)} | "
-                f"{len(report.SerializeToString()):,} |")
+                f"{len(report.SerializeToString()):,} |"
+            )
             print(rows[-1], flush=True)
-    write_result("agent", f"python -m benchmarks.agent --seconds {args.seconds:g}", [
-        f"Records from {N_PREFIXES} destination prefixes (10 regions × 5 ISPs) and "
-        f"{THETA_VERSIONS} θ versions, {args.seconds:g} s of records per rate, one process.",
-        "",
-        "| records/s | records | CPU µs per record | share of one core at that rate | "
-        "peak RSS growth MiB | aggregates in the report | report bytes |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-        *rows,
-        "",
-        "A report covers one interval for every context and θ version seen; at the default "
-        "5-minute interval the bytes per minute are the report bytes / 5.",
-    ])
+    write_result(
+        "agent",
+        f"python -m benchmarks.agent --seconds {args.seconds:g}",
+        [
+            f"Records from {N_PREFIXES} destination prefixes (10 regions × 5 ISPs) and "
+            f"{THETA_VERSIONS} θ versions, {args.seconds:g} s of records per rate, one process.",
+            "",
+            "| records/s | records | CPU µs per record | share of one core at that rate | "
+            "peak RSS growth MiB | aggregates in the report | report bytes |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+            *rows,
+            "",
+            "A report covers one interval for every context and θ version seen; at the default "
+            "5-minute interval the bytes per minute are the report bytes / 5.",
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -36,16 +36,22 @@ NOW = dt.datetime(2026, 11, 21, 14, 30, tzinfo=dt.UTC)
 
 
 def _flow(dst: str, mbytes: float = 2.0, seconds: float = 1.0, theta=None) -> Flow:
-    stats = FlowStats(bytes_acked=int(mbytes * 1e6), duration_us=int(seconds * 1e6),
-                      rtt_avg_us=60_000, rtt_min_us=40_000)
+    stats = FlowStats(
+        bytes_acked=int(mbytes * 1e6),
+        duration_us=int(seconds * 1e6),
+        rtt_avg_us=60_000,
+        rtt_min_us=40_000,
+    )
     return Flow(dst=dst, stats=stats, theta=theta or SPEC.default(), theta_version=7, ended=NOW)
 
 
 @pytest.fixture
 def csv_table(tmp_path) -> PrefixTable:
     path = tmp_path / "prefixes.csv"
-    path.write_text("prefix,region,isp\n10.1.0.0/16,eu-west,isp-a\n10.2.0.0/16,ap-south,isp-b\n"
-                    "10.2.3.0/24,ap-south,isp-c\n")
+    path.write_text(
+        "prefix,region,isp\n10.1.0.0/16,eu-west,isp-a\n10.2.0.0/16,ap-south,isp-b\n"
+        "10.2.3.0/24,ap-south,isp-c\n"
+    )
     return PrefixTable(path)
 
 
@@ -62,24 +68,33 @@ def test_csv_and_mmdb_contexts_with_an_unknown_bucket(tmp_path, csv_table):
         r = ContextResolver(Place("us-east", "own"), table)
         ctx = r.context("10.1.9.9", NOW)
         assert (ctx.src_region, ctx.dst_region, ctx.dst_isp, ctx.hour) == (
-            "us-east", "eu-west", "isp-a", 14)
+            "us-east",
+            "eu-west",
+            "isp-a",
+            14,
+        )
         assert r.place("192.0.2.1") == Place("unknown", "unknown")
     assert csv_table.lookup("10.2.3.4") == Place("ap-south", "isp-c")  # longest prefix wins
-    assert {str(ipaddress.ip_network(p)) for p, _ in mmdb.prefixes()} == {"10.1.0.0/16",
-                                                                           "10.2.0.0/16"}
+    assert {str(ipaddress.ip_network(p)) for p, _ in mmdb.prefixes()} == {
+        "10.1.0.0/16",
+        "10.2.0.0/16",
+    }
 
 
 def test_aggregates_per_theta_and_context_with_exact_sums(csv_table):
     agg = Aggregator(ContextResolver(Place("us-east", "own"), csv_table), "host-1", "cdn")
     for _ in range(3):
-        agg.add(_flow("10.1.0.5", mbytes=2.0, seconds=1.0))          # 16 Mbit/s
-    agg.add(_flow("10.2.0.5", mbytes=0.05, seconds=1.0))              # 0.4 Mbit/s: slow
+        agg.add(_flow("10.1.0.5", mbytes=2.0, seconds=1.0))  # 16 Mbit/s
+    agg.add(_flow("10.2.0.5", mbytes=0.05, seconds=1.0))  # 0.4 Mbit/s: slow
     agg.add(_flow("10.1.0.5", theta=SPEC.default() | {"mult_decrease": 60}))
     agg.add(Flow("10.1.0.5", FlowStats(0, 0, 0, 0), SPEC.default(), 7, NOW))  # handshake only
     report = agg.close_interval(1_000, 301_000)
     assert len(report.aggregates) == 3 and agg.skipped == 1
-    eu = next(a for a in report.aggregates
-              if a.context.dst_region == "eu-west" and a.theta.mult_decrease == 85)
+    eu = next(
+        a
+        for a in report.aggregates
+        if a.context.dst_region == "eu-west" and a.theta.mult_decrease == 85
+    )
     assert eu.flow_count == 3 and eu.throughput_mbps_sum == pytest.approx(48.0)
     assert eu.queue_delay_ms_sum == pytest.approx(60.0)
     assert eu.throughput_queue_delay_sum == pytest.approx(3 * 16 * 20)
@@ -97,8 +112,16 @@ def test_flows_of_another_cc_aggregate_apart_without_theta(csv_table):
     agg = Aggregator(ContextResolver(Place("us-east", "own"), csv_table), "host-1", "cdn")
     agg.add(_flow("10.1.0.5", mbytes=2.0))
     for mbytes in (1.0, 3.0):
-        agg.add(Flow("10.1.0.5", FlowStats(int(mbytes * 1e6), 1_000_000, 50_000, 40_000), {}, 0,
-                     NOW, cc="cubic"))
+        agg.add(
+            Flow(
+                "10.1.0.5",
+                FlowStats(int(mbytes * 1e6), 1_000_000, 50_000, 40_000),
+                {},
+                0,
+                NOW,
+                cc="cubic",
+            )
+        )
     report = agg.close_interval(0, 300_000)
     (fusion,) = [a for a in report.aggregates if not a.cc]
     (cubic,) = [a for a in report.aggregates if a.cc]
@@ -128,9 +151,17 @@ def test_spool_is_ordered_atomic_and_bounded(tmp_path):
 
 
 def _settings(tmp_path, target: str, **kw) -> AgentSettings:
-    return AgentSettings(host_id="host-1", policy="default", booster_address=target,
-                         token=AGENT, spool_dir=tmp_path / "spool", retry_initial_s=0.01,
-                         retry_max_s=0.02, rpc_deadline_s=2, **kw)
+    return AgentSettings(
+        host_id="host-1",
+        policy="default",
+        booster_address=target,
+        token=AGENT,
+        spool_dir=tmp_path / "spool",
+        retry_initial_s=0.01,
+        retry_max_s=0.02,
+        rpc_deadline_s=2,
+        **kw,
+    )
 
 
 def _stored(engine) -> list[str]:
@@ -150,17 +181,19 @@ def test_reports_survive_booster_outage_and_agent_restart_in_order_once(tmp_path
     repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
     server.booster.reload_policies()
     target = f"127.0.0.1:{server.grpc_port}"
-    reporter = Reporter(_settings(tmp_path, target), Spool(tmp_path / "spool", 1 << 20),
-                        AgentMetrics())
+    reporter = Reporter(
+        _settings(tmp_path, target), Spool(tmp_path / "spool", 1 << 20), AgentMetrics()
+    )
     reporter.submit(_report(0))
     assert reporter.drain() == 1
-    server.stop()                                   # Booster goes away
+    server.stop()  # Booster goes away
     for i in (1, 2, 3):
         reporter.submit(_report(i))
-        assert reporter.drain() == 0                # spooled, not lost
+        assert reporter.drain() == 0  # spooled, not lost
     # the agent restarts: a new process finds the spool on disk
-    reporter = Reporter(_settings(tmp_path, target), Spool(tmp_path / "spool", 1 << 20),
-                        AgentMetrics())
+    reporter = Reporter(
+        _settings(tmp_path, target), Spool(tmp_path / "spool", 1 << 20), AgentMetrics()
+    )
     assert len(reporter.spool) == 3
     server = BoosterServer(make_settings(db_url, grpc_listen=target)).start()
     try:
@@ -169,8 +202,8 @@ def test_reports_survive_booster_outage_and_agent_restart_in_order_once(tmp_path
         reporter.drain()
         assert len(reporter.spool) == 0
         ids = [_report(i).report_id for i in range(4)]
-        assert _stored(server.engine) == ids        # each once, in order
-        reporter.submit(_report(3))                 # a retry of a delivered report
+        assert _stored(server.engine) == ids  # each once, in order
+        reporter.submit(_report(3))  # a retry of a delivered report
         reporter.drain()
         assert _stored(server.engine) == ids
     finally:
@@ -184,14 +217,18 @@ class _NoSources(Agent):
         return []
 
 
-
 def test_agent_asks_for_theta_as_often_as_booster_says(tmp_path, db_url):
     """Booster's refresh_after_seconds (1 s here) paces GetParameters between 60 s intervals."""
     server = BoosterServer(make_settings(db_url, refresh_after_s=1)).start()
     repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
     server.booster.reload_policies()
-    settings = _settings(tmp_path, f"127.0.0.1:{server.grpc_port}", interval_s=60,
-                         apply_to_kernel=False, metrics_listen=f"127.0.0.1:{free_port()}")
+    settings = _settings(
+        tmp_path,
+        f"127.0.0.1:{server.grpc_port}",
+        interval_s=60,
+        apply_to_kernel=False,
+        metrics_listen=f"127.0.0.1:{free_port()}",
+    )
     agent = _NoSources(settings, kernel=Kernel(tmp_path, use_netlink=False))
     runner = threading.Thread(target=agent.run)
     try:
@@ -202,7 +239,8 @@ def test_agent_asks_for_theta_as_often_as_booster_says(tmp_path, db_url):
         runner.join(timeout=10)
         server.stop()
     asked = server.booster.metrics.registry.get_sample_value(
-        "gemini_booster_grpc_request_seconds_count", {"method": "GetParameters", "code": "OK"})
+        "gemini_booster_grpc_request_seconds_count", {"method": "GetParameters", "code": "OK"}
+    )
     assert agent.refresh_after_s == 1.0
     assert 4 <= asked <= 6, asked  # at start, then about once a second; never a busy loop
 
@@ -231,12 +269,13 @@ def test_theta_outside_the_region_is_refused_and_never_written(sysctl_dir):
     assert _values(sysctl_dir) == good
     bad = pb.GetParametersResponse(default_theta=pb.Theta(**(good | {"mult_decrease": 100})))
     applier.apply(applier.plan_from(bad, []), [])
-    assert _values(sysctl_dir) == good              # last good θ kept
+    assert _values(sysctl_dir) == good  # last good θ kept
     assert metrics.theta_refused._value.get() == 1
     place = Place("eu-west", "isp-a")
     per_ctx = pb.GetParametersResponse(
         default_theta=pb.Theta(**good),
-        parameters=[pb.ContextParameters(theta=pb.Theta(**(good | {"window_intervals": 0})))])
+        parameters=[pb.ContextParameters(theta=pb.Theta(**(good | {"window_intervals": 0})))],
+    )
     plan = applier.plan_from(per_ctx, [place])
     assert place not in plan.per_place and metrics.theta_refused._value.get() == 2
 
@@ -247,8 +286,9 @@ def test_falls_back_to_the_safe_default_after_the_staleness_limit(sysctl_dir):
     tuned = SPEC.default() | {"add_increase": 9}
     applier.apply(Plan(tuned, {}), [])
     applier.check_staleness([])
-    assert _values(sysctl_dir) == tuned             # within the limit: keep the last good θ
+    assert _values(sysctl_dir) == tuned  # within the limit: keep the last good θ
     import time
+
     time.sleep(0.1)
     applier.check_staleness([])
     assert _values(sysctl_dir) == SPEC.default() and metrics.fallbacks._value.get() == 1

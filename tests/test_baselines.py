@@ -51,13 +51,25 @@ def rows(engine, sql: str) -> list[tuple]:
 
 def test_baseline_flows_are_stored_apart_and_never_train_the_model(svc):
     tuned = SPEC.default() | {"mult_decrease": 70}
-    resp = send(svc, [aggregate([20, 30], 10, theta=tuned), aggregate([10, 10, 16], 30, "cubic"),
-                      aggregate([12], 20, "bbr")])
+    resp = send(
+        svc,
+        [
+            aggregate([20, 30], 10, theta=tuned),
+            aggregate([10, 10, 16], 30, "cubic"),
+            aggregate([12], 20, "bbr"),
+        ],
+    )
     assert resp.aggregates_stored == 3
     assert sorted(rows(svc.engine, "SELECT cc, theta_key, flow_count FROM trials")) == [
-        ("", SPEC.key(tuned), 2), ("bbr", "", 1), ("cubic", "", 3)]
+        ("", SPEC.key(tuned), 2),
+        ("bbr", "", 1),
+        ("cubic", "", 3),
+    ]
     assert sorted(rows(svc.engine, "SELECT cc FROM report_aggregates")) == [
-        ("",), ("bbr",), ("cubic",)]
+        ("",),
+        ("bbr",),
+        ("cubic",),
+    ]
     policy = svc.booster.policies[POLICY]
     trials = repo.load_trials(svc.engine, policy.id)
     assert [t.theta_key for t in trials] == [SPEC.key(tuned)]
@@ -69,8 +81,10 @@ def test_baseline_flows_are_stored_apart_and_never_train_the_model(svc):
     [
         (lambda a: setattr(a, "cc", "fusion"), "aggregates[1].cc: 'fusion' flows leave cc empty"),
         (lambda a: setattr(a, "cc", "Cubic!"), "aggregates[1].cc: 'Cubic!' is not a kernel"),
-        (lambda a: a.theta.CopyFrom(pb.Theta(**SPEC.default())),
-         "aggregates[1].theta: a baseline (cubic) aggregate carries no theta"),
+        (
+            lambda a: a.theta.CopyFrom(pb.Theta(**SPEC.default())),
+            "aggregates[1].theta: a baseline (cubic) aggregate carries no theta",
+        ),
     ],
 )
 def test_bad_baseline_aggregates_are_named_and_store_nothing(svc, mutate, problem):
@@ -86,8 +100,14 @@ def test_bad_baseline_aggregates_are_named_and_store_nothing(svc, mutate, proble
 
 def test_comparison_per_context_against_each_baseline(svc):
     tuned = SPEC.default() | {"mult_decrease": 70}
-    send(svc, [aggregate([20, 30], 10, theta=tuned), aggregate([10, 14], 5),
-               aggregate([10, 10, 16], 30, "cubic")])
+    send(
+        svc,
+        [
+            aggregate([20, 30], 10, theta=tuned),
+            aggregate([10, 14], 5),
+            aggregate([10, 10, 16], 30, "cubic"),
+        ],
+    )
     send(svc, [aggregate([24, 26], 10, theta=tuned)], start_ms=1_700_000_300_000)
     svc.booster.refit(svc.booster.policies[POLICY])
     r = svc.http.get(f"/v1/policies/{POLICY}/comparison", headers=auth(OPERATOR))
@@ -109,7 +129,8 @@ def test_comparison_per_context_against_each_baseline(svc):
     assert inc["utility_difference"] == pytest.approx(20 - (-3))
     assert inc["throughput_ratio"] == pytest.approx(25 / 12)
     assert inc["utility_difference_stderr"] == pytest.approx(
-        (arms["incumbent"]["utility_stderr"] ** 2 + 4) ** 0.5)
+        (arms["incumbent"]["utility_stderr"] ** 2 + 4) ** 0.5
+    )
     # σ can be changed for the view; nothing needs a write credential to read it
     r = svc.http.get(f"/v1/policies/{POLICY}/comparison?sigma=0", headers=auth(OPERATOR))
     assert {a["arm"]: a["utility"] for a in r.json()[0]["arms"]}["cubic"] == pytest.approx(12)
@@ -123,17 +144,27 @@ def test_migration_keeps_fusion_data_as_fusion(pg_admin_url, db_url):
         conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
     database.migrate(engine, "0001")
     with engine.begin() as conn:
-        conn.execute(text(
-            "INSERT INTO policies (name, sigma, region, bounds, mode, target_cc, acq_func,"
-            " exploration_share, n_initial_points, min_flows, history_hours, time_buckets,"
-            " max_model_points, revision) SELECT 'old', 1, 'production', '{}', 'contextual',"
-            " 'fusion', 'gp_hedge', 0.1, 5, 1, 24, 1, 500, 1"))
-        conn.execute(text("INSERT INTO contexts (src_region, src_isp, dst_region, dst_isp, hour)"
-                          " VALUES ('a', 'b', 'c', 'd', 1)"))
-        conn.execute(text(
-            "INSERT INTO trials (policy_id, context_id, theta_key, flow_count, tpt_sum,"
-            " tpt_sq_sum, delay_sum, delay_sq_sum, tpt_delay_sum, slow_flows, report_count)"
-            " SELECT p.id, c.id, 'k', 3, 1, 1, 1, 1, 1, 0, 1 FROM policies p, contexts c"))
+        conn.execute(
+            text(
+                "INSERT INTO policies (name, sigma, region, bounds, mode, target_cc, acq_func,"
+                " exploration_share, n_initial_points, min_flows, history_hours, time_buckets,"
+                " max_model_points, revision) SELECT 'old', 1, 'production', '{}', 'contextual',"
+                " 'fusion', 'gp_hedge', 0.1, 5, 1, 24, 1, 500, 1"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO contexts (src_region, src_isp, dst_region, dst_isp, hour)"
+                " VALUES ('a', 'b', 'c', 'd', 1)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO trials (policy_id, context_id, theta_key, flow_count, tpt_sum,"
+                " tpt_sq_sum, delay_sum, delay_sq_sum, tpt_delay_sum, slow_flows, report_count)"
+                " SELECT p.id, c.id, 'k', 3, 1, 1, 1, 1, 1, 0, 1 FROM policies p, contexts c"
+            )
+        )
     database.migrate(engine)
     assert rows(engine, "SELECT cc, theta_key, flow_count FROM trials") == [("", "k", 3)]
     engine.dispose()

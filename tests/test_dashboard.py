@@ -20,9 +20,16 @@ from .test_baselines import POLICY, aggregate, send
 SPEC = load_spec()
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 # Flags for a closed network: no background connections Chromium would retry at every start.
-CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync")
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 WAIT_S = 20
 
 
@@ -50,8 +57,14 @@ def ab(booster):
     repo.create_policy(booster.engine, PolicyCreate(name=POLICY, sigma=0.5), actor="test")
     booster.booster.reload_policies()
     tuned = SPEC.default() | {"mult_decrease": 70}
-    send(booster, [aggregate([20, 30, 26], 10, theta=tuned), aggregate([10, 14], 5),
-                   aggregate([10, 10, 16], 30, "cubic")])
+    send(
+        booster,
+        [
+            aggregate([20, 30, 26], 10, theta=tuned),
+            aggregate([10, 14], 5),
+            aggregate([10, 10, 16], 30, "cubic"),
+        ],
+    )
     booster.booster.refit(booster.booster.policies[POLICY])
     return booster
 
@@ -82,8 +95,10 @@ class Page:
         from selenium.webdriver.common.by import By
 
         body = self.el(table).find_element(By.TAG_NAME, "tbody")
-        return [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-                for tr in body.find_elements(By.TAG_NAME, "tr")]
+        return [
+            [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            for tr in body.find_elements(By.TAG_NAME, "tr")
+        ]
 
     def set_field(self, element_id: str, value: str) -> None:
         field = self.el(element_id)
@@ -110,8 +125,9 @@ def test_operator_sees_plans_and_comparison_previews_and_saves_sigma(ab, browser
     page.set_field("sigma", "10")
     page.el("preview").click()
     page.status_contains("the policy is unchanged")
-    expected = httpx.get(f"{base_url(ab)}/v1/policies/{POLICY}/comparison?sigma=10",
-                         headers=auth(OPERATOR)).json()
+    expected = httpx.get(
+        f"{base_url(ab)}/v1/policies/{POLICY}/comparison?sigma=10", headers=auth(OPERATOR)
+    ).json()
     cubic = next(a for a in expected[0]["arms"] if a["arm"] == "cubic")
     arms = {row[1]: row for row in page.rows("comparison")}
     assert arms["cubic"][3] == f"{cubic['utility']:.2f} ± {cubic['utility_stderr']:.2f}"
@@ -127,8 +143,9 @@ def test_operator_sees_plans_and_comparison_previews_and_saves_sigma(ab, browser
 
 
 def test_refused_changes_are_named_and_change_nothing(ab, browser):
-    viewer = ab.http.post("/v1/tokens", json={"name": "ro", "role": "viewer"},
-                          headers=auth(OPERATOR)).json()["token"]
+    viewer = ab.http.post(
+        "/v1/tokens", json={"name": "ro", "role": "viewer"}, headers=auth(OPERATOR)
+    ).json()["token"]
     page = Page(browser, base_url(ab))
     page.sign_in("forged")
     assert page.status_contains("401") == "401: unknown or revoked token"

@@ -76,14 +76,17 @@ def test_out_of_range_sysctl_writes_are_refused_and_values_kept(lab):
         assert case["kept"] and case["version_kept"], case
 
 
-@pytest.mark.parametrize("case,reason", [
-    ("theta_out_of_region", "mult_decrease outside region Theta' [10, 99]"),
-    ("host_bits_set", "bits set beyond prefix_len"),
-    ("prefix_too_long", "prefix_len longer than the address"),
-    ("unknown_profile", "profile id not in this message"),
-    ("profile_id_zero", "profile id 0 is the sysctl default"),
-    ("too_many_rules", ""),
-])
+@pytest.mark.parametrize(
+    "case,reason",
+    [
+        ("theta_out_of_region", "mult_decrease outside region Theta' [10, 99]"),
+        ("host_bits_set", "bits set beyond prefix_len"),
+        ("prefix_too_long", "prefix_len longer than the address"),
+        ("unknown_profile", "profile id not in this message"),
+        ("profile_id_zero", "profile id 0 is the sysctl default"),
+        ("too_many_rules", ""),
+    ],
+)
 def test_bad_profile_tables_are_refused_and_table_kept(lab, case, reason):
     by_case = {c["case"]: c for c in _exp(lab, "rejects")["table"]}
     result = by_case[case]

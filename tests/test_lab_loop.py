@@ -17,7 +17,6 @@ from tests.conftest import AGENT, free_port, make_settings, new_database
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 
-
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory, pg_admin_url):
     try:
@@ -26,8 +25,13 @@ def loop(tmp_path_factory, pg_admin_url):
         pytest.skip(str(exc))
     db_url = new_database(pg_admin_url)
     cfg = LoopConfig(kill_after_reports=10, outage_s=20)
-    return run_loop(lambda listen: make_settings(db_url, grpc_listen=listen, refit_interval_s=2),
-                    free_port(), AGENT, tmp_path_factory.mktemp("loop"), cfg)
+    return run_loop(
+        lambda listen: make_settings(db_url, grpc_listen=listen, refit_interval_s=2),
+        free_port(),
+        AGENT,
+        tmp_path_factory.mktemp("loop"),
+        cfg,
+    )
 
 
 def _agent(loop) -> dict:
@@ -82,9 +86,11 @@ def test_convergence_plot_is_written(loop):
 
 def test_landscape_table_gives_each_theta_per_path():
     default = load_spec().default()
-    cells = [{"theta": {**default, "init_cwnd": 40}, "path": 0, "utilities": [10.0, 12.0]},
-             {"theta": {**default, "init_cwnd": 40}, "path": 1, "utilities": [4.0]},
-             {"theta": default, "path": 1, "utilities": [3.0, 5.0]}]
+    cells = [
+        {"theta": {**default, "init_cwnd": 40}, "path": 0, "utilities": [10.0, 12.0]},
+        {"theta": {**default, "init_cwnd": 40}, "path": 1, "utilities": [4.0]},
+        {"theta": default, "path": 1, "utilities": [3.0, 5.0]},
+    ]
     table = landscape_table({"experiments": {"landscape": {"cells": cells}}})
     assert "| init_cwnd 40 | 11.00 ± 1.41 (2) | 4.00 ± 0.00 (1) |" in table, table
     assert "| defaults | — | 4.00 ± 1.41 (2) |" in table, table

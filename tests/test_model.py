@@ -91,14 +91,22 @@ def test_cold_start_design_spans_the_region_from_its_first_points():
 
 def test_initial_plans_hand_out_the_design_points_not_yet_tried():
     spec = load_spec()
-    policy = Policy(id=1, revision=1, name="p", n_initial_points=6, region="custom", bounds={
-        p.name: (p.default, p.default) for p in spec.params} | {"mult_decrease": (10, 99)})
+    policy = Policy(
+        id=1,
+        revision=1,
+        name="p",
+        n_initial_points=6,
+        region="custom",
+        bounds={p.name: (p.default, p.default) for p in spec.params} | {"mult_decrease": (10, 99)},
+    )
     planner = Planner(spec)
     now = datetime.now(UTC)
-    first = planner._initial_plan(policy, ThetaSpace(spec, policy.resolved_bounds()), [], 7,
-                                  np.random.default_rng(0))
+    first = planner._initial_plan(
+        policy, ThetaSpace(spec, policy.resolved_bounds()), [], 7, np.random.default_rng(0)
+    )
     assert first.acquisition == "initial design" and len(first.candidates) == 6
     tried = [Observation(7, first.candidates[0], 5.0, 1.0, 3, now.timestamp())]
-    second = planner._initial_plan(policy, ThetaSpace(spec, policy.resolved_bounds()), tried, 7,
-                                   np.random.default_rng(0))
+    second = planner._initial_plan(
+        policy, ThetaSpace(spec, policy.resolved_bounds()), tried, 7, np.random.default_rng(0)
+    )
     assert second.candidates == first.candidates[1:]

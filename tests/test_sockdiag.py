@@ -52,11 +52,12 @@ def test_flows_of_other_ccs_are_counted_by_cc_even_when_reset():
         _flow(abortive=False)
         _flow(abortive=True)
         deadline = time.monotonic() + 10
-        while metrics.registry.get_sample_value(
-            "gemini_agent_other_cc_flows_total", {"cc": cc}
-        ) is None or metrics.registry.get_sample_value(
-            "gemini_agent_other_cc_flows_total", {"cc": cc}
-        ) < 4:
+        while (
+            metrics.registry.get_sample_value("gemini_agent_other_cc_flows_total", {"cc": cc})
+            is None
+            or metrics.registry.get_sample_value("gemini_agent_other_cc_flows_total", {"cc": cc})
+            < 4
+        ):
             assert time.monotonic() < deadline, "destroy events did not arrive"
             time.sleep(0.1)
     finally:
@@ -64,8 +65,9 @@ def test_flows_of_other_ccs_are_counted_by_cc_even_when_reset():
         source.join(timeout=5)
     # two connections, two sockets each (client and accepted peer), all under the system's CC
     assert metrics.registry.get_sample_value("gemini_agent_other_cc_flows_total", {"cc": cc}) == 4
-    assert metrics.registry.get_sample_value(
-        "gemini_agent_flows_total", {"source": "sockdiag"}) == 4
+    assert (
+        metrics.registry.get_sample_value("gemini_agent_flows_total", {"source": "sockdiag"}) == 4
+    )
     # the aggregator gets the two senders' flows with their bytes (the reset one too), not the
     # receiving sockets, which sent nothing
     senders = flows
@@ -80,8 +82,9 @@ def test_the_agents_own_booster_connection_is_not_a_flow():
     with socket.create_server(("127.0.0.1", 0)) as srv:
         port = srv.getsockname()[1]
         flows: list[Flow] = []
-        source = SockDiagSource(flows.append, metrics, dump_s=0.1,
-                                skip=frozenset({("127.0.0.1", port)}))
+        source = SockDiagSource(
+            flows.append, metrics, dump_s=0.1, skip=frozenset({("127.0.0.1", port)})
+        )
         source.start()
         try:
             c = socket.create_connection(("127.0.0.1", port))

@@ -64,8 +64,12 @@ class Aggregator:
             return None
         report_id = uuid.uuid5(REPORT_NAMESPACE, f"{self.host_id}/{self.policy}/{start_ms}")
         return pb.ReportRequest(
-            report_id=str(report_id), host_id=self.host_id, policy=self.policy,
-            interval_start_unix_ms=start_ms, interval_end_unix_ms=end_ms,
-            aggregates=[s.builder.to_proto(s.theta, s.version, s.context, s.cc)
-                        for s in slots.values()],
+            report_id=str(report_id),
+            host_id=self.host_id,
+            policy=self.policy,
+            interval_start_unix_ms=start_ms,
+            interval_end_unix_ms=end_ms,
+            aggregates=[
+                s.builder.to_proto(s.theta, s.version, s.context, s.cc) for s in slots.values()
+            ],
         )

@@ -34,8 +34,8 @@ class AgentSettings(BaseSettings):
 
     src_region: str = "unknown"
     src_isp: str = "unknown"
-    geo_mmdb: Path | None = None       # MaxMind-format database: dst → region, ISP
-    geo_csv: Path | None = None        # or a CSV prefix table: prefix,region,isp
+    geo_mmdb: Path | None = None  # MaxMind-format database: dst → region, ISP
+    geo_csv: Path | None = None  # or a CSV prefix table: prefix,region,isp
     mmdb_region_field: str = "region"
     mmdb_isp_field: str = "isp"
 
@@ -45,11 +45,11 @@ class AgentSettings(BaseSettings):
     retry_max_s: float = 60.0
     spool_dir: Path = Path("/var/lib/gemini-agent/spool")
     spool_max_bytes: int = 64 * 1024 * 1024
-    staleness_s: float = 1800.0        # after this without Booster, fall back to the safe default
-    apply_to_kernel: bool = True       # False: ask and log, never write θ (dry run)
+    staleness_s: float = 1800.0  # after this without Booster, fall back to the safe default
+    apply_to_kernel: bool = True  # False: ask and log, never write θ (dry run)
     metrics_listen: str = "127.0.0.1:9465"
-    sockdiag: bool = False             # also watch flows of other CCs (socket diagnostics)
-    sockdiag_dump_s: float = 5.0       # dump of open sockets: counters an abortive close erases
+    sockdiag: bool = False  # also watch flows of other CCs (socket diagnostics)
+    sockdiag_dump_s: float = 5.0  # dump of open sockets: counters an abortive close erases
 
     @field_validator("interval_s", "rpc_deadline_s", "staleness_s")
     @classmethod
@@ -59,6 +59,7 @@ class AgentSettings(BaseSettings):
         return v
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
-                                   dotenv_settings, file_secret_settings):
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):
         return init_settings, env_settings, _TomlSource(settings_cls), file_secret_settings

@@ -34,8 +34,9 @@ class PrefixTable:
                     continue
                 if len(row) != 3:
                     raise ValueError(f"{path}:{i}: expected prefix,region,isp")
-                rows.append((ipaddress.ip_network(row[0].strip()), Place(row[1].strip(),
-                                                                         row[2].strip())))
+                rows.append(
+                    (ipaddress.ip_network(row[0].strip()), Place(row[1].strip(), row[2].strip()))
+                )
         self.rows = sorted(rows, key=lambda r: r[0].prefixlen, reverse=True)
 
     def lookup(self, addr: str) -> Place | None:
@@ -57,8 +58,9 @@ class MmdbTable:
     def _place(self, record: object) -> Place | None:
         if not isinstance(record, dict):
             return None
-        return Place(str(record.get(self.region_field, UNKNOWN)),
-                     str(record.get(self.isp_field, UNKNOWN)))
+        return Place(
+            str(record.get(self.region_field, UNKNOWN)), str(record.get(self.isp_field, UNKNOWN))
+        )
 
     def lookup(self, addr: str) -> Place | None:
         return self._place(self.reader.get(addr))
@@ -81,8 +83,13 @@ class ContextResolver:
         return found or Place(UNKNOWN, UNKNOWN)
 
     def message(self, place: Place, hour: int) -> pb.Context:
-        return pb.Context(src_region=self.src.region, src_isp=self.src.isp,
-                          dst_region=place.region, dst_isp=place.isp, hour=hour)
+        return pb.Context(
+            src_region=self.src.region,
+            src_isp=self.src.isp,
+            dst_region=place.region,
+            dst_isp=place.isp,
+            hour=hour,
+        )
 
     def context(self, dst: str, when: dt.datetime) -> pb.Context:
         return self.message(self.place(dst), when.hour)
@@ -90,4 +97,3 @@ class ContextResolver:
     def served_prefixes(self) -> list[tuple[str, Place]]:
         """Every prefix the table knows, for installing per-context profiles."""
         return self.table.prefixes() if self.table else []
-

@@ -43,8 +43,11 @@ def booster_peers(s: AgentSettings) -> frozenset[tuple[str, int]]:
     try:
         infos = socket.getaddrinfo(host, int(port), proto=socket.IPPROTO_TCP)
     except (OSError, ValueError) as exc:
-        log.warning("cannot resolve Booster at %s (%s): its connection may count as a flow",
-                    s.booster_address, exc)
+        log.warning(
+            "cannot resolve Booster at %s (%s): its connection may count as a flow",
+            s.booster_address,
+            exc,
+        )
         return frozenset()
     return frozenset((info[4][0], int(port)) for info in infos)
 
@@ -69,11 +72,13 @@ class Agent:
 
     def refresh_theta(self) -> None:
         now = dt.datetime.now(dt.UTC)
-        req = pb.GetParametersRequest(host_id=self.s.host_id, policy=self.s.policy,
-                                      contexts=self.contexts(now))
+        req = pb.GetParametersRequest(
+            host_id=self.s.host_id, policy=self.s.policy, contexts=self.contexts(now)
+        )
         try:
-            resp = self.reporter.stub.GetParameters(req, metadata=self.reporter.metadata,
-                                                    timeout=self.s.rpc_deadline_s)
+            resp = self.reporter.stub.GetParameters(
+                req, metadata=self.reporter.metadata, timeout=self.s.rpc_deadline_s
+            )
         except grpc.RpcError as err:
             log.warning("GetParameters failed (%s): keeping the last good θ", err.code().name)
             self.applier.check_staleness(self.prefixes)
@@ -101,8 +106,11 @@ class Agent:
     def make_sources(self) -> list[threading.Thread]:
         sources: list[threading.Thread] = [FusionRecordSource(self.aggregator.add, self.metrics)]
         if self.s.sockdiag:
-            sources.append(SockDiagSource(self.aggregator.add, self.metrics,
-                                          self.s.sockdiag_dump_s, booster_peers(self.s)))
+            sources.append(
+                SockDiagSource(
+                    self.aggregator.add, self.metrics, self.s.sockdiag_dump_s, booster_peers(self.s)
+                )
+            )
         return sources
 
     def run(self) -> None:

@@ -28,8 +28,13 @@ def open_channel(settings: AgentSettings) -> grpc.Channel:
 
 
 class Reporter:
-    def __init__(self, settings: AgentSettings, spool: Spool, metrics: AgentMetrics,
-                 channel: grpc.Channel | None = None) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        spool: Spool,
+        metrics: AgentMetrics,
+        channel: grpc.Channel | None = None,
+    ) -> None:
         self.settings, self.spool, self.metrics = settings, spool, metrics
         self.channel = channel or open_channel(settings)
         self.stub = pb_grpc.BoosterStub(self.channel)
@@ -44,8 +49,9 @@ class Reporter:
 
     def _backoff(self) -> None:
         self.failures += 1
-        cap = min(self.settings.retry_max_s,
-                  self.settings.retry_initial_s * 2 ** min(self.failures, 30))
+        cap = min(
+            self.settings.retry_max_s, self.settings.retry_initial_s * 2 ** min(self.failures, 30)
+        )
         self.next_attempt = time.monotonic() + random.uniform(0, cap)
 
     def drain(self) -> int:
@@ -56,19 +62,25 @@ class Reporter:
         for path, payload in self.spool.pending():
             try:
                 self.stub.ReportAggregates(
-                    pb.ReportRequest.FromString(payload), metadata=self.metadata,
+                    pb.ReportRequest.FromString(payload),
+                    metadata=self.metadata,
                     timeout=self.settings.rpc_deadline_s,
                 )
             except grpc.RpcError as err:
                 code = err.code()
                 if code in PERMANENT:
-                    log.error("Booster refused report %s for good: %s %s", path.name, code.name,
-                              err.details())
+                    log.error(
+                        "Booster refused report %s for good: %s %s",
+                        path.name,
+                        code.name,
+                        err.details(),
+                    )
                     self.spool.reject(path)
                     self.metrics.reports.labels("rejected").inc()
                     continue
-                log.warning("Booster unavailable (%s); %d reports spooled", code.name,
-                            len(self.spool))
+                log.warning(
+                    "Booster unavailable (%s); %d reports spooled", code.name, len(self.spool)
+                )
                 self.metrics.reports.labels("failed").inc()
                 self._backoff()
                 break

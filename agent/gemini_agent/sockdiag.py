@@ -76,14 +76,15 @@ def _attrs(data: bytes, start: int, end: int) -> dict[int, bytes]:
         length, kind = _NLA.unpack_from(data, off)
         if length < 4:
             break
-        out[kind & 0x3FFF] = data[off + 4:off + length]
+        out[kind & 0x3FFF] = data[off + 4 : off + length]
         off += (length + 3) & ~3
     return out
 
 
 def _flow(data: bytes, start: int, end: int) -> ClosedFlow | None:
-    (family, _state, _timer, _retrans, sport, dport, src, dst, _if, cookie,
-     *_rest) = _DIAG_MSG.unpack_from(data, start)
+    (family, _state, _timer, _retrans, sport, dport, src, dst, _if, cookie, *_rest) = (
+        _DIAG_MSG.unpack_from(data, start)
+    )
     attrs = _attrs(data, start + _DIAG_MSG.size, end)
     info = attrs.get(INET_DIAG_INFO, b"")
     if len(info) < TCPI_MIN_LEN:
@@ -91,13 +92,19 @@ def _flow(data: bytes, start: int, end: int) -> ClosedFlow | None:
     cc = attrs.get(INET_DIAG_CONG, b"unknown").split(b"\0", 1)[0].decode() or "unknown"
     (busy, rwnd, sndbuf) = struct.unpack_from("=QQQ", info, TCPI_BUSY_TIME)
     return ClosedFlow(
-        cookie=cookie, family=family, saddr=_address(family, src), daddr=_address(family, dst),
-        sport=socket.ntohs(sport), dport=socket.ntohs(dport),
+        cookie=cookie,
+        family=family,
+        saddr=_address(family, src),
+        daddr=_address(family, dst),
+        sport=socket.ntohs(sport),
+        dport=socket.ntohs(dport),
         bytes_acked=struct.unpack_from("=Q", info, TCPI_BYTES_ACKED)[0],
         busy_us=busy + rwnd + sndbuf,
         rtt_us=struct.unpack_from("=I", info, TCPI_RTT)[0],
         min_rtt_us=struct.unpack_from("=I", info, TCPI_MIN_RTT)[0],
-        retrans=struct.unpack_from("=I", info, TCPI_TOTAL_RETRANS)[0], cc=cc)
+        retrans=struct.unpack_from("=I", info, TCPI_TOTAL_RETRANS)[0],
+        cc=cc,
+    )
 
 
 def parse(data: bytes) -> Iterator[ClosedFlow | int]:
@@ -139,10 +146,19 @@ class Snapshots:
         with _open_socket() as sock:
             for family in (socket.AF_INET, socket.AF_INET6):
                 ext = (1 << (INET_DIAG_INFO - 1)) | (1 << (INET_DIAG_CONG - 1))
-                req = _REQ_V2.pack(family, socket.IPPROTO_TCP, ext, OPEN_STATES, 0, 0,
-                                   bytes(16), bytes(16), 0, 0)
-                sock.send(_NLMSG.pack(_NLMSG.size + len(req), SOCK_DIAG_BY_FAMILY,
-                                      NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + req)
+                req = _REQ_V2.pack(
+                    family, socket.IPPROTO_TCP, ext, OPEN_STATES, 0, 0, bytes(16), bytes(16), 0, 0
+                )
+                sock.send(
+                    _NLMSG.pack(
+                        _NLMSG.size + len(req),
+                        SOCK_DIAG_BY_FAMILY,
+                        NLM_F_REQUEST | NLM_F_DUMP,
+                        1,
+                        0,
+                    )
+                    + req
+                )
                 done = False
                 while not done:
                     for item in parse(sock.recv(1 << 20)):
@@ -169,8 +185,9 @@ class Snapshots:
             return flow
         if flow.bytes_acked >= last.bytes_acked and flow.dport:
             return replace(flow, cc=last.cc)
-        return replace(last, busy_us=max(flow.busy_us, last.busy_us),
-                       retrans=max(flow.retrans, last.retrans))
+        return replace(
+            last, busy_us=max(flow.busy_us, last.busy_us), retrans=max(flow.retrans, last.retrans)
+        )
 
 
 class DestroyListener:

@@ -30,10 +30,15 @@ FIN_ONLY_BYTES = 1  # tcpi_bytes_acked of a socket that sent nothing but its FIN
 
 
 def flow_from_record(rec: FlowRecord, ended: dt.datetime) -> Flow:
-    stats = FlowStats(bytes_acked=rec.bytes_acked, duration_us=rec.duration_us,
-                      rtt_avg_us=rec.rtt_avg_us, rtt_min_us=rec.rtt_min_us)
-    return Flow(dst=rec.dst, stats=stats, theta=rec.theta, theta_version=rec.profile_version,
-                ended=ended)
+    stats = FlowStats(
+        bytes_acked=rec.bytes_acked,
+        duration_us=rec.duration_us,
+        rtt_avg_us=rec.rtt_avg_us,
+        rtt_min_us=rec.rtt_min_us,
+    )
+    return Flow(
+        dst=rec.dst, stats=stats, theta=rec.theta, theta_version=rec.profile_version, ended=ended
+    )
 
 
 class _Source(threading.Thread):
@@ -71,8 +76,12 @@ class FusionRecordSource(_Source):
 
 
 def flow_from_closed(flow: ClosedFlow, ended: dt.datetime) -> Flow:
-    stats = FlowStats(bytes_acked=flow.bytes_acked, duration_us=flow.busy_us,
-                      rtt_avg_us=flow.rtt_us, rtt_min_us=flow.min_rtt_us)
+    stats = FlowStats(
+        bytes_acked=flow.bytes_acked,
+        duration_us=flow.busy_us,
+        rtt_avg_us=flow.rtt_us,
+        rtt_min_us=flow.min_rtt_us,
+    )
     return Flow(dst=flow.daddr, stats=stats, theta={}, theta_version=0, ended=ended, cc=flow.cc)
 
 
@@ -81,8 +90,13 @@ class SockDiagSource(_Source):
     gemini_agent.sockdiag); Fusion's own flows are left to its records. ``skip`` holds
     (address, port) peers that are not the host's service (the agent's Booster)."""
 
-    def __init__(self, sink: Callable[[Flow], None], metrics: AgentMetrics, dump_s: float,
-                 skip: frozenset[tuple[str, int]] = frozenset()) -> None:
+    def __init__(
+        self,
+        sink: Callable[[Flow], None],
+        metrics: AgentMetrics,
+        dump_s: float,
+        skip: frozenset[tuple[str, int]] = frozenset(),
+    ) -> None:
         super().__init__("sockdiag", metrics)
         self.sink, self.dump_s, self.skip = sink, dump_s, skip
         self.listener = DestroyListener()

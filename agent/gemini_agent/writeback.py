@@ -59,8 +59,13 @@ class Kernel:
 
 
 class ThetaApplier:
-    def __init__(self, kernel: Kernel, metrics: AgentMetrics, staleness_s: float,
-                 spec: ThetaSpec | None = None) -> None:
+    def __init__(
+        self,
+        kernel: Kernel,
+        metrics: AgentMetrics,
+        staleness_s: float,
+        spec: ThetaSpec | None = None,
+    ) -> None:
         self.kernel, self.metrics, self.staleness_s = kernel, metrics, staleness_s
         self.spec = spec or load_spec()
         self.safe_default = self.spec.default()
@@ -77,8 +82,7 @@ class ThetaApplier:
             return None
         return theta
 
-    def plan_from(self, resp: pb.GetParametersResponse,
-                  places: Sequence[Place]) -> Plan:
+    def plan_from(self, resp: pb.GetParametersResponse, places: Sequence[Place]) -> Plan:
         """Booster's answer, each θ checked; a refused θ keeps what that context ran before."""
         previous = self.applied or Plan(self.safe_default, {})
         default = self.checked(self.spec.from_message(resp.default_theta))
@@ -100,8 +104,11 @@ class ThetaApplier:
                 profiles[ids[key]] = theta
             return ids[key]
 
-        rules = [Rule(prefix, profile(plan.per_place[place]))
-                 for prefix, place in prefixes if place in plan.per_place]
+        rules = [
+            Rule(prefix, profile(plan.per_place[place]))
+            for prefix, place in prefixes
+            if place in plan.per_place
+        ]
         rules += [Rule(prefix, profile(plan.default)) for prefix in CATCH_ALL]
         self.kernel.write_table(profiles, rules)
         self.kernel.write_default(plan.default)

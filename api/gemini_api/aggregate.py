@@ -65,8 +65,9 @@ class AggregateBuilder:
         self.sizes[bisect.bisect_right(SIZE_EDGES_BYTES, flow.bytes_acked)] += 1
         self.sketch.add(tpt)
 
-    def to_proto(self, theta: Mapping[str, int], theta_version: int,
-                 context: pb.Context, cc: str = "") -> pb.Aggregate:
+    def to_proto(
+        self, theta: Mapping[str, int], theta_version: int, context: pb.Context, cc: str = ""
+    ) -> pb.Aggregate:
         """Fusion flows carry their θ; another CC's flows (``cc`` set) carry none."""
         return pb.Aggregate(
             theta=None if cc else pb.Theta(**theta),

@@ -154,8 +154,9 @@ def _open_socket() -> GenericNetlinkSocket:
         sock.bind(FAMILY, fusion_msg)
     except NetlinkError as exc:
         sock.close()
-        raise FusionError("generic netlink family 'fusion' not found: is tcp_fusion loaded?") \
-            from exc
+        raise FusionError(
+            "generic netlink family 'fusion' not found: is tcp_fusion loaded?"
+        ) from exc
     return sock
 
 
@@ -190,10 +191,17 @@ class FusionNetlink:
         """Replace the destination table; returns its version. All or nothing."""
         attrs: list = []
         for pid, theta in profiles.items():
-            attrs.append(("FUSION_ATTR_PROFILE", {"attrs": [
-                ("FUSION_PROFILE_ATTR_ID", pid),
-                ("FUSION_PROFILE_ATTR_THETA", _pack_theta(theta)),
-            ]}))
+            attrs.append(
+                (
+                    "FUSION_ATTR_PROFILE",
+                    {
+                        "attrs": [
+                            ("FUSION_PROFILE_ATTR_ID", pid),
+                            ("FUSION_PROFILE_ATTR_THETA", _pack_theta(theta)),
+                        ]
+                    },
+                )
+            )
         for rule in rules:
             attrs.append(("FUSION_ATTR_RULE", {"attrs": _rule_attrs(rule)}))
         replies = self._request(CMD_SET_PROFILES, attrs)
@@ -202,15 +210,20 @@ class FusionNetlink:
     def get_profiles(self) -> tuple[int, dict[int, dict[str, int]], list[Rule]]:
         reply = self._request(CMD_GET_PROFILES, [])[0]
         profiles = {
-            p.get_attr("FUSION_PROFILE_ATTR_ID"):
-                _unpack_theta(p.get_attr("FUSION_PROFILE_ATTR_THETA"))
+            p.get_attr("FUSION_PROFILE_ATTR_ID"): _unpack_theta(
+                p.get_attr("FUSION_PROFILE_ATTR_THETA")
+            )
             for p in reply.get_attrs("FUSION_ATTR_PROFILE")
         }
         rules = []
         for r in reply.get_attrs("FUSION_ATTR_RULE"):
             addr = ipaddress.ip_address(bytes(r.get_attr("FUSION_RULE_ATTR_ADDR")))
-            rules.append(Rule(f"{addr}/{r.get_attr('FUSION_RULE_ATTR_PREFIX_LEN')}",
-                              r.get_attr("FUSION_RULE_ATTR_PROFILE_ID")))
+            rules.append(
+                Rule(
+                    f"{addr}/{r.get_attr('FUSION_RULE_ATTR_PREFIX_LEN')}",
+                    r.get_attr("FUSION_RULE_ATTR_PROFILE_ID"),
+                )
+            )
         return int(reply.get_attr("FUSION_ATTR_VERSION")), profiles, rules
 
     def stats(self) -> dict[str, int]:
@@ -236,8 +249,9 @@ class FlowRecordListener:
         except OSError:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf_bytes)
         self._sock.add_membership(MCGRP_FLOWS)
-        self._raw = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC,
-                                  fileno=os.dup(self._sock.fileno()))
+        self._raw = socket.socket(
+            socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC, fileno=os.dup(self._sock.fileno())
+        )
         self._raw.setblocking(False)
         self.overruns = 0
 
@@ -286,7 +300,7 @@ def _flat_attrs(data: bytes, start: int, end: int) -> dict[str, bytes]:
             break
         name = _ATTR_NAMES.get(atype & NLA_TYPE_MASK)
         if name:
-            out[name] = data[start + NLA_HDRLEN:start + alen]
+            out[name] = data[start + NLA_HDRLEN : start + alen]
         start += (alen + 3) & ~3
     return out
 
@@ -298,11 +312,16 @@ def _record(a: dict[str, bytes]) -> FlowRecord:
     return FlowRecord(
         src=str(ipaddress.ip_address(a["FUSION_ATTR_REC_SADDR"])),
         dst=str(ipaddress.ip_address(a["FUSION_ATTR_REC_DADDR"])),
-        sport=num("SPORT"), dport=num("DPORT"),
-        bytes_acked=num("BYTES_ACKED"), duration_us=num("DURATION_US"),
-        rtt_avg_us=num("RTT_AVG_US"), rtt_min_us=num("RTT_MIN_US"),
-        retrans=num("RETRANS"), segs_out=num("SEGS_OUT"),
-        profile_id=num("PROFILE_ID"), profile_version=num("PROFILE_VERSION"),
+        sport=num("SPORT"),
+        dport=num("DPORT"),
+        bytes_acked=num("BYTES_ACKED"),
+        duration_us=num("DURATION_US"),
+        rtt_avg_us=num("RTT_AVG_US"),
+        rtt_min_us=num("RTT_MIN_US"),
+        retrans=num("RETRANS"),
+        segs_out=num("SEGS_OUT"),
+        profile_id=num("PROFILE_ID"),
+        profile_version=num("PROFILE_VERSION"),
         theta=_unpack_theta(a["FUSION_ATTR_REC_THETA"]),
     )
 

@@ -45,9 +45,7 @@ def sketch_errors(msg: pb.QuantileSketch) -> list[str]:
     counts = msg.counts
     total = sum(counts, msg.zero_count)  # NaN or ±inf anywhere leaves the sum not finite
     if not math.isfinite(total) or (counts and min(counts) < 0) or msg.zero_count < 0:
-        bad = next(
-            (v for v in (*counts, msg.zero_count) if not math.isfinite(v) or v < 0), total
-        )
+        bad = next((v for v in (*counts, msg.zero_count) if not math.isfinite(v) or v < 0), total)
         errors.append(f"bucket count {bad} is not a finite non-negative number")
     return errors
 

@@ -1,11 +1,11 @@
 """gemini-lab: run Fusion and other CCs over emulated Table IV links in a real kernel.
 
-    gemini-lab run [--scenario ethernet ...] [--cc fusion --cc cubic ...] [--theta k=v ...]
-    gemini-lab bench        the Table IV comparison and CPU cost, written to benchmarks/results/
-    gemini-lab check        the acceptance plan, printed as a table
-    gemini-lab records      short fusion flows as fast as the guest makes them; records lost?
-    gemini-lab loop         Booster here + agent in the guest: the closed loop, plot in PNG
-    gemini-lab landscape    utility of fixed θ on the loop's paths (--theta k=v,k=v per cell)
+gemini-lab run [--scenario ethernet ...] [--cc fusion --cc cubic ...] [--theta k=v ...]
+gemini-lab bench        the Table IV comparison and CPU cost, written to benchmarks/results/
+gemini-lab check        the acceptance plan, printed as a table
+gemini-lab records      short fusion flows as fast as the guest makes them; records lost?
+gemini-lab loop         Booster here + agent in the guest: the closed loop, plot in PNG
+gemini-lab landscape    utility of fixed θ on the loop's paths (--theta k=v,k=v per cell)
 """
 
 from __future__ import annotations
@@ -39,9 +39,16 @@ def _theta(pairs: list[str]) -> dict[str, int]:
 def cmd_run(args: argparse.Namespace) -> dict:
     paths = [scenario.load(s) for s in args.scenario]
     experiments = [
-        {"label": f"{p.name}/{cc}", "kind": "flow", "path": i, "cc": cc,
-         "theta": _theta(args.theta) if cc == "fusion" else {}, "duration_s": args.duration}
-        for i, p in enumerate(paths) for cc in args.cc
+        {
+            "label": f"{p.name}/{cc}",
+            "kind": "flow",
+            "path": i,
+            "cc": cc,
+            "theta": _theta(args.theta) if cc == "fusion" else {},
+            "duration_s": args.duration,
+        }
+        for i, p in enumerate(paths)
+        for cc in args.cc
     ]
     return run_plan({"paths": [p.to_dict() for p in paths], "experiments": experiments}, args.out)
 
@@ -51,21 +58,36 @@ def cmd_loop(args: argparse.Namespace) -> None:
     from gemini_lab.loop import LoopConfig, run_loop
 
     token = "lab-agent-" + os.urandom(8).hex()
-    cfg = LoopConfig(interval_s=args.interval, sigma=args.sigma,
-                     search_reports=args.search_reports, eval_reports=args.eval_reports)
+    cfg = LoopConfig(
+        interval_s=args.interval,
+        sigma=args.sigma,
+        search_reports=args.search_reports,
+        eval_reports=args.eval_reports,
+    )
     result = run_loop(
-        lambda listen: Settings(grpc_listen=listen, http_port=0, refit_interval_s=2,
-                                bootstrap_agent_token=token),
-        args.port, token, args.out, cfg)
+        lambda listen: Settings(
+            grpc_listen=listen, http_port=0, refit_interval_s=2, bootstrap_agent_token=token
+        ),
+        args.port,
+        token,
+        args.out,
+        cfg,
+    )
     for region, values in sorted(result.rounds.items()):
         print(f"{region:>8}: " + " ".join(f"{v:6.2f}" for v in values))
-        print(f"{region:>8} with exploration off: "
-              + " ".join(f"{v:6.2f}" for v in result.evaluation[region]))
+        print(
+            f"{region:>8} with exploration off: "
+            + " ".join(f"{v:6.2f}" for v in result.evaluation[region])
+        )
     for region, trials in sorted(result.trials.items()):
         print(f"{region:>8} θ tried, in order (tuned parameters, flows, utility):")
         for t in trials:
-            print("          " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                                        for k, v in t.items()))
+            print(
+                "          "
+                + ", ".join(
+                    f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in t.items()
+                )
+            )
     for region, theta in sorted(result.incumbents.items()):
         print(f"{region:>8} incumbent: {theta}")
     print(f"reports: {len(result.report_ids)}, duplicates: {result.duplicate_ids}")
@@ -95,19 +117,35 @@ def main(argv: list[str] | None = None) -> None:
     records = sub.add_parser("records", help="flow-record delivery under many short flows")
     records.add_argument("--flows", type=int, default=10000)
     records.add_argument("--workers", type=int, default=8)
-    records.add_argument("--burst", type=int, default=10000,
-                         help="flows opened first and then ended at once (0: skip)")
+    records.add_argument(
+        "--burst",
+        type=int,
+        default=10000,
+        help="flows opened first and then ended at once (0: skip)",
+    )
     loop = sub.add_parser("loop", help="Booster (embedded PostgreSQL) + agent in the guest")
-    loop.add_argument("--search-reports", type=int, default=32,
-                      help="reporting intervals of search (the host explores) ...")
-    loop.add_argument("--eval-reports", type=int, default=10,
-                      help="... then of evaluation (exploration off, the incumbent runs)")
+    loop.add_argument(
+        "--search-reports",
+        type=int,
+        default=32,
+        help="reporting intervals of search (the host explores) ...",
+    )
+    loop.add_argument(
+        "--eval-reports",
+        type=int,
+        default=10,
+        help="... then of evaluation (exploration off, the incumbent runs)",
+    )
     loop.add_argument("--interval", type=float, default=8)
     loop.add_argument("--sigma", type=float, default=0.1)
     loop.add_argument("--port", type=int, default=50151)
     land = sub.add_parser("landscape", help="utility of fixed θ on the loop's two paths")
-    land.add_argument("--theta", action="append", default=[],
-                      help="one cell: name=units[,name=units...] (others at the defaults)")
+    land.add_argument(
+        "--theta",
+        action="append",
+        default=[],
+        help="one cell: name=units[,name=units...] (others at the defaults)",
+    )
     land.add_argument("--flows", type=int, default=6, help="flows per cell and path")
     land.add_argument("--flow-bytes", default="3M")
     land.add_argument("--sigma", type=float, default=0.1)

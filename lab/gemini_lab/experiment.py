@@ -41,9 +41,18 @@ class RecordCollector:
 
     def __enter__(self) -> RecordCollector:
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", SENDER_NS, sys.executable, "-m", "gemini_lab.records",
-             str(self.out)],
-            stdout=subprocess.PIPE, text=True,
+            [
+                "ip",
+                "netns",
+                "exec",
+                SENDER_NS,
+                sys.executable,
+                "-m",
+                "gemini_lab.records",
+                str(self.out),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
@@ -70,17 +79,40 @@ def cpu_busy_seconds() -> float:
     return sum(int(fields[i]) for i in PROC_STAT_BUSY) / CLK_TCK
 
 
-def start_flow(path: int, cc: str, duration_s: float, *, port: int, parallel: int = 1,
-               omit_s: int = 0) -> tuple[subprocess.Popen, subprocess.Popen]:
+def start_flow(
+    path: int, cc: str, duration_s: float, *, port: int, parallel: int = 1, omit_s: int = 0
+) -> tuple[subprocess.Popen, subprocess.Popen]:
     server = subprocess.Popen(
         ["ip", "netns", "exec", receiver_ns(path), "iperf3", "-s", "-1", "-p", str(port), "-J"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     time.sleep(0.3)
     client = subprocess.Popen(
-        ["ip", "netns", "exec", SENDER_NS, "iperf3", "-c", receiver_addr(path), "-p", str(port),
-         "-t", str(duration_s), "-O", str(omit_s), "-P", str(parallel), "-C", cc, "-J"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            "ip",
+            "netns",
+            "exec",
+            SENDER_NS,
+            "iperf3",
+            "-c",
+            receiver_addr(path),
+            "-p",
+            str(port),
+            "-t",
+            str(duration_s),
+            "-O",
+            str(omit_s),
+            "-P",
+            str(parallel),
+            "-C",
+            cc,
+            "-J",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     return server, client
 
@@ -117,8 +149,15 @@ def summarize(client: dict, server: dict) -> dict:
     }
 
 
-def run_flow(path: int, cc: str, duration_s: float, *, port: int = BASE_PORT, parallel: int = 1,
-             omit_s: int = 0) -> dict:
+def run_flow(
+    path: int,
+    cc: str,
+    duration_s: float,
+    *,
+    port: int = BASE_PORT,
+    parallel: int = 1,
+    omit_s: int = 0,
+) -> dict:
     busy0, wall0 = cpu_busy_seconds(), time.monotonic()
     server, client = start_flow(path, cc, duration_s, port=port, parallel=parallel, omit_s=omit_s)
     ss = ""

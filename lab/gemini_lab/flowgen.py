@@ -127,8 +127,15 @@ def send(addr: str, port: int, flows: int, workers: int, cc: str = "fusion") -> 
     with multiprocessing.Pool(workers) as pool:
         results = pool.map(_worker, [(addr, port, n, cc) for n in _shares(flows, workers)])
     elapsed = time.monotonic() - t0
-    print(json.dumps({"flows": sum(r[0] for r in results), "failed": sum(r[1] for r in results),
-                      "seconds": elapsed}))
+    print(
+        json.dumps(
+            {
+                "flows": sum(r[0] for r in results),
+                "failed": sum(r[1] for r in results),
+                "seconds": elapsed,
+            }
+        )
+    )
 
 
 def _acked(s: socket.socket) -> bool:
@@ -161,20 +168,31 @@ def _burst_worker(args: tuple) -> tuple[int, dict[str, int], float, float]:
     return len(socks), failed, t0, time.monotonic()
 
 
-def burst(addr: str, port: int, flows: int, workers: int, cc: str = "fusion",
-          pause_s: float = 0.0) -> None:
+def burst(
+    addr: str, port: int, flows: int, workers: int, cc: str = "fusion", pause_s: float = 0.0
+) -> None:
     with multiprocessing.Manager() as manager:
         barrier = manager.Barrier(workers)
         with multiprocessing.Pool(workers) as pool:
-            results = pool.map(_burst_worker, [(addr, port, n, cc, pause_s, barrier)
-                                               for n in _shares(flows, workers)])
+            results = pool.map(
+                _burst_worker,
+                [(addr, port, n, cc, pause_s, barrier) for n in _shares(flows, workers)],
+            )
     start, end = min(r[2] for r in results), max(r[3] for r in results)
     errors: dict[str, int] = {}
     for r in results:
         for name, count in r[1].items():
             errors[name] = errors.get(name, 0) + count
-    print(json.dumps({"flows": sum(r[0] for r in results), "failed": sum(errors.values()),
-                      "errors": errors, "seconds": end - start}))
+    print(
+        json.dumps(
+            {
+                "flows": sum(r[0] for r in results),
+                "failed": sum(errors.values()),
+                "errors": errors,
+                "seconds": end - start,
+            }
+        )
+    )
 
 
 def main() -> None:

@@ -55,8 +55,13 @@ def default_theta() -> dict[str, int]:
 def exp_flow(e: dict, out: Path) -> dict:
     set_default_theta({**default_theta(), **e.get("theta", {})})
     with RecordCollector(out / f"records-{e['label'].replace('/', '-')}.jsonl") as rc:
-        result = run_flow(e["path"], e["cc"], e["duration_s"], parallel=e.get("parallel", 1),
-                          omit_s=e.get("omit_s", 0))
+        result = run_flow(
+            e["path"],
+            e["cc"],
+            e["duration_s"],
+            parallel=e.get("parallel", 1),
+            omit_s=e.get("omit_s", 0),
+        )
     ports = set(result["ports"])
     result["records"] = [r for r in rc.records() if r["sport"] in ports]
     result["record_listener"] = rc.summary
@@ -85,10 +90,13 @@ def exp_profiles(e: dict, out: Path) -> dict:
 
 
 def _try_sysctl(name: str, value: int) -> bool:
-    return subprocess.run(
-        ["ip", "netns", "exec", SENDER_NS, "sysctl", "-qw", f"net.fusion.{name}={value}"],
-        capture_output=True,
-    ).returncode == 0
+    return (
+        subprocess.run(
+            ["ip", "netns", "exec", SENDER_NS, "sysctl", "-qw", f"net.fusion.{name}={value}"],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
 
 
 def exp_rejects(e: dict, out: Path) -> dict:
@@ -102,11 +110,15 @@ def exp_rejects(e: dict, out: Path) -> dict:
             if bad < 0:
                 continue
             accepted = _try_sysctl(p.name, bad)
-            sysctl_cases.append({
-                "param": p.name, "value": bad, "accepted": accepted,
-                "kept": read_sysctl(f"net.fusion.{p.name}") == before,
-                "version_kept": read_sysctl("net.fusion.version") == version,
-            })
+            sysctl_cases.append(
+                {
+                    "param": p.name,
+                    "value": bad,
+                    "accepted": accepted,
+                    "kept": read_sysctl(f"net.fusion.{p.name}") == before,
+                    "version_kept": read_sysctl("net.fusion.version") == version,
+                }
+            )
     good = {1: default_theta()}
     good_rules = [Rule("10.1.0.0/16", 1)]
     bad_tables = {
@@ -142,24 +154,52 @@ def exp_cpu(e: dict, out: Path) -> dict:
             for cc in e["ccs"]:
                 r = run_flow(e["path"], cc, e["duration_s"], parallel=n, port=BASE_PORT + 50)
                 gbytes = r["bytes_received"] / 1e9
-                rows.append({"cc": cc, "flows": n, "cpu_busy_s": r["cpu_busy_s"],
-                             "gbytes": gbytes, "throughput_mbps": r["throughput_mbps"],
-                             "cpu_s_per_gb": r["cpu_busy_s"] / gbytes if gbytes else None})
+                rows.append(
+                    {
+                        "cc": cc,
+                        "flows": n,
+                        "cpu_busy_s": r["cpu_busy_s"],
+                        "gbytes": gbytes,
+                        "throughput_mbps": r["throughput_mbps"],
+                        "cpu_s_per_gb": r["cpu_busy_s"] / gbytes if gbytes else None,
+                    }
+                )
     return {"rows": rows}
 
 
 def _flowgen_receiver(path: int, mode: str, port: int) -> subprocess.Popen:
     """``gemini_lab.flowgen serve|hold`` in the path's receiver namespace."""
-    server = subprocess.Popen(["ip", "netns", "exec", receiver_ns(path), sys.executable, "-m",
-                               "gemini_lab.flowgen", mode, str(port)])
+    server = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            receiver_ns(path),
+            sys.executable,
+            "-m",
+            "gemini_lab.flowgen",
+            mode,
+            str(port),
+        ]
+    )
     time.sleep(1)
     return server
 
 
 def _flowgen_send(mode: str, path: int, port: int, *args: object) -> dict:
     """``gemini_lab.flowgen send|burst`` from the sender namespace; its JSON summary."""
-    return json.loads(sh(sys.executable, "-m", "gemini_lab.flowgen", mode, receiver_addr(path),
-                         str(port), *map(str, args), ns=SENDER_NS))
+    return json.loads(
+        sh(
+            sys.executable,
+            "-m",
+            "gemini_lab.flowgen",
+            mode,
+            receiver_addr(path),
+            str(port),
+            *map(str, args),
+            ns=SENDER_NS,
+        )
+    )
 
 
 def exp_records(e: dict, out: Path) -> dict:
@@ -178,7 +218,9 @@ def exp_records(e: dict, out: Path) -> dict:
     server.kill()
     mine = [r for r in rc.records() if r["dport"] == port]
     return {
-        **sent, "flows_per_s": sent["flows"] / sent["seconds"], "records_received": len(mine),
+        **sent,
+        "flows_per_s": sent["flows"] / sent["seconds"],
+        "records_received": len(mine),
         "records_short_of_payload": sum(1 for r in mine if r["bytes_acked"] < FLOW_BYTES),
         "kernel_dropped": after["dropped"] - before["dropped"],
         "kernel_records": after["records"] - before["records"],
@@ -213,7 +255,8 @@ def exp_writeback(e: dict, out: Path) -> dict:
     def answer(default_theta: dict, theta: dict) -> pb.GetParametersResponse:
         return pb.GetParametersResponse(
             default_theta=pb.Theta(**default_theta),
-            parameters=[pb.ContextParameters(theta=pb.Theta(**theta))])
+            parameters=[pb.ContextParameters(theta=pb.Theta(**theta))],
+        )
 
     applier.booster_answered()
     applier.apply(applier.plan_from(answer(default, remote), [place]), prefixes)
@@ -224,11 +267,15 @@ def exp_writeback(e: dict, out: Path) -> dict:
     time.sleep(1.2)
     applier.check_staleness(prefixes)
     after_staleness = kernel_state()
-    return {"default": default, "remote": remote, "safe": spec.default(),
-            "installed": installed, "after_refusal": after_refusal,
-            "after_staleness": after_staleness,
-            "refused": applier.metrics.registry.get_sample_value(
-                "gemini_agent_theta_refused_total")}
+    return {
+        "default": default,
+        "remote": remote,
+        "safe": spec.default(),
+        "installed": installed,
+        "after_refusal": after_refusal,
+        "after_staleness": after_staleness,
+        "refused": applier.metrics.registry.get_sample_value("gemini_agent_theta_refused_total"),
+    }
 
 
 def exp_sockdiag(e: dict, out: Path) -> dict:
@@ -302,13 +349,23 @@ def _agent_metrics(port: int) -> dict[str, float]:
 
 
 def _iperf_servers(paths: list[int]) -> list[subprocess.Popen]:
-    return [subprocess.Popen(["ip", "netns", "exec", receiver_ns(i), "iperf3", "-s", "-p",
-                              str(BASE_PORT)], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL) for i in paths]
+    return [
+        subprocess.Popen(
+            ["ip", "netns", "exec", receiver_ns(i), "iperf3", "-s", "-p", str(BASE_PORT)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i in paths
+    ]
 
 
-def _bulk_flows(paths: list[int], flow_bytes: str, deadline: float, flows: int | None = None,
-                stop: Path | None = None) -> dict[int, int]:
+def _bulk_flows(
+    paths: list[int],
+    flow_bytes: str,
+    deadline: float,
+    flows: int | None = None,
+    stop: Path | None = None,
+) -> dict[int, int]:
     """Back-to-back fusion flows of ``flow_bytes`` on each path, one at a time, until
     ``deadline`` (monotonic), ``flows`` flows per path, or until the file ``stop`` appears;
     returns flows completed per path. Paths do not wait for each other: a slow lossy flow must
@@ -317,12 +374,30 @@ def _bulk_flows(paths: list[int], flow_bytes: str, deadline: float, flows: int |
     done = dict.fromkeys(paths, 0)
 
     def loop(i: int) -> None:
-        while (time.monotonic() < deadline and (flows is None or done[i] < flows)
-               and not (stop and stop.exists())):
+        while (
+            time.monotonic() < deadline
+            and (flows is None or done[i] < flows)
+            and not (stop and stop.exists())
+        ):
             client = subprocess.Popen(
-                ["ip", "netns", "exec", SENDER_NS, "iperf3", "-c", receiver_addr(i), "-p",
-                 str(BASE_PORT), "-n", flow_bytes, "-C", "fusion"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    SENDER_NS,
+                    "iperf3",
+                    "-c",
+                    receiver_addr(i),
+                    "-p",
+                    str(BASE_PORT),
+                    "-n",
+                    flow_bytes,
+                    "-C",
+                    "fusion",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             try:
                 client.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -346,8 +421,10 @@ def exp_landscape(e: dict, out: Path) -> dict:
     with RecordCollector(out / "records-landscape.jsonl") as rc:
         for theta in e["thetas"]:
             with FusionNetlink() as nl:
-                nl.set_profiles({1: {**default_theta(), **theta}},
-                                [Rule(f"10.{i + 1}.0.0/16", 1) for i in e["paths"]])
+                nl.set_profiles(
+                    {1: {**default_theta(), **theta}},
+                    [Rule(f"10.{i + 1}.0.0/16", 1) for i in e["paths"]],
+                )
             _bulk_flows(e["paths"], e["flow_bytes"], time.monotonic() + e["max_s"], e["flows"])
     for s in servers:
         s.terminate()
@@ -358,9 +435,14 @@ def exp_landscape(e: dict, out: Path) -> dict:
         st = FlowStats(r["bytes_acked"], r["duration_us"], r["rtt_avg_us"], r["rtt_min_us"])
         if st.usable:
             cells.setdefault((spec.key(r["theta"]), path), []).append(
-                st.throughput_mbps - sigma * st.queue_delay_ms)
-    return {"cells": [{"theta": spec.from_key(k), "path": path, "utilities": u}
-                      for (k, path), u in sorted(cells.items())]}
+                st.throughput_mbps - sigma * st.queue_delay_ms
+            )
+    return {
+        "cells": [
+            {"theta": spec.from_key(k), "path": path, "utilities": u}
+            for (k, path), u in sorted(cells.items())
+        ]
+    }
 
 
 def exp_agent(e: dict, out: Path) -> dict:
@@ -373,10 +455,14 @@ def exp_agent(e: dict, out: Path) -> dict:
     log = (out / "agent.log").open("w")
     agent = subprocess.Popen(
         ["ip", "netns", "exec", SENDER_NS, sys.executable, "-m", "gemini_agent.cli", "run"],
-        env={**os.environ, "GEMINI_AGENT_CONFIG": str(config)}, stdout=log, stderr=log)
+        env={**os.environ, "GEMINI_AGENT_CONFIG": str(config)},
+        stdout=log,
+        stderr=log,
+    )
     time.sleep(3)
-    flows = _bulk_flows(e["paths"], e["flow_bytes"], time.monotonic() + e["duration_s"],
-                        stop=out / "stop")
+    flows = _bulk_flows(
+        e["paths"], e["flow_bytes"], time.monotonic() + e["duration_s"], stop=out / "stop"
+    )
     time.sleep(2)
     metrics = _agent_metrics(e["metrics_port"]) if agent.poll() is None else {}
     with FusionNetlink() as nl:
@@ -385,15 +471,30 @@ def exp_agent(e: dict, out: Path) -> dict:
     agent.wait(timeout=30)
     for s in servers:
         s.terminate()
-    return {"flows": flows, "agent_rc": agent.returncode, "agent_metrics": metrics,
-            "table": {"version": version, "profiles": profiles,
-                      "rules": [(r.prefix, r.profile_id) for r in rules]},
-            "agent_log_tail": (out / "agent.log").read_text()[-3000:]}
+    return {
+        "flows": flows,
+        "agent_rc": agent.returncode,
+        "agent_metrics": metrics,
+        "table": {
+            "version": version,
+            "profiles": profiles,
+            "rules": [(r.prefix, r.profile_id) for r in rules],
+        },
+        "agent_log_tail": (out / "agent.log").read_text()[-3000:],
+    }
 
 
-EXPERIMENTS = {"flow": exp_flow, "profiles": exp_profiles, "rejects": exp_rejects, "cpu": exp_cpu,
-               "records": exp_records, "agent": exp_agent, "landscape": exp_landscape,
-               "writeback": exp_writeback, "sockdiag": exp_sockdiag}
+EXPERIMENTS = {
+    "flow": exp_flow,
+    "profiles": exp_profiles,
+    "rejects": exp_rejects,
+    "cpu": exp_cpu,
+    "records": exp_records,
+    "agent": exp_agent,
+    "landscape": exp_landscape,
+    "writeback": exp_writeback,
+    "sockdiag": exp_sockdiag,
+}
 
 
 def main() -> None:

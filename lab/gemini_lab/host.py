@@ -25,7 +25,8 @@ def build_module(kernel: GuestKernel, *, warnings_as_errors: bool = True) -> str
         raise LabError(f"no headers for {kernel.release}: install linux-headers-{kernel.release}")
     out = subprocess.run(
         ["make", "-C", str(KMOD_DIR), f"KVER={kernel.release}", "W=1"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     log = out.stdout + out.stderr
     if out.returncode != 0:
@@ -54,12 +55,15 @@ def run_plan(plan: dict, out_dir: Path, *, timeout_s: float = 1800) -> dict:
         # inside, the output directory is the share at $GEMINI_LAB_OUT
         f'{sys.executable} -m gemini_lab.guest "$GEMINI_LAB_OUT/{plan_path.name}" '
         f'"$GEMINI_LAB_OUT/{results_path.name}"',
-        out_dir, kernel=kernel, timeout_s=timeout_s,
+        out_dir,
+        kernel=kernel,
+        timeout_s=timeout_s,
     )
     if not results_path.exists():
         log = (out_dir / "job.log").read_text() if (out_dir / "job.log").exists() else ""
-        raise LabError(f"guest wrote no results (rc {run.returncode}):\n{log[-4000:]}\n"
-                       f"{run.console[-2000:]}")
+        raise LabError(
+            f"guest wrote no results (rc {run.returncode}):\n{log[-4000:]}\n{run.console[-2000:]}"
+        )
     results = json.loads(results_path.read_text())
     results["guest_rc"] = run.returncode
     # an oops panics the guest before it can save dmesg: the console has it then

@@ -30,10 +30,29 @@ from gemini_lab.host import run_plan
 from gemini_lab.scenario import Scenario
 
 PATHS = (
-    (Scenario(name="wired", description="40 ms, 20 Mbit/s, no loss", rtt_ms=40, rate_mbit=20,
-              queue_bdp=1.0), "wired", "isp-a"),
-    (Scenario(name="lossy", description="100 ms, 20 Mbit/s, 1 % loss", rtt_ms=100,
-              rate_mbit=20, loss_percent=1.0, queue_bdp=1.0), "lossy", "isp-b"),
+    (
+        Scenario(
+            name="wired",
+            description="40 ms, 20 Mbit/s, no loss",
+            rtt_ms=40,
+            rate_mbit=20,
+            queue_bdp=1.0,
+        ),
+        "wired",
+        "isp-a",
+    ),
+    (
+        Scenario(
+            name="lossy",
+            description="100 ms, 20 Mbit/s, 1 % loss",
+            rtt_ms=100,
+            rate_mbit=20,
+            loss_percent=1.0,
+            queue_bdp=1.0,
+        ),
+        "lossy",
+        "isp-b",
+    ),
 )
 # The loop tunes the start and the loss response and holds the rest at the spec's defaults:
 # ω over Θ, λ over Θ' (so a start can be far off) and l over 0–3 %. Θ's 1 % cap on l equals the
@@ -78,13 +97,13 @@ def lab_bounds() -> dict[str, tuple[int, int]]:
 @dataclass
 class LoopResult:
     guest: dict
-    rounds: dict[str, list[float]]            # region → utility per round
-    evaluation: dict[str, list[float]]        # region → utility per round with exploration off
-    incumbents: dict[str, dict[str, int]]     # region → Booster's incumbent θ
-    trials: dict[str, list[dict]]             # region → θ tried (tuned part), flows, utility
+    rounds: dict[str, list[float]]  # region → utility per round
+    evaluation: dict[str, list[float]]  # region → utility per round with exploration off
+    incumbents: dict[str, dict[str, int]]  # region → Booster's incumbent θ
+    trials: dict[str, list[dict]]  # region → θ tried (tuned part), flows, utility
     report_ids: list[str]
     duplicate_ids: int
-    intervals: list[tuple[int, int]]          # (start, end) unix ms of each stored report
+    intervals: list[tuple[int, int]]  # (start, end) unix ms of each stored report
     plot: Path | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -93,14 +112,24 @@ def _plan_paths() -> list[dict]:
     return [p.to_dict() for p, _, _ in PATHS]
 
 
-def landscape_plan(thetas: list[dict[str, int]], flows: int, flow_bytes: str, sigma: float
-                   ) -> dict:
+def landscape_plan(thetas: list[dict[str, int]], flows: int, flow_bytes: str, sigma: float) -> dict:
     """Fixed θ (spec units, the rest at defaults) on the loop's paths, ``flows`` each: what a
     search over the loop's region has to find, and how much one flow varies."""
-    return {"paths": _plan_paths(),
-            "experiments": [{"label": "landscape", "kind": "landscape", "paths": [0, 1],
-                             "sigma": sigma, "thetas": thetas, "flow_bytes": flow_bytes,
-                             "flows": flows, "max_s": 60}]}
+    return {
+        "paths": _plan_paths(),
+        "experiments": [
+            {
+                "label": "landscape",
+                "kind": "landscape",
+                "paths": [0, 1],
+                "sigma": sigma,
+                "thetas": thetas,
+                "flow_bytes": flow_bytes,
+                "flows": flows,
+                "max_s": 60,
+            }
+        ],
+    }
 
 
 def landscape_table(results: dict) -> str:
@@ -109,17 +138,23 @@ def landscape_table(results: dict) -> str:
     rows: dict[str, dict[str, str]] = {}
     for cell in cells:
         theta = cell["theta"]
-        changed = ", ".join(f"{n} {theta[n]}" for n in spec.names
-                            if theta[n] != spec.param(n).default) or "defaults"
+        changed = (
+            ", ".join(f"{n} {theta[n]}" for n in spec.names if theta[n] != spec.param(n).default)
+            or "defaults"
+        )
         u = cell["utilities"]
         std = statistics.stdev(u) if len(u) > 1 else 0.0
         rows.setdefault(changed, {})[PATHS[cell["path"]][1]] = (
-            f"{statistics.mean(u):.2f} ± {std:.2f} ({len(u)})")
+            f"{statistics.mean(u):.2f} ± {std:.2f} ({len(u)})"
+        )
     regions = [region for _, region, _ in PATHS]
-    lines = ["| θ (spec units, others at default) | " + " | ".join(regions) + " |",
-             "|---|" + "---:|" * len(regions)]
-    lines += [f"| {k} | " + " | ".join(v.get(r, "—") for r in regions) + " |"
-              for k, v in rows.items()]
+    lines = [
+        "| θ (spec units, others at default) | " + " | ".join(regions) + " |",
+        "|---|" + "---:|" * len(regions),
+    ]
+    lines += [
+        f"| {k} | " + " | ".join(v.get(r, "—") for r in regions) + " |" for k, v in rows.items()
+    ]
     return "\n".join(lines)
 
 
@@ -135,14 +170,24 @@ def write_mmdb(path: Path) -> Path:
 
 
 def agent_toml(port: int, token: str, policy: str, mmdb: Path, cfg: LoopConfig) -> str:
-    return "\n".join([
-        f'host_id = "{HOST_ID}"', f'policy = "{policy}"',
-        f'booster_address = "10.0.2.2:{port}"', f'token = "{token}"',
-        'src_region = "lab"', 'src_isp = "lab"', f'geo_mmdb = "{mmdb}"',
-        f"interval_s = {cfg.interval_s}", 'spool_dir = "/tmp/gemini-agent-spool"',
-        "staleness_s = 600", f'metrics_listen = "127.0.0.1:{METRICS_PORT}"',
-        "retry_initial_s = 0.5", "retry_max_s = 2.0", "",
-    ])
+    return "\n".join(
+        [
+            f'host_id = "{HOST_ID}"',
+            f'policy = "{policy}"',
+            f'booster_address = "10.0.2.2:{port}"',
+            f'token = "{token}"',
+            'src_region = "lab"',
+            'src_isp = "lab"',
+            f'geo_mmdb = "{mmdb}"',
+            f"interval_s = {cfg.interval_s}",
+            'spool_dir = "/tmp/gemini-agent-spool"',
+            "staleness_s = 600",
+            f'metrics_listen = "127.0.0.1:{METRICS_PORT}"',
+            "retry_initial_s = 0.5",
+            "retry_max_s = 2.0",
+            "",
+        ]
+    )
 
 
 # Eq. 9 over the raw Fusion aggregates as stored, per (destination region, ``group``).
@@ -158,13 +203,15 @@ _UTILITY_SQL = """
 def _utility_by(engine, policy_id: int, sigma: float, group: str) -> list[tuple]:
     """(region, group value, flows, utility) in the order each group was first reported."""
     with engine.connect() as conn:
-        rows = conn.execute(text(_UTILITY_SQL.format(group=group)),
-                            {"sigma": sigma, "pid": policy_id})
+        rows = conn.execute(
+            text(_UTILITY_SQL.format(group=group)), {"sigma": sigma, "pid": policy_id}
+        )
         return [(region, value, int(flows), float(u)) for region, value, _, flows, u in rows]
 
 
-def utility_rounds(engine, policy_id: int, sigma: float
-                   ) -> dict[str, list[tuple[dt.datetime, float]]]:
+def utility_rounds(
+    engine, policy_id: int, sigma: float
+) -> dict[str, list[tuple[dt.datetime, float]]]:
     """Eq. 9 per context per reporting interval."""
     out: dict[str, list[tuple[dt.datetime, float]]] = {}
     for region, start, _, utility in _utility_by(engine, policy_id, sigma, "r.interval_start"):
@@ -179,12 +226,14 @@ def trial_table(engine, policy_id: int, sigma: float) -> dict[str, list[dict]]:
     for region, key, flows, utility in _utility_by(engine, policy_id, sigma, "a.theta_key"):
         theta = spec.from_key(key)
         out.setdefault(region, []).append(
-            {**{n: theta[n] for n in TUNED_UNITS}, "flows": flows, "utility": utility})
+            {**{n: theta[n] for n in TUNED_UNITS}, "flows": flows, "utility": utility}
+        )
     return out
 
 
-def plot_rounds(rounds: dict[str, list[tuple[dt.datetime, float]]], eval_from, path: Path,
-                title: str) -> Path:
+def plot_rounds(
+    rounds: dict[str, list[tuple[dt.datetime, float]]], eval_from, path: Path, title: str
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -193,8 +242,15 @@ def plot_rounds(rounds: dict[str, list[tuple[dt.datetime, float]]], eval_from, p
     fig, ax = plt.subplots(figsize=(7, 4))
     for region, values in sorted(rounds.items()):
         ax.plot(range(1, len(values) + 1), [u for _, u in values], marker="o", label=region)
-    first = min((i for values in rounds.values() for i, (start, _) in enumerate(values, 1)
-                 if eval_from is not None and start >= eval_from), default=None)
+    first = min(
+        (
+            i
+            for values in rounds.values()
+            for i, (start, _) in enumerate(values, 1)
+            if eval_from is not None and start >= eval_from
+        ),
+        default=None,
+    )
     if first is not None:
         ax.axvline(first - 0.5, color="grey", linestyle="--", linewidth=1)
         ax.text(first - 0.3, ax.get_ylim()[1], " exploration off", color="grey", va="top")
@@ -233,17 +289,26 @@ FIRST_ROUNDS = 6  # rounds that surely ran the initial design (n_initial_points 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, out_dir: Path,
-             cfg: LoopConfig) -> LoopResult:
+def run_loop(
+    make_settings: Callable[[str], Settings], port: int, token: str, out_dir: Path, cfg: LoopConfig
+) -> LoopResult:
     """make_settings(grpc_listen) gives Booster's settings; Booster listens on 127.0.0.1:port."""
     out_dir.mkdir(parents=True, exist_ok=True)
     settings = make_settings(f"127.0.0.1:{port}")
     server = BoosterServer(settings).start()
     policy_name = f"lab-{uuid.uuid4().hex[:8]}"
-    policy = repo.create_policy(server.engine, PolicyCreate(
-        name=policy_name, sigma=cfg.sigma, exploration_share=1.0,
-        n_initial_points=cfg.n_initial_points, region="custom", bounds=lab_bounds()),
-        actor="gemini-lab")
+    policy = repo.create_policy(
+        server.engine,
+        PolicyCreate(
+            name=policy_name,
+            sigma=cfg.sigma,
+            exploration_share=1.0,
+            n_initial_points=cfg.n_initial_points,
+            region="custom",
+            bounds=lab_bounds(),
+        ),
+        actor="gemini-lab",
+    )
     server.booster.reload_policies()
     guest_dir = out_dir / "guest"  # the guest sees this directory as {out}
     guest_dir.mkdir(exist_ok=True)
@@ -252,10 +317,17 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
     mmdb = Path("{out}/paths.mmdb")
     plan = {
         "paths": _plan_paths(),
-        "experiments": [{"label": "loop", "kind": "agent", "paths": [0, 1],
-                         "duration_s": cfg.duration_s, "flow_bytes": cfg.flow_bytes,
-                         "agent_toml": agent_toml(port, token, policy_name, mmdb, cfg),
-                         "metrics_port": METRICS_PORT}],
+        "experiments": [
+            {
+                "label": "loop",
+                "kind": "agent",
+                "paths": [0, 1],
+                "duration_s": cfg.duration_s,
+                "flow_bytes": cfg.flow_bytes,
+                "agent_toml": agent_toml(port, token, policy_name, mmdb, cfg),
+                "metrics_port": METRICS_PORT,
+            }
+        ],
     }
     box: dict = {}
 
@@ -273,14 +345,16 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
     try:
         if cfg.kill_after_reports is not None and timeline.wait_for(cfg.kill_after_reports):
             server.stop()
-            notes.append(f"Booster stopped after {cfg.kill_after_reports} reports for "
-                         f"{cfg.outage_s:.0f} s")
+            notes.append(
+                f"Booster stopped after {cfg.kill_after_reports} reports for {cfg.outage_s:.0f} s"
+            )
             time.sleep(cfg.outage_s)
             server = BoosterServer(settings).start()
             timeline.engine = server.engine
         if timeline.wait_for(cfg.search_reports):
-            repo.update_policy(server.engine, policy_name, PolicyUpdate(exploration_share=0.0),
-                               actor="gemini-lab")
+            repo.update_policy(
+                server.engine, policy_name, PolicyUpdate(exploration_share=0.0), actor="gemini-lab"
+            )
             server.booster.reload_policies()
             # the agent asks for θ at the end of each interval: the one after next is the
             # first to run wholly on the incumbent
@@ -295,29 +369,64 @@ def run_loop(make_settings: Callable[[str], Settings], port: int, token: str, ou
             raise box["error"]
         server.booster.refit(server.booster.policies[policy_name])
         spec = load_spec()
-        incumbents = {key[2]: spec.from_key(plan.incumbent_key)
-                      for key, plan in server.booster.plan_snapshot(policy.id).items()}
+        incumbents = {
+            key[2]: spec.from_key(plan.incumbent_key)
+            for key, plan in server.booster.plan_snapshot(policy.id).items()
+        }
         rounds = utility_rounds(server.engine, policy.id, cfg.sigma)
         trials = trial_table(server.engine, policy.id, cfg.sigma)
         with server.engine.connect() as conn:
-            rows = conn.execute(text(
-                "SELECT report_id, interval_start, interval_end FROM reports "
-                "WHERE host_id = :h ORDER BY interval_start"), {"h": HOST_ID}).all()
+            rows = conn.execute(
+                text(
+                    "SELECT report_id, interval_start, interval_end FROM reports "
+                    "WHERE host_id = :h ORDER BY interval_start"
+                ),
+                {"h": HOST_ID},
+            ).all()
     finally:
         server.stop()
     ids = [r[0] for r in rows]
     duplicates = len(ids) - len(set(ids))
     intervals = [(int(r[1].timestamp() * 1000), int(r[2].timestamp() * 1000)) for r in rows]
-    evaluation = {region: [u for start, u in values if eval_from and start >= eval_from]
-                  for region, values in rounds.items()}
+    evaluation = {
+        region: [u for start, u in values if eval_from and start >= eval_from]
+        for region, values in rounds.items()
+    }
     utilities = {region: [u for _, u in values] for region, values in rounds.items()}
-    png = plot_rounds(rounds, eval_from, out_dir / "convergence.png",
-                      f"Booster + Fusion in the lab (σ = {cfg.sigma})") if rounds else None
-    (out_dir / "loop.json").write_text(json.dumps(
-        {"rounds": utilities, "evaluation": evaluation, "incumbents": incumbents,
-         "reports": len(ids), "duplicates": duplicates, "notes": notes, "trials": trials,
-         "agent_metrics": box["results"]["experiments"]["loop"].get("agent_metrics")}, indent=1))
-    return LoopResult(guest=box["results"], rounds=utilities, evaluation=evaluation,
-                      incumbents=incumbents, trials=trials, report_ids=ids,
-                      duplicate_ids=duplicates, intervals=intervals, plot=png,
-                      notes=notes)
+    png = (
+        plot_rounds(
+            rounds,
+            eval_from,
+            out_dir / "convergence.png",
+            f"Booster + Fusion in the lab (σ = {cfg.sigma})",
+        )
+        if rounds
+        else None
+    )
+    (out_dir / "loop.json").write_text(
+        json.dumps(
+            {
+                "rounds": utilities,
+                "evaluation": evaluation,
+                "incumbents": incumbents,
+                "reports": len(ids),
+                "duplicates": duplicates,
+                "notes": notes,
+                "trials": trials,
+                "agent_metrics": box["results"]["experiments"]["loop"].get("agent_metrics"),
+            },
+            indent=1,
+        )
+    )
+    return LoopResult(
+        guest=box["results"],
+        rounds=utilities,
+        evaluation=evaluation,
+        incumbents=incumbents,
+        trials=trials,
+        report_ids=ids,
+        duplicate_ids=duplicates,
+        intervals=intervals,
+        plot=png,
+        notes=notes,
+    )

@@ -96,12 +96,47 @@ class Topology:
             _veth(ROUTER_NS, f"path{i}", f"10.{i + 1}.0.1", rcv, "veth0", receiver_addr(i))
             sh("ip", "route", "add", "default", "via", f"10.{i + 1}.0.1", ns=rcv)
             rate = scenario.schedule()[0][1]
-            sh("tc", "qdisc", "add", "dev", f"path{i}", "root", "handle", "1:", "tbf",
-               *tbf_args(rate), ns=ROUTER_NS)
-            sh("tc", "qdisc", "add", "dev", f"path{i}", "parent", "1:1", "handle", "10:",
-               "netem", *bottleneck_args(scenario), ns=ROUTER_NS)
-            sh("tc", "qdisc", "add", "dev", "veth0", "root", "netem", "delay",
-               f"{scenario.rtt_ms}ms", "limit", str(DELAY_LIMIT), ns=rcv)
+            sh(
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                f"path{i}",
+                "root",
+                "handle",
+                "1:",
+                "tbf",
+                *tbf_args(rate),
+                ns=ROUTER_NS,
+            )
+            sh(
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                f"path{i}",
+                "parent",
+                "1:1",
+                "handle",
+                "10:",
+                "netem",
+                *bottleneck_args(scenario),
+                ns=ROUTER_NS,
+            )
+            sh(
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                "veth0",
+                "root",
+                "netem",
+                "delay",
+                f"{scenario.rtt_ms}ms",
+                "limit",
+                str(DELAY_LIMIT),
+                ns=rcv,
+            )
         # Segmentation offloads off where data enters the network: netem must see, delay and
         # drop wire-sized packets, not 64 KB super-packets.
         sh("ethtool", "-K", "veth0", "tso", "off", "gso", "off", ns=SENDER_NS)
@@ -134,8 +169,20 @@ class RateSchedule(threading.Thread):
                 delay = start + at - time.monotonic()
                 if delay > 0 and self.stopped.wait(delay):
                     return
-                sh("tc", "qdisc", "change", "dev", f"path{self.path}", "root", "handle", "1:",
-                   "tbf", *tbf_args(rate), ns=ROUTER_NS, check=False)
+                sh(
+                    "tc",
+                    "qdisc",
+                    "change",
+                    "dev",
+                    f"path{self.path}",
+                    "root",
+                    "handle",
+                    "1:",
+                    "tbf",
+                    *tbf_args(rate),
+                    ns=ROUTER_NS,
+                    check=False,
+                )
             start += period
 
     def stop(self) -> None:

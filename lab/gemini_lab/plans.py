@@ -8,18 +8,28 @@ CCS = ("cubic", "bbr", "vegas", "reno")
 # A short lossy path where λ must matter: l = 0 makes every loss a signal, so the
 # reduction λ·W decides how much of the link the flow keeps.
 LOSSY = scenario.Scenario(
-    name="lossy-short", description="40 ms RTT, 20 Mbit/s, 1 % loss", rtt_ms=40, rate_mbit=20,
-    loss_percent=1.0, queue_bdp=1.0,
+    name="lossy-short",
+    description="40 ms RTT, 20 Mbit/s, 1 % loss",
+    rtt_ms=40,
+    rate_mbit=20,
+    loss_percent=1.0,
+    queue_bdp=1.0,
 )
 LAN = scenario.Scenario(
-    name="lan", description="2 ms RTT, 500 Mbit/s, for many short flows", rtt_ms=2,
-    rate_mbit=500, queue_bdp=2.0,
+    name="lan",
+    description="2 ms RTT, 500 Mbit/s, for many short flows",
+    rtt_ms=2,
+    rate_mbit=500,
+    queue_bdp=2.0,
 )
 # CPU per byte compares like with like only when both CCs deliver the same bytes: a rate every
 # CC fills under emulation (on the 500 Mbit/s path a delay-sensitive CC reads the emulator's
 # jitter as queueing and delivers less, which inflates its cost per byte).
 CPU_PATH = scenario.Scenario(
-    name="cpu", description="2 ms RTT, 150 Mbit/s, for CPU cost", rtt_ms=2, rate_mbit=150,
+    name="cpu",
+    description="2 ms RTT, 150 Mbit/s, for CPU cost",
+    rtt_ms=2,
+    rate_mbit=150,
     queue_bdp=2.0,
 )
 
@@ -33,16 +43,40 @@ def acceptance_plan(duration_s: int = 20) -> dict:
         "paths": [p.to_dict() for p in paths],
         "experiments": [
             {"label": "rejects", "kind": "rejects"},
-            {"label": "ethernet-default", "kind": "flow", "path": 0, "cc": "fusion",
-             "duration_s": duration_s, "omit_s": 2},
-            {"label": "lossy-lambda-0.3", "kind": "flow", "path": 1, "cc": "fusion",
-             "duration_s": duration_s, "theta": {"loss_threshold": 0, "mult_decrease": 30}},
-            {"label": "lossy-lambda-0.9", "kind": "flow", "path": 1, "cc": "fusion",
-             "duration_s": duration_s, "theta": {"loss_threshold": 0, "mult_decrease": 90}},
-            {"label": "two-profiles", "kind": "profiles", "paths": [0, 1],
-             "duration_s": duration_s,
-             "thetas": [{"mult_decrease": 80, "loss_threshold": 0},
-                        {"mult_decrease": 40, "loss_threshold": 20, "window_intervals": 8}]},
+            {
+                "label": "ethernet-default",
+                "kind": "flow",
+                "path": 0,
+                "cc": "fusion",
+                "duration_s": duration_s,
+                "omit_s": 2,
+            },
+            {
+                "label": "lossy-lambda-0.3",
+                "kind": "flow",
+                "path": 1,
+                "cc": "fusion",
+                "duration_s": duration_s,
+                "theta": {"loss_threshold": 0, "mult_decrease": 30},
+            },
+            {
+                "label": "lossy-lambda-0.9",
+                "kind": "flow",
+                "path": 1,
+                "cc": "fusion",
+                "duration_s": duration_s,
+                "theta": {"loss_threshold": 0, "mult_decrease": 90},
+            },
+            {
+                "label": "two-profiles",
+                "kind": "profiles",
+                "paths": [0, 1],
+                "duration_s": duration_s,
+                "thetas": [
+                    {"mult_decrease": 80, "loss_threshold": 0},
+                    {"mult_decrease": 40, "loss_threshold": 20, "window_intervals": 8},
+                ],
+            },
             {**BURST, "path": 3, "flows": 3000},
             {"label": "writeback", "kind": "writeback"},
             {"label": "sockdiag", "kind": "sockdiag", "path": 3, "duration_s": 5, "flows": 300},
@@ -56,8 +90,9 @@ BURST = {"label": "records-burst", "kind": "records", "workers": 2, "burst": Tru
 def records_plan(flows: int, workers: int, burst: int = 0) -> dict:
     """Short flows over the LAN path, to load the flow-record path; with ``burst``, also that
     many flows ended at once."""
-    experiments = [{"label": "records", "kind": "records", "path": 0, "flows": flows,
-                    "workers": workers}]
+    experiments = [
+        {"label": "records", "kind": "records", "path": 0, "flows": flows, "workers": workers}
+    ]
     if burst:
         experiments.append({**BURST, "path": 0, "flows": burst})
     return {"paths": [LAN.to_dict()], "experiments": experiments}
@@ -82,8 +117,26 @@ def benchmark_plan(duration_s: int = 30) -> dict:
         runs = [("fusion", {}, "fusion")] + [(cc, {}, cc) for cc in CCS]
         runs += [("fusion", theta, name) for name, theta in HAND_THETAS.items()]
         for cc, theta, name in runs:
-            experiments.append({"label": f"{p.name}/{name}", "kind": "flow", "path": i, "cc": cc,
-                                "theta": theta, "duration_s": secs, "omit_s": 0})
-    experiments.append({"label": "cpu", "kind": "cpu", "path": 3, "ccs": ["cubic", "fusion"],
-                        "flow_counts": [1, 10, 100], "duration_s": 10, "repeats": 2})
+            experiments.append(
+                {
+                    "label": f"{p.name}/{name}",
+                    "kind": "flow",
+                    "path": i,
+                    "cc": cc,
+                    "theta": theta,
+                    "duration_s": secs,
+                    "omit_s": 0,
+                }
+            )
+    experiments.append(
+        {
+            "label": "cpu",
+            "kind": "cpu",
+            "path": 3,
+            "ccs": ["cubic", "fusion"],
+            "flow_counts": [1, 10, 100],
+            "duration_s": 10,
+            "repeats": 2,
+        }
+    )
     return {"paths": [p.to_dict() for p in paths], "experiments": experiments}

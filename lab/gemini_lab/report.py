@@ -16,14 +16,19 @@ def _flow_rows(results: dict) -> list[str]:
     for label, r in results["experiments"].items():
         if "throughput_mbps" not in r:
             continue
-        rows.append(f"| {label} | {r['throughput_mbps']:.2f} | {r['queue_delay_ms']:.1f} | "
-                    f"{r['mean_rtt_ms']:.1f} | {r['min_rtt_ms']:.1f} | {r['retransmits']} |")
+        rows.append(
+            f"| {label} | {r['throughput_mbps']:.2f} | {r['queue_delay_ms']:.1f} | "
+            f"{r['mean_rtt_ms']:.1f} | {r['min_rtt_ms']:.1f} | {r['retransmits']} |"
+        )
     return rows
 
 
 def table(results: dict) -> str:
-    head = ["| run | throughput Mbit/s | mean queueing delay ms | mean RTT ms | min RTT ms | "
-            "retransmits |", "|---|---:|---:|---:|---:|---:|"]
+    head = [
+        "| run | throughput Mbit/s | mean queueing delay ms | mean RTT ms | min RTT ms | "
+        "retransmits |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     lines = head + _flow_rows(results)
     for label, r in results["experiments"].items():
         if "error" in r:
@@ -44,48 +49,59 @@ def _cpu_per_gb(rows: list[dict]) -> tuple[float, float, int] | None:
 
 def cpu_table(results: dict) -> str:
     cpu = results["experiments"].get("cpu", {}).get("rows", [])
-    lines = ["| flows | runs each | cubic CPU s/GB | fusion CPU s/GB | fusion / cubic | "
-             "cubic Mbit/s | fusion Mbit/s |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| flows | runs each | cubic CPU s/GB | fusion CPU s/GB | fusion / cubic | "
+        "cubic Mbit/s | fusion Mbit/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for n in sorted({r["flows"] for r in cpu}):
         c = _cpu_per_gb([r for r in cpu if r["cc"] == "cubic" and r["flows"] == n])
         f = _cpu_per_gb([r for r in cpu if r["cc"] == "fusion" and r["flows"] == n])
         if c and f:
-            lines.append(f"| {n} | {c[2]} | {c[0]:.2f} | {f[0]:.2f} | **{f[0] / c[0]:.3f}** | "
-                         f"{c[1]:.0f} | {f[1]:.0f} |")
+            lines.append(
+                f"| {n} | {c[2]} | {c[0]:.2f} | {f[0]:.2f} | **{f[0] / c[0]:.3f}** | "
+                f"{c[1]:.0f} | {f[1]:.0f} |"
+            )
     return "\n".join(lines)
 
 
 def write_benchmark(results: dict, command: str) -> None:
-    text = "\n".join([
-        "# Fusion in the lab: Table IV scenarios and CPU cost",
-        "",
-        f"Command: `{command}` (recorded {dt.date.today().isoformat()}, guest kernel "
-        f"{results.get('kernel')}, qemu software emulation on this 2-core machine).",
-        "",
-        "Queueing delay is mean RTT − min RTT as iperf3 reads them from tcp_info. Each run is "
-        "one flow from a cold start (satellite runs twice as long as the others); hand-set θ: "
-        + "; ".join(f"{k} = {v}" for k, v in HAND_THETAS.items()) + ".",
-        "",
-        table(results),
-        "",
-        "## CPU cost, guest CPU seconds per GB delivered (same boot, same path)",
-        "",
-        "The guest's whole busy time (user, system, irq, softirq) over 10 s runs on a 2 ms, "
-        "150 Mbit/s path, divided by the bytes delivered; cubic and Fusion take turns, twice "
-        "each. The rate is one both fill, so both deliver about the same bytes: on the "
-        "earlier 500 Mbit/s path Fusion read the emulator's RTT jitter as queueing, delivered "
-        "half of cubic's bytes, and the guest's fixed busy time divided by fewer bytes showed "
-        "as 1.5× the cost at one flow. Target: ≤ 1.05×.",
-        "",
-        cpu_table(results),
-        "",
-    ])
+    text = "\n".join(
+        [
+            "# Fusion in the lab: Table IV scenarios and CPU cost",
+            "",
+            f"Command: `{command}` (recorded {dt.date.today().isoformat()}, guest kernel "
+            f"{results.get('kernel')}, qemu software emulation on this 2-core machine).",
+            "",
+            "Queueing delay is mean RTT − min RTT as iperf3 reads them from tcp_info. Each run is "
+            "one flow from a cold start (satellite runs twice as long as the others); hand-set θ: "
+            + "; ".join(f"{k} = {v}" for k, v in HAND_THETAS.items())
+            + ".",
+            "",
+            table(results),
+            "",
+            "## CPU cost, guest CPU seconds per GB delivered (same boot, same path)",
+            "",
+            "The guest's whole busy time (user, system, irq, softirq) over 10 s runs on a 2 ms, "
+            "150 Mbit/s path, divided by the bytes delivered; cubic and Fusion take turns, twice "
+            "each. The rate is one both fill, so both deliver about the same bytes: on the "
+            "earlier 500 Mbit/s path Fusion read the emulator's RTT jitter as queueing, delivered "
+            "half of cubic's bytes, and the guest's fixed busy time divided by fewer bytes showed "
+            "as 1.5× the cost at one flow. Target: ≤ 1.05×.",
+            "",
+            cpu_table(results),
+            "",
+        ]
+    )
     BENCH_PATH.write_text(text)
 
 
 def write_records(results: dict, command: str) -> None:
-    runs = [(label, results["experiments"][label]) for label in ("records", "records-burst")
-            if label in results["experiments"]]
+    runs = [
+        (label, results["experiments"][label])
+        for label in ("records", "records-burst")
+        if label in results["experiments"]
+    ]
     for label, r in runs:
         if "error" in r:
             raise RuntimeError(f"{label}: {r['error']}")
@@ -96,24 +112,26 @@ def write_records(results: dict, command: str) -> None:
         f"{r['kernel_dropped']} | {r['listener'].get('overruns')} |"
         for label, r in runs
     ]
-    text = "\n".join([
-        "# Fusion flow records under many short flows",
-        "",
-        f"Command: `{command}` (recorded {dt.date.today().isoformat()}, guest kernel "
-        f"{results.get('kernel')}, qemu software emulation on this 2-core machine). Each flow is "
-        "one connection carrying 1 KB under fusion over a 2 ms path; the listener is "
-        "gemini_lab.records (32 MB receive buffer).",
-        "",
-        "- *One flow after another*: workers open, send, close and open the next; the rate is "
-        "what the emulated guest reaches for whole connections (setup dominates).",
-        "- *Flows ended together*: every connection is opened and its 1 KB acknowledged first; "
-        "then all are closed at once (abortive close, so each socket is freed inside close() "
-        "and its record sent there). The rate is flows ended ÷ the window in which they ended.",
-        "",
-        "| run | flows | failed | seconds | flows/s | records received | records < 1 KB | "
-        "kernel: sent | kernel: dropped | listener overruns |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *rows,
-        "",
-    ])
+    text = "\n".join(
+        [
+            "# Fusion flow records under many short flows",
+            "",
+            f"Command: `{command}` (recorded {dt.date.today().isoformat()}, guest kernel "
+            f"{results.get('kernel')}, qemu software emulation on this 2-core machine). "
+            "Each flow is one connection carrying 1 KB under fusion over a 2 ms path; "
+            "the listener is gemini_lab.records (32 MB receive buffer).",
+            "",
+            "- *One flow after another*: workers open, send, close and open the next; the rate is "
+            "what the emulated guest reaches for whole connections (setup dominates).",
+            "- *Flows ended together*: every connection is opened and its 1 KB acknowledged first; "
+            "then all are closed at once (abortive close, so each socket is freed inside close() "
+            "and its record sent there). The rate is flows ended ÷ the window in which they ended.",
+            "",
+            "| run | flows | failed | seconds | flows/s | records received | records < 1 KB | "
+            "kernel: sent | kernel: dropped | listener overruns |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            *rows,
+            "",
+        ]
+    )
     RECORDS_PATH.write_text(text)

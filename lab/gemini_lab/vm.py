@@ -135,8 +135,11 @@ def build_initramfs(kernel: GuestKernel, dest: Path) -> Path:
         ).stdout
         with dest.open("wb") as out:
             subprocess.run(
-                ["cpio", "-o", "-H", "newc", "--quiet"], cwd=root, input=files.encode(),
-                stdout=out, check=True,
+                ["cpio", "-o", "-H", "newc", "--quiet"],
+                cwd=root,
+                input=files.encode(),
+                stdout=out,
+                check=True,
             )
     return dest
 
@@ -175,14 +178,27 @@ def run_in_guest(
     # TCG by default: nested KVM boots hang on some hosts; GEMINI_LAB_ACCEL=kvm where it works
     accel = ["-accel", os.environ.get("GEMINI_LAB_ACCEL", "tcg")]
     args = [
-        qemu, *accel, "-m", str(memory_mb), "-smp", str(cpus),
-        "-kernel", str(kernel.vmlinuz), "-initrd", str(initrd),
-        "-append", "console=ttyS0 panic=-1 oops=panic quiet loglevel=4 "
+        qemu,
+        *accel,
+        "-m",
+        str(memory_mb),
+        "-smp",
+        str(cpus),
+        "-kernel",
+        str(kernel.vmlinuz),
+        "-initrd",
+        str(initrd),
+        "-append",
+        "console=ttyS0 panic=-1 oops=panic quiet loglevel=4 "
         f"gemini.kver={kernel.release} gemini.repo={REPO_ROOT}",
-        "-nographic", "-no-reboot", "-nic", "user,model=virtio-net-pci",
+        "-nographic",
+        "-no-reboot",
+        "-nic",
+        "user,model=virtio-net-pci",
         "-virtfs",
         "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
-        "-virtfs", f"local,path={out_dir},mount_tag=labout,security_model=none",
+        "-virtfs",
+        f"local,path={out_dir},mount_tag=labout,security_model=none",
     ]
     try:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)

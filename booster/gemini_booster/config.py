@@ -49,6 +49,46 @@ class Settings(BaseSettings):
     ingest_linger_ms: float = Field(default=2.0, ge=0)
     refit_interval_s: float = Field(default=10.0, gt=0)
     refresh_after_s: int = Field(default=300, ge=1)
+    replica_name: str | None = Field(
+        default=None,
+        description="this replica's name in refit ownership records; unset = host name and pid",
+    )
+    lease_poll_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=30,
+        description="how often a replica tries to take refits of policies nobody owns",
+    )
+    max_new_contexts_per_host_day: int = Field(
+        default=256,
+        ge=1,
+        le=1_000_000,
+        description="new contexts one host may add to a policy in 24 hours (the rest refused)",
+    )
+    max_contexts_per_refit: int = Field(
+        default=200,
+        ge=1,
+        le=100_000,
+        description="contexts planned per refit; contexts with new data first, the rest next",
+    )
+    token_max_stale_s: float = Field(
+        default=600.0,
+        ge=0,
+        le=86_400,
+        description="while the database is unreachable, cached tokens are honoured this long",
+    )
+    max_request_body_bytes: int = Field(
+        default=1 << 20, ge=1024, le=64 << 20, description="REST request bodies above this: 413"
+    )
+    grpc_max_connection_age_s: float = Field(
+        default=600.0, gt=0, description="agent connections are recycled after this long"
+    )
+    grpc_max_connection_idle_s: float = Field(
+        default=300.0, gt=0, description="agent connections idle this long are closed"
+    )
+    grpc_max_concurrent_rpcs: int = Field(
+        default=4096, ge=1, description="calls in progress per process; more get RESOURCE_EXHAUSTED"
+    )
     bootstrap_operator_token: SecretStr | None = Field(
         default=None, description="if set, an operator token with this value exists at start"
     )

@@ -46,6 +46,9 @@ class PolicyFields(BaseModel):
         200, ge=20, le=5000, description="the model is fit on at most this many trials"
     )
     min_flows: int = Field(1, ge=1, description="a trial needs this many flows to be incumbent")
+    max_contexts: int = Field(
+        1000, ge=1, le=100_000, description="contexts the policy admits; reports beyond: refused"
+    )
 
     @model_validator(mode="after")
     def _bounds_fit_region(self) -> PolicyFields:
@@ -88,6 +91,7 @@ class PolicyUpdate(BaseModel):
     history_hours: float | None = Field(None, gt=0)
     max_model_points: int | None = Field(None, ge=20, le=5000)
     min_flows: int | None = Field(None, ge=1)
+    max_contexts: int | None = Field(None, ge=1, le=100_000)
 
 
 class Policy(PolicyFields):

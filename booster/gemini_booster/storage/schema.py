@@ -58,6 +58,8 @@ class Policy(Base):
     history_hours: Mapped[float] = mapped_column(Double, nullable=False)
     max_model_points: Mapped[int] = mapped_column(Integer, nullable=False)
     min_flows: Mapped[int] = mapped_column(Integer, nullable=False)
+    max_contexts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1000")
+    plan_generation: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     revision: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
@@ -170,6 +172,33 @@ class Plan(Base):
     incumbent_utility: Mapped[float | None] = mapped_column(Double)
     candidate_keys: Mapped[list[str]] = mapped_column(JSONB, nullable=False)
     updated_at: Mapped[datetime] = _now()
+
+
+class PolicyContext(Base):
+    """A context admitted to a policy (by the first report with flows from it): what the
+    policy plans for, bounded by ``policies.max_contexts`` and per-host quotas."""
+
+    __tablename__ = "policy_contexts"
+    policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), primary_key=True)
+    context_id: Mapped[int] = mapped_column(ForeignKey("contexts.id"), primary_key=True)
+    first_host: Mapped[str] = mapped_column(String(128), nullable=False)
+    admitted_at: Mapped[datetime] = _now()
+
+
+class RefitLog(Base):
+    """One published refit: which replica owned the policy's refit, and when."""
+
+    __tablename__ = "refit_log"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), nullable=False)
+    owner: Mapped[str] = mapped_column(String(128), nullable=False)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    finished_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.clock_timestamp(), nullable=False
+    )
+    plan_generation: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    contexts: Mapped[int] = mapped_column(Integer, nullable=False)
+    trials: Mapped[int] = mapped_column(Integer, nullable=False)
 
 
 class ApiToken(Base):

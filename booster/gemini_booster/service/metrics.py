@@ -46,6 +46,12 @@ class Metrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
             registry=r,
         )
+        self.ingest_failures = Counter(
+            "gemini_booster_ingest_failures",
+            "Failed ingestion transactions: transient (agents retry) or one report refused",
+            ["kind"],
+            registry=r,
+        )
         self.refit_seconds = Histogram(
             "gemini_booster_refit_seconds",
             "Model refit duration per policy",
@@ -63,6 +69,12 @@ class Metrics:
             "gemini_booster_best_utility",
             "Predicted eq. 9 utility of the incumbent θ",
             ["policy", "context"],
+            registry=r,
+        )
+        self.refit_failures = Counter(
+            "gemini_booster_refit_failures",
+            "Refits that failed (the policy keeps its last plans; other policies unaffected)",
+            ["policy"],
             registry=r,
         )
         self.auth_failures = Counter(

@@ -1,20 +1,73 @@
 """Booster's domain models (pydantic): what an operator declares and what the service keeps.
 
 The REST API validates requests with these, and the planner reads them, so a policy that passes
-validation here is one the optimiser can run.
+validation here is one the optimiser can run. Every setting has a range: a value outside it
+would either fail later, in a refit or in the database (``history_hours`` of 1e308 overflows
+the history window; an integer above 2³¹−1 does not fit its ``Integer`` column), or make the
+optimiser useless. Each range is defined once, as an ``Annotated`` type below, and used by both
+the whole policy (``PolicyFields``) and a partial change (``PolicyUpdate``).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gemini_api.theta import ThetaError, load_spec
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+HOURS_PER_YEAR = 8766  # 365.25 days
 Mode = Literal["contextual", "standard"]
 AcqFunc = Literal["gp_hedge", "EI", "PI", "LCB"]
+Region = Literal["production", "wide", "custom"]
+Bounds = dict[str, tuple[int, int]]
+
+# The ranges. Floats are finite (NaN compares false with every bound, and JSON bodies parsed by
+# Python may carry NaN or Infinity); every integer range lies well inside the int32 columns.
+Sigma = Annotated[
+    float,
+    Field(ge=0, le=1000, allow_inf_nan=False, description="σ of eq. 9: Mbit/s per ms of delay"),
+]
+ExplorationShare = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="share of hosts per context that explore instead of exploit",
+    ),
+]
+TargetCC = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,16}$")]
+InitialPoints = Annotated[
+    int, Field(ge=1, le=1000, description="space-filling θ before the model leads")
+]
+TimeBuckets = Annotated[int, Field(ge=1, le=24, description="the day split into this many blocks")]
+# At least an hour: agents report every few minutes, so a shorter window leaves the model almost
+# no trials. At most ten years: far beyond any drift worth modelling, and well inside what a
+# timedelta (and PostgreSQL's interval arithmetic) can hold.
+HistoryHours = Annotated[
+    float,
+    Field(
+        ge=1,
+        le=10 * HOURS_PER_YEAR,
+        allow_inf_nan=False,
+        description="hours (1 h to 10 years): older trials are left out of the model (drift)",
+    ),
+]
+ModelPoints = Annotated[
+    int, Field(ge=20, le=5000, description="the model is fit on at most this many trials")
+]
+# A million flows per θ and context is already more than a fleet sends in a day; a larger
+# threshold would only keep every trial from ever becoming the incumbent.
+MinFlows = Annotated[
+    int,
+    Field(ge=1, le=1_000_000, description="a trial needs this many flows to be incumbent"),
+]
+MaxContexts = Annotated[
+    int,
+    Field(ge=1, le=100_000, description="contexts the policy admits; reports beyond: refused"),
+]
 
 
 class PolicyFields(BaseModel):
@@ -22,33 +75,23 @@ class PolicyFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sigma: float = Field(
-        1.0, ge=0, le=1000, description="σ of eq. 9: Mbit/s traded per ms of delay"
-    )
-    region: Literal["production", "wide", "custom"] = Field(
+    sigma: Sigma = 1.0
+    region: Region = Field(
         "production", description="Θ (production), Θ' (wide) or custom bounds inside Θ'"
     )
-    bounds: dict[str, tuple[int, int]] | None = Field(
+    bounds: Bounds | None = Field(
         None, description="custom bounds in spec units, required when region is custom"
     )
-    target_cc: str = Field("fusion", pattern=r"^[a-z0-9_]{1,16}$")
-    exploration_share: float = Field(
-        0.5, ge=0, le=1, description="share of hosts per context that explore instead of exploit"
-    )
+    target_cc: TargetCC = "fusion"
+    exploration_share: ExplorationShare = 0.5
     mode: Mode = Field("contextual", description="contextual (eq. 8) or context-blind standard BO")
     acq_func: AcqFunc = "gp_hedge"
-    n_initial_points: int = Field(8, ge=1, le=1000, description="random θ before the model leads")
-    time_buckets: int = Field(1, ge=1, le=24, description="the day split into this many blocks")
-    history_hours: float = Field(
-        24 * 14, gt=0, description="trials older than this are left out of the model (drift)"
-    )
-    max_model_points: int = Field(
-        200, ge=20, le=5000, description="the model is fit on at most this many trials"
-    )
-    min_flows: int = Field(1, ge=1, description="a trial needs this many flows to be incumbent")
-    max_contexts: int = Field(
-        1000, ge=1, le=100_000, description="contexts the policy admits; reports beyond: refused"
-    )
+    n_initial_points: InitialPoints = 8
+    time_buckets: TimeBuckets = 1
+    history_hours: HistoryHours = 24.0 * 14
+    max_model_points: ModelPoints = 200
+    min_flows: MinFlows = 1
+    max_contexts: MaxContexts = 1000
 
     @model_validator(mode="after")
     def _bounds_fit_region(self) -> PolicyFields:
@@ -63,7 +106,7 @@ class PolicyFields(BaseModel):
             raise ValueError("bounds: only allowed when region is 'custom'")
         return self
 
-    def resolved_bounds(self) -> dict[str, tuple[int, int]]:
+    def resolved_bounds(self) -> Bounds:
         if self.region == "custom":
             assert self.bounds is not None
             return {k: (int(v[0]), int(v[1])) for k, v in self.bounds.items()}
@@ -75,23 +118,24 @@ class PolicyCreate(PolicyFields):
 
 
 class PolicyUpdate(BaseModel):
-    """A partial change; unset fields keep their value."""
+    """A partial change; unset fields keep their value. Same ranges as ``PolicyFields``; the
+    rules across fields (bounds against region) are checked on the merged policy."""
 
     model_config = ConfigDict(extra="forbid")
 
-    sigma: float | None = Field(None, ge=0, le=1000)
-    region: Literal["production", "wide", "custom"] | None = None
-    bounds: dict[str, tuple[int, int]] | None = None
-    target_cc: str | None = Field(None, pattern=r"^[a-z0-9_]{1,16}$")
-    exploration_share: float | None = Field(None, ge=0, le=1)
+    sigma: Sigma | None = None
+    region: Region | None = None
+    bounds: Bounds | None = None
+    target_cc: TargetCC | None = None
+    exploration_share: ExplorationShare | None = None
     mode: Mode | None = None
     acq_func: AcqFunc | None = None
-    n_initial_points: int | None = Field(None, ge=1, le=1000)
-    time_buckets: int | None = Field(None, ge=1, le=24)
-    history_hours: float | None = Field(None, gt=0)
-    max_model_points: int | None = Field(None, ge=20, le=5000)
-    min_flows: int | None = Field(None, ge=1)
-    max_contexts: int | None = Field(None, ge=1, le=100_000)
+    n_initial_points: InitialPoints | None = None
+    time_buckets: TimeBuckets | None = None
+    history_hours: HistoryHours | None = None
+    max_model_points: ModelPoints | None = None
+    min_flows: MinFlows | None = None
+    max_contexts: MaxContexts | None = None
 
 
 class Policy(PolicyFields):

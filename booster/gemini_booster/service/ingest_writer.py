@@ -2,8 +2,14 @@
 thread stores whatever has queued up in a single transaction.
 
 Under load the queue fills while a transaction runs, so batches grow by themselves; when idle a
-report waits at most ``linger`` for company. A failed transaction fails every report in it with
-the error, and agents retry with the same idempotency key.
+report waits at most ``linger`` for company.
+
+One report never fails another. When a batch's transaction fails because the database is away
+(connection lost, server shutting down, lock or statement timeouts), every report in it gets the
+error and agents retry with the same idempotency key. When it fails for any other reason, some
+report's content was refused by storage: each report of the batch is then stored alone, in a
+transaction of its own, so only the culprit fails, with a permanent rejection. Failures are
+logged at most once per interval each, never a traceback per report.
 
 Handlers on the gRPC event loop wait on asyncio futures. The writer settles a whole batch with a
 single call into the loop, rather than one thread-safe wake-up per report: at thousands of
@@ -18,19 +24,32 @@ import queue
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 from sqlalchemy import Engine
 
+from ..config import Settings
 from ..storage.database import writer_engine
-from ..storage.ingest import ContextIds, IngestOutcome, ReportRow, store_reports
+from ..storage.ingest import (
+    Admissions,
+    ContextIds,
+    IngestOutcome,
+    Rejection,
+    ReportRow,
+    is_transient,
+    store_reports,
+)
 from .metrics import Metrics
+from .ratelimit_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
+limited = RateLimitedLog(log, interval_s=10.0)
 
-Pending = tuple[ReportRow, asyncio.Future]
+Pending = tuple[ReportRow, asyncio.Future[IngestOutcome]]
+DEFAULT_HOST_DAY_QUOTA: int = Settings.model_fields["max_new_contexts_per_host_day"].default
 
 
-def _settle(pairs: list[tuple[asyncio.Future, IngestOutcome]]) -> None:
+def _settle(pairs: list[tuple[asyncio.Future[IngestOutcome], IngestOutcome]]) -> None:
     for fut, outcome in pairs:
         if not fut.done():  # the caller may have given up (deadline, cancelled RPC)
             fut.set_result(outcome)
@@ -41,16 +60,19 @@ class IngestWriter:
         self,
         engine: Engine,
         metrics: Metrics,
-        on_stored,
+        on_stored: Callable[[set[int]], object],
         batch_max: int = 256,
         linger_s: float = 0.002,
+        max_new_contexts_per_host_day: int = DEFAULT_HOST_DAY_QUOTA,
     ):
         self.engine = writer_engine(engine)
         self.metrics = metrics
         self.on_stored = on_stored  # called with the policy ids that got new data
         self.batch_max = batch_max
         self.linger_s = linger_s
+        self.max_new_contexts_per_host_day = max_new_contexts_per_host_day
         self.context_ids = ContextIds()
+        self.admissions = Admissions()
         self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
 
@@ -62,7 +84,7 @@ class IngestWriter:
         self._thread.join(timeout=10)
         self.engine.dispose()
 
-    def submit(self, report: ReportRow) -> asyncio.Future:
+    def submit(self, report: ReportRow) -> asyncio.Future[IngestOutcome]:
         """Queue ``report``; the future (of the running loop) resolves to its IngestOutcome."""
         fut = asyncio.get_running_loop().create_future()
         self._queue.put((report, fut))
@@ -92,20 +114,67 @@ class IngestWriter:
             if stopping:
                 return
 
+    def _commit(self, reports: list[ReportRow]) -> list[IngestOutcome]:
+        return store_reports(
+            self.engine,
+            reports,
+            self.context_ids,
+            self.admissions,
+            self.max_new_contexts_per_host_day,
+        )
+
+    def _unavailable(self, e: Exception, reports: list[ReportRow]) -> list[IngestOutcome]:
+        self.metrics.ingest_failures.labels("transient").inc()
+        limited.warning(
+            "storing reports failed, agents will retry: %s (%d reports)",
+            type(e).__name__,
+            len(reports),
+        )
+        return [IngestOutcome(error=e) for _ in reports]
+
+    def _refused(self, e: Exception, report: ReportRow) -> IngestOutcome:
+        self.metrics.ingest_failures.labels("refused").inc()
+        limited.error(
+            "storage refused report %r from host %r: %s",
+            report.report_id,
+            report.host_id,
+            getattr(getattr(e, "orig", e), "sqlstate", None) or type(e).__name__,
+        )
+        return IngestOutcome(
+            rejection=Rejection(
+                "invalid", f"report {report.report_id!r}: rejected by storage; do not resend"
+            )
+        )
+
+    def _outcomes(self, reports: list[ReportRow]) -> list[IngestOutcome]:
+        """One transaction for the batch; if storage refuses it, one per report."""
+        try:
+            return self._commit(reports)
+        except Exception as e:
+            if is_transient(e):
+                return self._unavailable(e, reports)
+            if len(reports) == 1:
+                return [self._refused(e, reports[0])]
+        outcomes: list[IngestOutcome] = []
+        for i, report in enumerate(reports):
+            try:
+                outcomes += self._commit([report])
+            except Exception as e:
+                if is_transient(e):  # the database went away meanwhile: the rest retry
+                    return outcomes + self._unavailable(e, reports[i:])
+                outcomes.append(self._refused(e, report))
+        return outcomes
+
     def _store(self, batch: list[Pending]) -> None:
         reports = [r for r, _ in batch]
-        try:
-            outcomes = store_reports(self.engine, reports, self.context_ids)
-        except Exception as e:  # the database is down or failed: every report may retry
-            log.warning("ingest batch of %d failed: %s", len(batch), type(e).__name__)
-            self.context_ids.ids.clear()
-            outcomes = [IngestOutcome(error=e)] * len(batch)
-        else:
-            self.metrics.ingest_batch.observe(len(batch))
-            self.on_stored(
-                {r.policy_id for r, o in zip(reports, outcomes, strict=True) if o.stored}
-            )
-        by_loop: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)
+        outcomes = self._outcomes(reports)
+        self.metrics.ingest_batch.observe(len(batch))
+        stored = {r.policy_id for r, o in zip(reports, outcomes, strict=True) if o.stored}
+        if stored:
+            self.on_stored(stored)
+        by_loop: dict[
+            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[IngestOutcome], IngestOutcome]]
+        ] = defaultdict(list)
         for (_, fut), outcome in zip(batch, outcomes, strict=True):
             by_loop[fut.get_loop()].append((fut, outcome))
         for loop, pairs in by_loop.items():

@@ -1,9 +1,13 @@
 """Checks on every received report, all before anything is stored.
 
 A report is accepted whole or not at all, so every check runs first and every problem is named
-with its field path (``aggregates[3].theta.mult_decrease: …``). Statistics must be finite and
-physically possible: sums of squares can't be smaller than Cauchy–Schwarz allows, slow flows
-can't outnumber flows, size buckets must add up to the flow count.
+with its field path (``aggregates[3].theta.mult_decrease: …``). Every number is bounded by what
+storage holds and what physics allows, so that a bad report is refused here, by name, and never
+fails (or poisons) the transaction that would store it: counts fit the database's integers with
+room to add up, per-flow values are physically possible, sums of squares and products are within
+what Cauchy–Schwarz allows for non-negative values, slow flows can't outnumber flows, size
+buckets add up to the flow count, and an interval lies between an agent's spool horizon and
+Booster's clock.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import time
 from datetime import UTC, datetime
 
 from google.protobuf import unknown_fields
@@ -20,14 +25,27 @@ from gemini_api import sketch as sketches
 from gemini_api.theta import ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 
+from ..domain import ContextKey, FlowSums
 from ..models import Policy
-from ..storage.ingest import AggregateRow, ContextKey, ReportRow
+from ..storage.ingest import AggregateRow, ReportRow
 
 MAX_ID_LEN = 128
 MAX_LABEL_LEN = 64
 MAX_INTERVAL_MS = 24 * 3600 * 1000
 SIZE_BUCKETS = 5
 REL_TOL = 1e-6
+# Flows in one aggregate: far above any host's flows per interval, and small enough that the
+# running sums in ``trials`` (signed 64-bit) take billions of such reports without overflow.
+MAX_FLOWS_PER_AGGREGATE = 2**32
+# theta_version is stored as a signed 64-bit integer.
+THETA_VERSION_LIMIT = 2**63
+# Per-flow values no real flow reaches: 1 Tbit/s of throughput, ~17 minutes of queueing.
+MAX_THROUGHPUT_MBPS = 1e6
+MAX_QUEUE_DELAY_MS = 1e6
+# An interval may end this far ahead of Booster's clock (agents' clocks drift)…
+MAX_CLOCK_SKEW_MS = 10 * 60 * 1000
+# …and start this far behind it (an agent's spool keeps reports through an outage).
+MAX_REPORT_AGE_MS = 7 * 24 * 3600 * 1000
 CC_NAME = re.compile(r"[a-z][a-z0-9_]{0,15}")  # TCP_CA_NAME_MAX is 16 with the NUL
 
 
@@ -81,10 +99,17 @@ def context_key(ctx: pb.Context, path: str, problems: list[str]) -> ContextKey:
         _label(getattr(ctx, name), f"{path}.{name}", problems)
     if ctx.hour > 23:
         problems.append(f"{path}.hour: {ctx.hour} is not an hour of the day (0..23)")
-    return (ctx.src_region, ctx.src_isp, ctx.dst_region, ctx.dst_isp, ctx.hour)
+    return ContextKey(ctx.src_region, ctx.src_isp, ctx.dst_region, ctx.dst_isp, ctx.hour)
+
+
+def _at_most(bound: float) -> float:
+    """``bound`` with room for rounding in sums computed in floating point."""
+    return bound * (1 + REL_TOL) + 1e-9
 
 
 def _moments(a: pb.Aggregate, path: str, problems: list[str]) -> None:
+    """Sums over flows of non-negative per-flow values x ≤ MAX: Σx ≤ n·MAX, Σx² ≤ n·MAX²,
+    (Σx)²/n ≤ Σx² ≤ (Σx)², and Σxy ≤ √(Σx²·Σy²) (Cauchy–Schwarz)."""
     n = a.flow_count
     stats = {
         "throughput_mbps_sum": a.throughput_mbps_sum,
@@ -101,14 +126,58 @@ def _moments(a: pb.Aggregate, path: str, problems: list[str]) -> None:
         elif v < 0:
             problems.append(f"{path}.{name}: {v} is negative")
             bad = True
-    if bad or n == 0:
+    if bad or not 1 <= n <= MAX_FLOWS_PER_AGGREGATE:
         return
-    for total, squares in (
-        ("throughput_mbps_sum", "throughput_mbps_sq_sum"),
-        ("queue_delay_ms_sum", "queue_delay_ms_sq_sum"),
+    for total, squares, limit, unit in (
+        ("throughput_mbps_sum", "throughput_mbps_sq_sum", MAX_THROUGHPUT_MBPS, "Mbit/s"),
+        ("queue_delay_ms_sum", "queue_delay_ms_sq_sum", MAX_QUEUE_DELAY_MS, "ms"),
     ):
-        if stats[squares] * (1 + REL_TOL) + 1e-9 < stats[total] ** 2 / n:
+        sx, sxx = stats[total], stats[squares]
+        found = len(problems)
+        if sx > _at_most(n * limit):
+            problems.append(f"{path}.{total}: {sx:g} > flow_count × {limit:g} {unit} per flow")
+        if sxx > _at_most(n * limit * limit):
+            problems.append(
+                f"{path}.{squares}: {sxx:g} > flow_count × ({limit:g} {unit})² per flow"
+            )
+        if len(problems) == found and sxx * (1 + REL_TOL) + 1e-9 < sx**2 / n:
             problems.append(f"{path}.{squares}: smaller than ({total})²/flow_count allows")
+        if len(problems) == found and sxx > _at_most(sx**2):
+            problems.append(f"{path}.{squares}: larger than ({total})² allows")
+        bad = bad or len(problems) > found
+    if bad:
+        return
+    bound = math.sqrt(stats["throughput_mbps_sq_sum"] * stats["queue_delay_ms_sq_sum"])
+    if stats["throughput_queue_delay_sum"] > _at_most(bound):
+        problems.append(
+            "{}.throughput_queue_delay_sum: {:g} > √(throughput_mbps_sq_sum × "
+            "queue_delay_ms_sq_sum) = {:g} (Cauchy–Schwarz)".format(
+                path, stats["throughput_queue_delay_sum"], bound
+            )
+        )
+
+
+def _counts(a: pb.Aggregate, path: str, problems: list[str]) -> tuple[int, ...]:
+    """Flow, slow-flow and size-bucket counts within the flow count and storage's integers."""
+    n = a.flow_count
+    if n == 0:
+        problems.append(f"{path}.flow_count: must be at least 1")
+    elif n > MAX_FLOWS_PER_AGGREGATE:
+        problems.append(f"{path}.flow_count: {n} > {MAX_FLOWS_PER_AGGREGATE} (2^32) per aggregate")
+    if a.theta_version >= THETA_VERSION_LIMIT:
+        problems.append(f"{path}.theta_version: {a.theta_version} ≥ 2^63")
+    if a.slow_flow_count > n:
+        problems.append(f"{path}.slow_flow_count: {a.slow_flow_count} > flow_count {n}")
+    buckets = tuple(a.size_bucket_counts)
+    over = [i for i, b in enumerate(buckets) if b > n]
+    if over:
+        i = over[0]
+        problems.append(f"{path}.size_bucket_counts[{i}]: {buckets[i]} > flow_count {n}")
+    elif buckets and (len(buckets) != SIZE_BUCKETS or sum(buckets) != n):
+        problems.append(
+            f"{path}.size_bucket_counts: need {SIZE_BUCKETS} counts adding up to flow_count"
+        )
+    return buckets
 
 
 def _theta_key(
@@ -126,6 +195,10 @@ def _theta_key(
     if not a.HasField("theta"):
         problems.append(f"{path}.theta: missing")
         return None
+    missing = [name for name in spec.names if not a.theta.HasField(name)]
+    if missing:
+        problems += [f"{path}.theta.{name}: missing" for name in missing]
+        return None
     theta = spec.from_message(a.theta)
     problems += [f"{path}.theta.{v}" for v in spec.violations(theta, policy.resolved_bounds())]
     return spec.key(theta)
@@ -139,18 +212,11 @@ def aggregate_row(
     if not a.HasField("context"):
         problems.append(f"{path}.context: missing")
     ctx = context_key(a.context, f"{path}.context", problems)
-    if a.flow_count == 0:
-        problems.append(f"{path}.flow_count: must be at least 1")
+    buckets = _counts(a, path, problems)
     _moments(a, path, problems)
-    if a.slow_flow_count > a.flow_count:
-        problems.append(f"{path}.slow_flow_count: {a.slow_flow_count} > flow_count {a.flow_count}")
-    buckets = tuple(a.size_bucket_counts)
-    if buckets and (len(buckets) != SIZE_BUCKETS or sum(buckets) != a.flow_count):
-        problems.append(
-            f"{path}.size_bucket_counts: need {SIZE_BUCKETS} counts adding up to flow_count"
-        )
     problems += [
-        f"{path}.throughput_sketch: {e}" for e in sketches.sketch_errors(a.throughput_sketch)
+        f"{path}.throughput_sketch: {e}"
+        for e in sketches.sketch_errors(a.throughput_sketch, a.flow_count)
     ]
     if len(problems) > start or theta_key is None:
         return None
@@ -159,19 +225,21 @@ def aggregate_row(
         cc=a.cc,
         theta_key=theta_key,
         theta_version=a.theta_version,
-        flow_count=a.flow_count,
-        tpt_sum=a.throughput_mbps_sum,
-        tpt_sq_sum=a.throughput_mbps_sq_sum,
-        delay_sum=a.queue_delay_ms_sum,
-        delay_sq_sum=a.queue_delay_ms_sq_sum,
-        tpt_delay_sum=a.throughput_queue_delay_sum,
+        sums=FlowSums(
+            flow_count=a.flow_count,
+            tpt_sum=a.throughput_mbps_sum,
+            tpt_sq_sum=a.throughput_mbps_sq_sum,
+            delay_sum=a.queue_delay_ms_sum,
+            delay_sq_sum=a.queue_delay_ms_sq_sum,
+            tpt_delay_sum=a.throughput_queue_delay_sum,
+        ),
         slow_flows=a.slow_flow_count,
         size_buckets=buckets or (0,) * SIZE_BUCKETS,
         sketch=a.throughput_sketch.SerializeToString(deterministic=True),
     )
 
 
-def _identity(req: pb.ReportRequest, max_aggregates: int, problems: list[str]) -> None:
+def _identity(req: pb.ReportRequest, max_aggregates: int, now_ms: int, problems: list[str]) -> None:
     for name in ("report_id", "host_id"):
         v = getattr(req, name)
         if not v or len(v) > MAX_ID_LEN or not v.isprintable():
@@ -179,6 +247,18 @@ def _identity(req: pb.ReportRequest, max_aggregates: int, problems: list[str]) -
     s, e = req.interval_start_unix_ms, req.interval_end_unix_ms
     if not 0 < s < e or e - s > MAX_INTERVAL_MS:
         problems.append("interval_end_unix_ms: interval must be positive, end after start, ≤ 1 day")
+    # Relative to Booster's clock, which also keeps both ends far inside what a timestamp can
+    # hold (year 9999): the datetimes are only built for reports that pass.
+    if e > now_ms + MAX_CLOCK_SKEW_MS:
+        problems.append(
+            f"interval_end_unix_ms: {e} is more than {MAX_CLOCK_SKEW_MS // 60_000} minutes "
+            "ahead of Booster's clock"
+        )
+    if s < now_ms - MAX_REPORT_AGE_MS:
+        problems.append(
+            f"interval_start_unix_ms: {s} is more than {MAX_REPORT_AGE_MS // 86_400_000} days "
+            "before Booster's clock"
+        )
     if not req.aggregates:
         problems.append("aggregates: empty report")
     elif len(req.aggregates) > max_aggregates:
@@ -191,9 +271,18 @@ def report_row(
     spec: ThetaSpec,
     policies: dict[str, Policy],
     max_aggregates: int,
+    now_ms: int | None = None,
 ) -> ReportRow:
+    """The checked report ready to store, or InvalidReport naming every problem.
+
+    The digest that tells a retry from a reused key covers the parsed report in canonical
+    encoding, not the bytes received: the same report encoded differently (another field
+    order, unpacked repeated fields) is the same report. (Unknown fields, which canonical
+    encoding would drop, are refused above.)
+    """
     problems = unknown_field_paths(req) if has_unknown_fields(req, raw) else []
-    _identity(req, max_aggregates, problems)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    _identity(req, max_aggregates, now_ms, problems)
     policy = policies.get(req.policy)
     if policy is None:
         raise InvalidReport([f"policy: unknown policy {req.policy!r}", *problems])
@@ -205,9 +294,11 @@ def report_row(
         raise InvalidReport(problems)
     return ReportRow(
         report_id=req.report_id,
-        digest=hashlib.sha256(raw).digest(),
+        digest=hashlib.sha256(req.SerializeToString(deterministic=True)).digest(),
         host_id=req.host_id,
         policy_id=policy.id,
+        policy_name=policy.name,
+        max_contexts=policy.max_contexts,
         interval_start=datetime.fromtimestamp(req.interval_start_unix_ms / 1000, UTC),
         interval_end=datetime.fromtimestamp(req.interval_end_unix_ms / 1000, UTC),
         aggregates=tuple(r for r in rows if r is not None),

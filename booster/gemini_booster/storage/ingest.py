@@ -1,28 +1,45 @@
-"""Storing agent reports exactly once, many per transaction.
+"""Storing agent reports exactly once, many per transaction, within each policy's quotas.
 
-A report is accepted atomically: its row, every aggregate and the trial sums it adds commit
-together or not at all. Idempotency rests on the unique ``reports.report_id``:
-``INSERT … ON CONFLICT DO NOTHING RETURNING`` names the reports that are new, and only those are
-folded into ``trials``. Concurrent retries of one key meet at that unique index, so a report is
-counted once even when two Booster replicas receive it at the same moment.
+A report is accepted atomically: its row, every aggregate, the trial sums it adds and the
+contexts it admits commit together or not at all. Idempotency rests on the unique
+``reports.report_id``: ``INSERT … ON CONFLICT DO NOTHING RETURNING`` names the reports that are
+new, and only those are folded into ``trials``. Concurrent retries of one key meet at that
+unique index, so a report is counted once even when two Booster replicas receive it at the same
+moment.
 
 Batching (group commit) is what makes ingestion fast: the per-transaction cost of PostgreSQL is
-paid once for up to ``ingest_batch_max`` reports.
+paid once for up to ``ingest_batch_max`` reports. ``store_reports`` is that one transaction;
+the caller decides what to do when it fails (``is_transient`` tells a database that is away
+from one that refuses some report's content).
+
+Admission: a context becomes part of a policy with the first stored report that brings flows
+from it (a ``policy_contexts`` row naming that report's host). A report that would admit more
+contexts than the policy's ``max_contexts``, or more than a host may add to a policy in a day,
+is refused whole (a quota rejection); the rest of its batch is stored.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, Literal
 
+import psycopg
 from sqlalchemy import Connection, Engine, select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import DBAPIError
 
+from ..domain import CONTEXT_FIELDS, ContextKey, FlowSums
+from . import changes
 from .schema import TRIAL_SUMS, Context, Report
 
-ContextKey = tuple[str, str, str, str, int]
+# Program limits (SQLSTATE class 54, e.g. an index row too large) are raised as
+# OperationalError but depend on a report's content: retrying the same report cannot help.
+_CONTENT_SQLSTATE_CLASSES = ("54",)
+
+Cursor = psycopg.Cursor[Any]
 
 
 @dataclass(frozen=True)
@@ -34,12 +51,7 @@ class AggregateRow:
     cc: str
     theta_key: str
     theta_version: int
-    flow_count: int
-    tpt_sum: float
-    tpt_sq_sum: float
-    delay_sum: float
-    delay_sq_sum: float
-    tpt_delay_sum: float
+    sums: FlowSums
     slow_flows: int
     size_buckets: tuple[int, ...]
     sketch: bytes
@@ -47,24 +59,59 @@ class AggregateRow:
 
 @dataclass(frozen=True)
 class ReportRow:
+    """One checked report, with what admission needs to know of its policy (its name for
+    messages and its context quota), so the writer never looks policies up."""
+
     report_id: str
     digest: bytes
     host_id: str
     policy_id: int
+    policy_name: str
+    max_contexts: int
     interval_start: datetime
     interval_end: datetime
     aggregates: tuple[AggregateRow, ...]
+
+    def contexts(self) -> set[ContextKey]:
+        return {a.context for a in self.aggregates}
 
 
 class ReportConflict(Exception):
     """The key was stored before with different content: a client bug, never a retry."""
 
 
+@dataclass(frozen=True)
+class Rejection:
+    """Booster refuses the report for good: ``invalid`` content (including content storage
+    refuses), or a ``quota`` it would exceed. Sending it again cannot succeed."""
+
+    code: Literal["invalid", "quota"]
+    message: str
+
+
 @dataclass
 class IngestOutcome:
+    """What became of one report: ``stored`` aggregates, a ``duplicate`` of a stored report
+    (with ``error`` a ReportConflict when its content differs), a permanent ``rejection``, or
+    an ``error`` of storage that a retry may overcome."""
+
     duplicate: bool = False
     stored: int = 0
     error: Exception | None = None
+    rejection: Rejection | None = None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when ``exc`` says the database is unreachable or busy rather than that it refuses
+    the data: the whole batch should be retried later, not searched for a culprit."""
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        exc = exc.orig if exc.orig is not None else exc
+    if isinstance(exc, psycopg.OperationalError):
+        state = getattr(exc, "sqlstate", None) or ""
+        return not state.startswith(_CONTENT_SQLSTATE_CLASSES)
+    return isinstance(exc, psycopg.InterfaceError)
 
 
 @dataclass
@@ -73,44 +120,59 @@ class ContextIds:
 
     ids: dict[ContextKey, int] = field(default_factory=dict)
 
-    def resolve(self, conn: Connection, keys: set[ContextKey]) -> dict[ContextKey, int]:
+    def _select(self, conn: Connection, keys: list[ContextKey]) -> None:
+        cols = [getattr(Context, c) for c in CONTEXT_FIELDS]
+        for row in conn.execute(select(Context.id, *cols).where(tuple_(*cols).in_(keys))):
+            self.ids[ContextKey(*row[1:])] = row[0]
+
+    def lookup(self, conn: Connection, keys: Iterable[ContextKey]) -> dict[ContextKey, int]:
+        """Ids of those of ``keys`` that exist, creating none (a refused report must leave
+        no contexts behind)."""
         missing = [k for k in keys if k not in self.ids]
         if missing:
-            cols = ("src_region", "src_isp", "dst_region", "dst_isp", "hour")
-            rows = [dict(zip(cols, k, strict=True)) for k in sorted(missing)]
+            self._select(conn, missing)
+        return self.ids
+
+    def resolve(self, conn: Connection, keys: set[ContextKey]) -> dict[ContextKey, int]:
+        """Ids of all ``keys``, inserting the new ones in ``conn``'s transaction."""
+        missing = [k for k in keys if k not in self.ids]
+        if missing:
+            rows = [k.as_dict() for k in sorted(ContextKey(*k) for k in missing)]
             conn.execute(pg_insert(Context).values(rows).on_conflict_do_nothing())
-            found = conn.execute(
-                select(Context.id, *(getattr(Context, c) for c in cols)).where(
-                    tuple_(*(getattr(Context, c) for c in cols)).in_(missing)
-                )
-            )
-            for row in found:
-                self.ids[tuple(row[1:])] = row[0]
+            self._select(conn, missing)
         return self.ids
 
     def resolve_with_engine(self, engine: Engine, keys: set[ContextKey]) -> dict[ContextKey, int]:
         with engine.begin() as conn:
             return self.resolve(conn, keys)
 
+    def forget(self) -> None:
+        """After a rolled-back transaction: ids it created do not exist."""
+        self.ids.clear()
 
-def _trial_deltas(reports: Sequence[ReportRow], context_ids: dict[ContextKey, int]) -> list[dict]:
+
+@dataclass
+class Admissions:
+    """(policy id, context) pairs known to be admitted, so that a report whose contexts are all
+    known costs no admission query. A pair enters only once it is committed (by this writer or
+    seen committed by another), and admissions are never withdrawn, so the cache cannot be
+    wrong in the direction that would let a report past its quota."""
+
+    known: set[tuple[int, ContextKey]] = field(default_factory=set)
+
+    def unknown(self, report: ReportRow) -> set[ContextKey]:
+        return {c for c in report.contexts() if (report.policy_id, c) not in self.known}
+
+
+def _trial_deltas(
+    reports: Sequence[ReportRow], context_ids: dict[ContextKey, int]
+) -> list[dict[str, Any]]:
     """Sum a batch per trial key first: one upsert may not touch the same row twice."""
     sums: dict[tuple[int, int, str, str], list[float]] = defaultdict(lambda: [0] * len(TRIAL_SUMS))
     for r in reports:
         for a in r.aggregates:
             s = sums[(r.policy_id, context_ids[a.context], a.cc, a.theta_key)]
-            for i, v in enumerate(
-                (
-                    a.flow_count,
-                    a.tpt_sum,
-                    a.tpt_sq_sum,
-                    a.delay_sum,
-                    a.delay_sq_sum,
-                    a.tpt_delay_sum,
-                    a.slow_flows,
-                    1,
-                )
-            ):
+            for i, v in enumerate((*a.sums.astuple(), a.slow_flows, 1)):
                 s[i] += v
     return [
         {
@@ -168,11 +230,11 @@ _AGGREGATE_COLUMNS = (
 )
 
 
-def _columns(rows: list[dict], names: Sequence[str]) -> list[list]:
+def _columns(rows: list[dict[str, Any]], names: Sequence[str]) -> list[list[Any]]:
     return [[r[n] for r in rows] for n in names]
 
 
-def _upsert_trials(cur, deltas: list[dict]) -> None:
+def _upsert_trials(cur: Cursor, deltas: list[dict[str, Any]]) -> None:
     if not deltas:
         return
     # Sorted, so concurrent replicas lock trial rows in one order and cannot deadlock.
@@ -181,7 +243,7 @@ def _upsert_trials(cur, deltas: list[dict]) -> None:
     cur.execute(_UPSERT_TRIALS, _columns(deltas, (*key, *TRIAL_SUMS)))
 
 
-def _insert_reports(cur, reports: Sequence[ReportRow]) -> dict[str, int]:
+def _insert_reports(cur: Cursor, reports: Sequence[ReportRow]) -> dict[str, int]:
     """One statement for the whole batch (arrays + unnest), prepared once per connection."""
     cur.execute(
         _INSERT_REPORTS,
@@ -198,7 +260,7 @@ def _insert_reports(cur, reports: Sequence[ReportRow]) -> dict[str, int]:
     return dict(cur.fetchall())
 
 
-def _copy_aggregates(cur, rows: list[tuple]) -> None:
+def _copy_aggregates(cur: Cursor, rows: list[tuple[Any, ...]]) -> None:
     cols = ", ".join(_AGGREGATE_COLUMNS)
     with cur.copy(f"COPY report_aggregates ({cols}) FROM STDIN") as copy:
         for row in rows:
@@ -219,73 +281,217 @@ def _dedupe(reports: Sequence[ReportRow]) -> tuple[list[ReportRow], dict[int, in
     return unique, alias
 
 
+_ADMITTED = """
+SELECT pc.policy_id, pc.context_id
+FROM policy_contexts pc JOIN unnest(%s::int[], %s::int[]) AS u(p, c)
+  ON pc.policy_id = u.p AND pc.context_id = u.c
+"""
+_POLICY_CONTEXTS = """
+SELECT policy_id, count(*) FROM policy_contexts WHERE policy_id = ANY(%s::int[])
+GROUP BY policy_id
+"""
+_HOST_CONTEXTS_DAY = """
+SELECT policy_id, first_host, count(*) FROM policy_contexts
+WHERE policy_id = ANY(%s::int[]) AND first_host = ANY(%s::text[])
+  AND admitted_at > now() - interval '24 hours'
+GROUP BY policy_id, first_host
+"""
+_ADMIT = """
+INSERT INTO policy_contexts (policy_id, context_id, first_host)
+SELECT * FROM unnest(%s::int[], %s::int[], %s::text[])
+ON CONFLICT DO NOTHING
+"""
+
+
+def _quota_message(
+    r: ReportRow, adds: int, in_policy: int, by_host: int, host_day_quota: int
+) -> str | None:
+    if in_policy + adds > r.max_contexts:
+        return (
+            f"policy {r.policy_name!r} admits at most {r.max_contexts} contexts "
+            f"({in_policy} admitted); this report adds {adds}"
+        )
+    if by_host + adds > host_day_quota:
+        return (
+            f"host {r.host_id!r} may add at most {host_day_quota} new contexts to policy "
+            f"{r.policy_name!r} in 24 hours ({by_host} added); this report adds {adds}"
+        )
+    return None
+
+
+def _quota_rejections(
+    conn: Connection,
+    cur: Cursor,
+    reports: Sequence[ReportRow],
+    context_ids: ContextIds,
+    admissions: Admissions,
+    host_day_quota: int,
+) -> dict[str, Rejection]:
+    """Reports that would admit contexts beyond a quota, by report id.
+
+    Only reports bringing contexts not known admitted pay for the queries. The batch is judged
+    in order, each admitted report counting against the next. Counts are read in this
+    transaction without locking, so replicas storing concurrently can each admit up to their
+    quota: a quota can be overshot by at most one batch per concurrent replica.
+    """
+    pending = [(r, u) for r in reports if (u := admissions.unknown(r))]
+    if not pending:
+        return {}
+    ids = context_ids.lookup(conn, {c for _, u in pending for c in u})
+    by_id = {ids[c]: c for _, u in pending for c in u if c in ids}
+    pairs = sorted({(r.policy_id, ids[c]) for r, u in pending for c in u if c in ids})
+    if pairs:
+        cur.execute(_ADMITTED, [[p for p, _ in pairs], [c for _, c in pairs]])
+        admissions.known.update((p, by_id[c]) for p, c in cur.fetchall())
+    policies = sorted({r.policy_id for r, _ in pending})
+    cur.execute(_POLICY_CONTEXTS, [policies])
+    in_policy: dict[int, int] = defaultdict(int, cur.fetchall())
+    cur.execute(_HOST_CONTEXTS_DAY, [policies, sorted({r.host_id for r, _ in pending})])
+    by_host: dict[tuple[int, str], int] = defaultdict(int)
+    by_host.update({(p, h): n for p, h, n in cur.fetchall()})
+    adding: set[tuple[int, ContextKey]] = set()
+    rejections: dict[str, Rejection] = {}
+    for r, _ in pending:
+        new = {c for c in admissions.unknown(r) if (r.policy_id, c) not in adding}
+        if not new:
+            continue
+        host = (r.policy_id, r.host_id)
+        message = _quota_message(r, len(new), in_policy[r.policy_id], by_host[host], host_day_quota)
+        if message is not None:
+            rejections[r.report_id] = Rejection("quota", message)
+            continue
+        in_policy[r.policy_id] += len(new)
+        by_host[host] += len(new)
+        adding.update((r.policy_id, c) for c in new)
+    return rejections
+
+
+def _admit(
+    cur: Cursor, new: Sequence[ReportRow], ids: dict[ContextKey, int], admissions: Admissions
+) -> list[tuple[int, ContextKey]]:
+    """Admit the contexts the stored reports bring, each by the first report (and host) that
+    brought it; returns the pairs, to be known admitted once the transaction commits."""
+    first_host: dict[tuple[int, ContextKey], str] = {}
+    for r in new:
+        for c in admissions.unknown(r):
+            first_host.setdefault((r.policy_id, c), r.host_id)
+    if first_host:
+        # Sorted, like trial rows, so concurrent replicas take the keys in one order.
+        rows = sorted((p, ids[c], h) for (p, c), h in first_host.items())
+        cur.execute(_ADMIT, [[row[i] for row in rows] for i in range(3)])
+    return list(first_host)
+
+
+def _aggregate_rows(
+    new: Sequence[ReportRow], pks: dict[str, int], ids: dict[ContextKey, int]
+) -> list[tuple[Any, ...]]:
+    return [
+        (
+            pks[r.report_id],
+            r.policy_id,
+            ids[a.context],
+            a.cc,
+            a.theta_key,
+            a.theta_version,
+            *a.sums.astuple(),
+            a.slow_flows,
+            list(a.size_buckets),
+            a.sketch,
+        )
+        for r in new
+        for a in r.aggregates
+    ]
+
+
+def _store(
+    conn: Connection,
+    unique: Sequence[ReportRow],
+    outcomes: dict[str, IngestOutcome],
+    context_ids: ContextIds,
+    admissions: Admissions,
+    host_day_quota: int,
+) -> list[tuple[int, ContextKey]]:
+    """The body of the batch's transaction; fills ``outcomes``, returns the pairs admitted."""
+    cur = conn.connection.driver_connection.cursor()
+    refused = _quota_rejections(conn, cur, unique, context_ids, admissions, host_day_quota)
+    for report_id, rejection in refused.items():
+        outcomes[report_id].rejection = rejection
+    accepted = [r for r in unique if r.report_id not in refused]
+    if not accepted:
+        return []
+    ids = context_ids.resolve(conn, {c for r in accepted for c in r.contexts()})
+    new_pk = _insert_reports(cur, accepted)
+    old = [r for r in accepted if r.report_id not in new_pk]
+    if old:
+        digests = dict(
+            conn.execute(
+                select(Report.report_id, Report.digest).where(
+                    Report.report_id.in_([r.report_id for r in old])
+                )
+            ).all()
+        )
+        for r in old:
+            o = outcomes[r.report_id]
+            o.duplicate = True
+            if digests.get(r.report_id) != r.digest:
+                o.error = ReportConflict(
+                    f"report_id {r.report_id!r} was already stored with different content"
+                )
+    new = [r for r in accepted if r.report_id in new_pk]
+    rows = _aggregate_rows(new, new_pk, ids)
+    if rows:
+        _copy_aggregates(cur, rows)
+    _upsert_trials(cur, _trial_deltas(new, ids))
+    admitted = _admit(cur, new, ids, admissions)
+    # Other replicas refit on this (delivered at commit, only if it commits).
+    changes.notify_cursor(cur, "data", {r.policy_id for r in new})
+    for r in new:
+        outcomes[r.report_id].stored = len(r.aggregates)
+    return admitted
+
+
+def _repeat(first: ReportRow, outcome: IngestOutcome, again: ReportRow) -> IngestOutcome:
+    """The outcome of a key sent twice in one batch: what the first got, when the content is
+    the same (nothing is stored twice); a conflict otherwise."""
+    if again.digest != first.digest:
+        return IngestOutcome(
+            duplicate=True,
+            error=ReportConflict(
+                f"report_id {again.report_id!r} was sent twice with different content"
+            ),
+        )
+    if outcome.rejection is not None or outcome.error is not None:
+        return outcome
+    return IngestOutcome(duplicate=True)
+
+
 def store_reports(
-    engine: Engine, reports: Sequence[ReportRow], context_ids: ContextIds
+    engine: Engine,
+    reports: Sequence[ReportRow],
+    context_ids: ContextIds,
+    admissions: Admissions,
+    max_new_contexts_per_host_day: int,
 ) -> list[IngestOutcome]:
-    """Store a batch in one transaction; the outcome list is parallel to ``reports``."""
+    """Store a batch in one transaction; the outcome list is parallel to ``reports``.
+
+    Reports over a quota are refused (``rejection``) and the others stored. Raises when the
+    transaction fails: then nothing of the batch is stored, and the caller decides whether the
+    database is away (``is_transient``) or one report's content was refused.
+    """
     unique, alias = _dedupe(reports)
     outcomes = {r.report_id: IngestOutcome() for r in unique}
-    with engine.begin() as conn:
-        ids = context_ids.resolve(conn, {a.context for r in unique for a in r.aggregates})
-        cur = conn.connection.driver_connection.cursor()
-        new_pk = _insert_reports(cur, unique)
-        old = [r for r in unique if r.report_id not in new_pk]
-        if old:
-            digests = dict(
-                conn.execute(
-                    select(Report.report_id, Report.digest).where(
-                        Report.report_id.in_([r.report_id for r in old])
-                    )
-                ).all()
+    try:
+        with engine.begin() as conn:
+            admitted = _store(
+                conn, unique, outcomes, context_ids, admissions, max_new_contexts_per_host_day
             )
-            for r in old:
-                o = outcomes[r.report_id]
-                o.duplicate = True
-                if digests.get(r.report_id) != r.digest:
-                    o.error = ReportConflict(
-                        f"report_id {r.report_id!r} was already stored with different content"
-                    )
-        new = [r for r in unique if r.report_id in new_pk]
-        rows = [
-            (
-                new_pk[r.report_id],
-                r.policy_id,
-                ids[a.context],
-                a.cc,
-                a.theta_key,
-                a.theta_version,
-                a.flow_count,
-                a.tpt_sum,
-                a.tpt_sq_sum,
-                a.delay_sum,
-                a.delay_sq_sum,
-                a.tpt_delay_sum,
-                a.slow_flows,
-                list(a.size_buckets),
-                a.sketch,
-            )
-            for r in new
-            for a in r.aggregates
-        ]
-        if rows:
-            _copy_aggregates(cur, rows)
-        _upsert_trials(cur, _trial_deltas(new, ids))
-        for r in new:
-            outcomes[r.report_id].stored = len(r.aggregates)
-    result = []
-    for i, r in enumerate(reports):
-        if i in alias:
-            same = reports[alias[i]].digest == r.digest
-            result.append(
-                IngestOutcome(
-                    duplicate=True,
-                    error=None
-                    if same
-                    else ReportConflict(
-                        f"report_id {r.report_id!r} was sent twice with different content"
-                    ),
-                )
-            )
-        else:
-            result.append(outcomes[r.report_id])
-    return result
+    except BaseException:
+        context_ids.forget()
+        raise
+    admissions.known.update(admitted)
+    return [
+        _repeat(reports[alias[i]], outcomes[r.report_id], r)
+        if i in alias
+        else outcomes[r.report_id]
+        for i, r in enumerate(reports)
+    ]

@@ -25,6 +25,13 @@ class AgentMetrics:
         self.reports = Counter(
             "gemini_agent_reports", "Reports by outcome", ["outcome"], registry=r
         )
+        self.set_aside = Counter(
+            "gemini_agent_reports_set_aside",
+            "Reports Booster refused for good, set aside and never resent, by reason "
+            "(gRPC code, or quota)",
+            ["reason"],
+            registry=r,
+        )
         self.spool_reports = Gauge(
             "gemini_agent_spool_reports", "Reports waiting in the spool", registry=r
         )

@@ -1,11 +1,20 @@
 """Reports to Booster over gRPC: spooled first, then sent oldest first with deadlines, the
-agent token, and exponential backoff with full jitter while Booster is away."""
+agent token, and exponential backoff with full jitter while Booster is away.
+
+A report is set aside (never sent again) only when Booster judged the report itself and no
+retry can change the answer: INVALID_ARGUMENT, ALREADY_EXISTS (its id was used for other
+content), and RESOURCE_EXHAUSTED marked as a quota rejection. Everything else may pass: Booster
+or its database away, a policy not created yet (NOT_FOUND), a token being rotated, a message
+limit or overload (plain RESOURCE_EXHAUSTED); the report stays spooled and is retried with
+backoff, since dropping it would lose flows for good.
+"""
 
 from __future__ import annotations
 
 import logging
 import random
 import time
+from collections.abc import Iterable
 
 import grpc
 
@@ -18,6 +27,26 @@ from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 # Booster judged the report itself: retrying the same bytes cannot help.
 PERMANENT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS}
+# Trailing metadata that marks a RESOURCE_EXHAUSTED as a refused quota (not overload).
+REJECTION_KEY = "gemini-rejection"
+QUOTA = "quota"
+
+
+def _is_quota(metadata: Iterable[tuple[str, str | bytes]] | None) -> bool:
+    return any(k == REJECTION_KEY and v in (QUOTA, QUOTA.encode()) for k, v in metadata or ())
+
+
+def set_aside_reason(err: grpc.RpcError) -> str | None:
+    """Why a failed send can never succeed ('INVALID_ARGUMENT', 'ALREADY_EXISTS', 'quota'),
+    or None when the report must be kept and retried."""
+    code = err.code()  # an RpcError raised by a call is also a grpc.Call
+    if code in PERMANENT:
+        return code.name
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        trailing = getattr(err, "trailing_metadata", None)
+        if trailing is not None and _is_quota(trailing()):
+            return QUOTA
+    return None
 
 
 def open_channel(settings: AgentSettings) -> grpc.Channel:
@@ -68,18 +97,22 @@ class Reporter:
                 )
             except grpc.RpcError as err:
                 code = err.code()
-                if code in PERMANENT:
+                reason = set_aside_reason(err)
+                if reason is not None:
                     log.error(
-                        "Booster refused report %s for good: %s %s",
+                        "report %s set aside, Booster refused it for good (%s): %s",
                         path.name,
-                        code.name,
+                        reason,
                         err.details(),
                     )
                     self.spool.reject(path)
                     self.metrics.reports.labels("rejected").inc()
+                    self.metrics.set_aside.labels(reason).inc()
                     continue
                 log.warning(
-                    "Booster unavailable (%s); %d reports spooled", code.name, len(self.spool)
+                    "report not accepted now (%s); %d reports spooled, retrying with backoff",
+                    code.name,
+                    len(self.spool),
                 )
                 self.metrics.reports.labels("failed").inc()
                 self._backoff()

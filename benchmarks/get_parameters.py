@@ -98,7 +98,6 @@ def main() -> None:
             "seed-host",
             POLICY,
             [sim.make_aggregate(c, default, 1.0, 20, rng) for c in fleet.contexts],
-            1_700_000_000_000,
         )
         fleet.stub.ReportAggregates(report, metadata=fleet.metadata)
         fleet.close()

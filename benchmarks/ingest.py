@@ -52,7 +52,7 @@ def reports(n: int) -> bytes:
     aggs = [sim.make_aggregate(c, default, 1.0, 30, rng) for c in (sim.ETHERNET, sim.SATELLITE)]
     out = bytearray()
     for i in range(n):
-        req = sim.make_report(f"host-{i % 5000}", POLICY, aggs, 1_700_000_000_000 + i)
+        req = sim.make_report(f"host-{i % 5000}", POLICY, aggs)
         body = req.SerializeToString()
         out += _VarintBytes(len(body)) + body
     return bytes(out)

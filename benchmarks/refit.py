@@ -23,9 +23,9 @@ from skopt.space import Categorical, Integer
 
 from gemini_api.theta import load_spec
 from gemini_booster import simulation as sim
+from gemini_booster.domain import FlowSums, Trial
 from gemini_booster.models import Policy
 from gemini_booster.policy.planner import Planner, PolicyState
-from gemini_booster.storage.repository import TrialRecord
 
 from .common import write_result
 
@@ -46,15 +46,17 @@ def make_data(n: int, rng: np.random.Generator):
         theta = {p: int(rng.integers(lo, hi + 1)) for p, (lo, hi) in bounds.items()}
         agg = sim.make_aggregate(ctxs[c], theta, 1.0, 30, rng)
         trials.append(
-            TrialRecord(
+            Trial(
                 c + 1,
                 spec.key(theta),
-                agg.flow_count,
-                agg.throughput_mbps_sum,
-                agg.throughput_mbps_sq_sum,
-                agg.queue_delay_ms_sum,
-                agg.queue_delay_ms_sq_sum,
-                agg.throughput_queue_delay_sum,
+                FlowSums(
+                    agg.flow_count,
+                    agg.throughput_mbps_sum,
+                    agg.throughput_mbps_sq_sum,
+                    agg.queue_delay_ms_sum,
+                    agg.queue_delay_ms_sq_sum,
+                    agg.throughput_queue_delay_sum,
+                ),
                 agg.slow_flow_count,
                 1,
                 now,

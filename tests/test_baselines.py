@@ -39,7 +39,7 @@ def aggregate(tpts: list[float], delay_ms: float, cc: str = "", theta=None) -> p
     return b.to_proto(theta or SPEC.default(), 1, CTX, cc)
 
 
-def send(svc, aggs: list[pb.Aggregate], start_ms: int = 1_700_000_000_000):
+def send(svc, aggs: list[pb.Aggregate], start_ms: int | None = None):
     req = sim.make_report("host-1", POLICY, aggs, start_ms)
     return svc.stub().ReportAggregates(req, metadata=agent_md())
 
@@ -108,7 +108,7 @@ def test_comparison_per_context_against_each_baseline(svc):
             aggregate([10, 10, 16], 30, "cubic"),
         ],
     )
-    send(svc, [aggregate([24, 26], 10, theta=tuned)], start_ms=1_700_000_300_000)
+    send(svc, [aggregate([24, 26], 10, theta=tuned)])
     svc.booster.refit(svc.booster.policies[POLICY])
     r = svc.http.get(f"/v1/policies/{POLICY}/comparison", headers=auth(OPERATOR))
     assert r.status_code == 200, r.text

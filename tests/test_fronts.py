@@ -1,6 +1,7 @@
 """Booster with a front process on its one gRPC port (``grpc_processes = 2``): a report through
-either process is stored exactly once, the main process refits on what the front stored, both
-processes answer GetParameters alike, and ``/metrics`` adds the front's counts in."""
+either process is stored exactly once, the main process refits on what the front stored (told
+by the database's notification), both processes answer GetParameters alike, and ``/metrics``
+adds the front's counts in."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
-from gemini_booster.service.fronts import SYNC_S
+from gemini_booster.service.fronts import METRICS_EVERY_S
 from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
@@ -58,7 +59,7 @@ def reports(n: int) -> list[pb.ReportRequest]:
     out = []
     for i in range(n):
         aggs = [sim.make_aggregate(c, theta, 1.0, 10, rng) for c in sim.DEFAULT_CONTEXTS]
-        out.append(sim.make_report(f"host-{i}", POLICY, aggs, 1_700_000_000_000 + i))
+        out.append(sim.make_report(f"host-{i}", POLICY, aggs))
     return out
 
 
@@ -87,7 +88,7 @@ def test_reports_through_both_processes_are_stored_once_and_counted(server):
         flows = conn.execute(text("SELECT sum(flow_count) FROM trials")).scalar_one()
     assert flows == 48 * 10 * len(sim.DEFAULT_CONTEXTS)
 
-    time.sleep(2.5 * SYNC_S)  # the front's metrics arrive with its next sync
+    time.sleep(2.5 * METRICS_EVERY_S)  # the front's metrics arrive with its next snapshot
     fronts = server.booster.metrics.remote
     assert fronts, "the front process never reported its metrics"
     front_accepted = sum(
@@ -110,13 +111,19 @@ def test_both_processes_answer_the_same_plan(server):
     while len(server.booster.plan_snapshot(policy.id)) < len(sim.DEFAULT_CONTEXTS):
         assert time.monotonic() < deadline, "the main process never refit on the reports"
         time.sleep(0.2)
-    time.sleep(2.5 * SYNC_S)  # the front reloads persisted plans at its next sync
     contexts = [c.message() for c in sim.DEFAULT_CONTEXTS]
     req = pb.GetParametersRequest(host_id="host-a", policy=POLICY, contexts=contexts)
-    answers = {
-        lane.GetParameters(req, metadata=agent_md()).SerializeToString(deterministic=True)
-        for lane in lanes
-    }
-    assert len(answers) == 1, "the two processes answered one host differently"
-    (answer,) = answers
+
+    def answers() -> set[bytes]:
+        return {
+            lane.GetParameters(req, metadata=agent_md()).SerializeToString(deterministic=True)
+            for lane in lanes
+        }
+
+    seen = answers()
+    while len(seen) != 1:  # the front loads the plans when it is told they were published
+        assert time.monotonic() < deadline, "the two processes answered one host differently"
+        time.sleep(0.1)
+        seen = answers()
+    (answer,) = seen
     assert all(p.plan_version >= 1 for p in pb.GetParametersResponse.FromString(answer).parameters)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from gemini_api.theta import load_spec
+from gemini_booster.domain import FlowSums, Utility
 from gemini_booster.models import Policy
 from gemini_booster.policy.kernels import ContextKernel
-from gemini_booster.policy.objective import Utility, utility
 from gemini_booster.policy.planner import (
     Observation,
     Planner,
@@ -24,9 +24,10 @@ def test_utility_and_its_variance_match_per_flow_values():
     rng = np.random.default_rng(0)
     tpt, delay = rng.gamma(4, 5, 400), rng.gamma(2, 3, 400)
     sigma = 0.7
-    u = utility(
-        sigma, 400, tpt.sum(), (tpt**2).sum(), delay.sum(), (delay**2).sum(), (tpt * delay).sum()
+    sums = FlowSums(
+        400, tpt.sum(), (tpt**2).sum(), delay.sum(), (delay**2).sum(), (tpt * delay).sum()
     )
+    u = sums.utility(sigma)
     per_flow = tpt - sigma * delay
     assert u.mean == pytest.approx(per_flow.mean())
     assert u.var_of_mean == pytest.approx(per_flow.var(ddof=1) / 400)

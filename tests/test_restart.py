@@ -3,11 +3,8 @@ the same θ as before the kill."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import time
 
 import grpc
 import httpx
@@ -18,35 +15,11 @@ from gemini_booster import simulation as sim
 from gemini_booster.fleet import SyntheticFleet
 
 from .conftest import AGENT, OPERATOR, agent_md, auth, free_port
+from .processes import start_booster
 
 
 def start(db_url: str, grpc_port: int, http_port: int, tmp_path) -> subprocess.Popen:
-    env = os.environ | {
-        "GEMINI_BOOSTER_DATABASE_URL": db_url,
-        "GEMINI_BOOSTER_GRPC_LISTEN": f"127.0.0.1:{grpc_port}",
-        "GEMINI_BOOSTER_HTTP_PORT": str(http_port),
-        "GEMINI_BOOSTER_BOOTSTRAP_OPERATOR_TOKEN": OPERATOR,
-        "GEMINI_BOOSTER_BOOTSTRAP_AGENT_TOKEN": AGENT,
-        "GEMINI_BOOSTER_REFIT_INTERVAL_S": "3600",
-        "GEMINI_BOOSTER_DATA_DIR": str(tmp_path),
-    }
-    with open(tmp_path / "booster.log", "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gemini_booster.cli", "serve"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{http_port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, (tmp_path / "booster.log").read_text()
-        time.sleep(0.2)
-    raise AssertionError("Booster did not start")
+    return start_booster(db_url, grpc_port, http_port, tmp_path)
 
 
 def answers(target: str) -> list[tuple]:

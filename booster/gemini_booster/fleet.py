@@ -7,7 +7,6 @@ the convergence tests and the benchmarks; the lab (real kernels) replaces it end
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,7 +51,6 @@ class SyntheticFleet:
         self.flows = flows_per_report
         self.sigma = sigma
         self.rng = np.random.default_rng(seed)
-        self.start_ms = int(time.time() * 1000)
 
     def close(self) -> None:
         self.channel.close()
@@ -73,7 +71,7 @@ class SyntheticFleet:
                 if not params.exploratory:
                     incumbents[ctx.key] = theta
                 aggregates.append(sim.make_aggregate(ctx, theta, self.sigma, self.flows, self.rng))
-            report = sim.make_report(host, self.policy, aggregates, self.start_ms + index * 300_000)
+            report = sim.make_report(host, self.policy, aggregates)
             self.stub.ReportAggregates(report, metadata=self.metadata, timeout=30)
             reports += 1
         return RoundResult(reports, incumbents)

@@ -8,6 +8,7 @@ compromise between them.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -118,9 +119,13 @@ def make_report(
     host_id: str,
     policy: str,
     aggregates: list[pb.Aggregate],
-    start_ms: int,
+    start_ms: int | None = None,
     interval_ms: int = 300_000,
 ) -> pb.ReportRequest:
+    """A report of ``aggregates``; by default over the interval that ends now (Booster refuses
+    intervals far from its clock)."""
+    if start_ms is None:
+        start_ms = int(time.time() * 1000) - interval_ms
     return pb.ReportRequest(
         report_id=str(uuid.uuid4()),
         host_id=host_id,

@@ -29,10 +29,8 @@ from skopt.acquisition import gaussian_ei, gaussian_lcb, gaussian_pi
 
 from gemini_api.theta import ThetaSpec
 
+from ..domain import SINGLE_FLOW_STD, ContextKey, Trial, Utility
 from ..models import Policy
-from ..storage.ingest import ContextKey
-from ..storage.repository import TrialRecord
-from .objective import SINGLE_FLOW_STD, Utility, utility
 from .surrogate import CONTEXT_ATTRIBUTES, FittedSurrogate, ThetaSpace, fit_surrogate
 
 N_CANDIDATES = 8
@@ -129,7 +127,7 @@ def shrunk_noise(u: Utility, pooled: float | None) -> float:
 
 
 def observations(
-    trials: Iterable[TrialRecord], sigma: float, spec: ThetaSpec, bounds: Mapping
+    trials: Iterable[Trial], sigma: float, spec: ThetaSpec, bounds: Mapping
 ) -> list[Observation]:
     per_trial = []
     for t in trials:
@@ -138,15 +136,7 @@ def observations(
         theta = spec.from_key(t.theta_key)
         if spec.violations(theta, bounds):
             continue  # measured under an earlier, wider region: not a point of this space
-        u = utility(
-            sigma,
-            t.flow_count,
-            t.tpt_sum,
-            t.tpt_sq_sum,
-            t.delay_sum,
-            t.delay_sq_sum,
-            t.tpt_delay_sum,
-        )
+        u = t.sums.utility(sigma)
         per_trial.append((t, theta, u))
     pooled = _pooled_flow_var([(t.context_id, u) for t, _, u in per_trial])
     return [
@@ -190,7 +180,7 @@ class Planner:
     def plan(
         self,
         policy: Policy,
-        trials: list[TrialRecord],
+        trials: list[Trial],
         contexts: Mapping[int, ContextKey],
         targets: Iterable[int],
         state: PolicyState,

@@ -59,6 +59,7 @@ class BoosterServer:
         self.booster = Booster(self.engine, s)
         self.booster.start()
         auth = TokenAuthority(self.engine)
+        self.booster.on_tokens_changed(auth.invalidate)
         self.grpc_server = AgentServer(
             self.booster,
             auth,

@@ -3,26 +3,28 @@ interpreter.
 
 One Python process tops out well below the ingestion target on two cores: gRPC's own per-call
 work and the checks on each report share one interpreter lock. With ``grpc_processes = N``,
-Booster starts N − 1 *front* processes that listen on the same port (SO_REUSEPORT, which gRPC
-sets by default on Linux), so the kernel spreads agent connections across processes.
+Booster starts N − 1 *front* processes that listen on the same port (SO_REUSEPORT), so the
+kernel spreads agent connections across processes.
 
-A front is a Booster core that never refits. It validates and stores reports itself (its own
-group-commit writer; exactly-once rests on the database's unique report id, so several writers
-are as safe as one) and answers GetParameters from the plans the main process persisted, which
-it reloads every ``SYNC_S``. What only the main process may do travels to it over a queue:
-which policies got new data (so it refits), which contexts were asked for before they had a plan,
-and a snapshot of the front's metrics, merged into the main process's ``/metrics``.
+A front is a Booster core without refits: it validates and stores reports itself (its own
+group-commit writer; exactly-once rests on the database's unique report id) and answers
+GetParameters from plans it follows in PostgreSQL like any replica does (``sync.py``). The
+only thing it sends its parent is a snapshot of its metrics, merged into ``/metrics``.
+
+A front never outlives its parent: it watches the parent's process sentinel and exits as soon
+as the parent is gone, however the parent died (``kill -9`` included), and it exits on SIGTERM
+within a bounded grace.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import signal
 import threading
 from dataclasses import dataclass, field
-
-from sqlalchemy import Engine
+from multiprocessing.connection import wait
 
 from ..config import Settings
 from ..storage import database
@@ -31,48 +33,23 @@ from .core import Booster
 from .grpc_server import AgentServer, tls_credentials
 
 log = logging.getLogger(__name__)
-SYNC_S = 1.0
+METRICS_EVERY_S = 1.0
+STOP_GRACE_S = 1.0  # on SIGTERM: calls in flight may finish
+ORPHAN_EXIT_S = 0.3  # parent gone: a moment for calls in flight, then out (agents retry)
 
 
-class FrontCore(Booster):
-    """A core for a front process: ingests and answers, leaves refits to the main process."""
+def _exit_with_parent(stop: threading.Event) -> None:
+    """Set ``stop`` when the parent process dies; hard-exit if the orderly stop hangs."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
 
-    def __init__(self, engine: Engine, settings: Settings, front_id: int, events: mp.Queue):
-        super().__init__(engine, settings)
-        self._front_id = front_id
-        self._events = events
-        self._dirty_out: set[int] = set()
+    def watch() -> None:
+        wait([parent.sentinel])
+        stop.set()
+        threading.Timer(ORPHAN_EXIT_S, os._exit, args=(0,)).start()
 
-    def stop(self) -> None:
-        super().stop()
-        self._ship()
-
-    def _send(self, kind: str, payload) -> None:
-        self._events.put((self._front_id, kind, payload))
-
-    def mark_dirty(self, policy_ids: set[int]) -> None:
-        with self._lock:  # sent with the next sync, not per report or per request
-            self._dirty_out |= policy_ids
-
-    def _ship(self) -> None:
-        with self._lock:
-            requested, self._requested = self._requested, {}
-            dirty, self._dirty_out = self._dirty_out, set()
-        if dirty:
-            self._send("dirty", dirty)
-        if requested:
-            self._send("requested", requested)
-        self._send("metrics", list(self.metrics.registry.collect()))
-
-    def _refresh_loop(self) -> None:
-        """A front's refresh: plans and policies from PostgreSQL, its news to the main process."""
-        while not self._stopping.wait(SYNC_S):
-            try:
-                self.reload_policies()
-                self._load_plans()
-            except Exception as e:  # the database may be restarting; try again next round
-                log.warning("front sync failed: %s", type(e).__name__)
-            self._ship()
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _serve_front(
@@ -81,10 +58,12 @@ def _serve_front(
     logging.basicConfig(level=settings.log_level)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    _exit_with_parent(stop)
     engine = database.make_engine(url)
-    core = FrontCore(engine, settings, front_id, events)
+    core = Booster(engine, settings, refits=False)
     core.start()
     auth = TokenAuthority(engine)
+    core.on_tokens_changed(auth.invalidate)
     server = AgentServer(
         core,
         auth,
@@ -95,15 +74,16 @@ def _serve_front(
     )
     server.start()
     ready.set()
-    stop.wait()
-    server.stop(grace=2)
+    while not stop.wait(METRICS_EVERY_S):
+        events.put((front_id, list(core.metrics.registry.collect())))
+    server.stop(grace=STOP_GRACE_S)
     core.stop()
     engine.dispose()
 
 
 @dataclass
 class Fronts:
-    """The main process's side: starts the fronts and applies what they send."""
+    """The main process's side: starts the fronts and merges their metrics."""
 
     booster: Booster
     settings: Settings
@@ -131,31 +111,30 @@ class Fronts:
             if not ready.wait(60):
                 raise RuntimeError(f"front process {i} did not start")
             self._procs.append(proc)
-        self._thread = threading.Thread(target=self._apply_loop, name="fronts", daemon=True)
+        self._thread = threading.Thread(target=self._merge_loop, name="fronts", daemon=True)
         self._thread.start()
         log.info("%d front process(es) serving gRPC on port %d", n, port)
 
-    def _apply(self, sender: int, kind: str, payload) -> None:
-        if kind == "dirty":
-            self.booster.mark_dirty(payload)
-        elif kind == "requested":
-            for policy_id, keys in payload.items():
-                self.booster.request_contexts(policy_id, keys)
-        elif kind == "metrics":
-            self.booster.metrics.remote[sender] = payload
-
-    def _apply_loop(self) -> None:
+    def _merge_loop(self) -> None:
+        assert self._events is not None
         while True:
             item = self._events.get()
             if item is None:
                 return
-            self._apply(*item)
+            sender, families = item
+            self.booster.metrics.remote[sender] = families
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p.pid is not None]
 
     def stop(self) -> None:
         for proc in self._procs:
             proc.terminate()
         for proc in self._procs:
-            proc.join(timeout=10)
-        if self._thread is not None:
+            proc.join(timeout=STOP_GRACE_S + 5)
+            if proc.is_alive():
+                proc.kill()
+        if self._thread is not None and self._events is not None:
             self._events.put(None)
             self._thread.join(timeout=5)

@@ -10,10 +10,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, Engine, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from ..domain import ContextKey, FlowSums, Trial
 from ..models import Policy, PolicyCreate, PolicyFields, PolicyUpdate
-from .ingest import ContextKey
-from .schema import ApiToken, AuditEntry, Context, Plan, Trial
+from . import changes
+from .schema import ApiToken, AuditEntry, Context, Plan, PolicyContext, RefitLog
 from .schema import Policy as PolicyRow
+from .schema import Trial as TrialRow
 
 ROLES = ("agent", "operator", "viewer")
 TOKEN_PREFIX = "gmn_"
@@ -59,6 +61,7 @@ def create_policy(engine: Engine, spec: PolicyCreate, actor: str) -> Policy:
         if new_id is None:
             raise Conflict(f"policy {spec.name!r} exists")
         audit(conn, actor, "policy.create", spec.name, spec.model_dump(mode="json"))
+        changes.notify(conn, "policy", [new_id])
         return _policy(_select_policy(conn, PolicyRow.id == new_id))
 
 
@@ -88,6 +91,7 @@ def update_policy(engine: Engine, name: str, change: PolicyUpdate, actor: str) -
         audit(
             conn, actor, "policy.update", name, change.model_dump(mode="json", exclude_unset=True)
         )
+        changes.notify(conn, "policy", [row["id"]])
         return _policy(_select_policy(conn, PolicyRow.id == row["id"]))
 
 
@@ -105,74 +109,77 @@ def get_policy(engine: Engine, name: str) -> Policy:
     return _policy(row)
 
 
-@dataclass(frozen=True)
-class TrialRecord:
-    context_id: int
-    theta_key: str
-    flow_count: int
-    tpt_sum: float
-    tpt_sq_sum: float
-    delay_sum: float
-    delay_sq_sum: float
-    tpt_delay_sum: float
-    slow_flows: int
-    report_count: int
-    last_seen: datetime
-
-
 _TRIAL_COLUMNS = (
-    Trial.context_id,
-    Trial.theta_key,
-    Trial.flow_count,
-    Trial.tpt_sum,
-    Trial.tpt_sq_sum,
-    Trial.delay_sum,
-    Trial.delay_sq_sum,
-    Trial.tpt_delay_sum,
-    Trial.slow_flows,
-    Trial.report_count,
-    Trial.last_seen,
+    TrialRow.context_id,
+    TrialRow.theta_key,
+    TrialRow.flow_count,
+    TrialRow.tpt_sum,
+    TrialRow.tpt_sq_sum,
+    TrialRow.delay_sum,
+    TrialRow.delay_sq_sum,
+    TrialRow.tpt_delay_sum,
+    TrialRow.slow_flows,
+    TrialRow.report_count,
+    TrialRow.last_seen,
 )
 
 
+def _trial(row) -> Trial:
+    context_id, theta_key, *sums, slow, reports, last_seen = row
+    return Trial(context_id, theta_key, FlowSums(*sums), slow, reports, last_seen)
+
+
 def _recent(q, history: timedelta | None):
-    return q if history is None else q.where(Trial.last_seen >= func.now() - history)
+    return q if history is None else q.where(TrialRow.last_seen >= func.now() - history)
 
 
-def load_trials(
-    engine: Engine, policy_id: int, history: timedelta | None = None
-) -> list[TrialRecord]:
+def load_trials(engine: Engine, policy_id: int, history: timedelta | None = None) -> list[Trial]:
     """The model's points: Fusion trials only (a baseline CC's flows have no θ to learn)."""
-    q = select(*_TRIAL_COLUMNS).where(Trial.policy_id == policy_id, Trial.cc == "")
+    q = select(*_TRIAL_COLUMNS).where(TrialRow.policy_id == policy_id, TrialRow.cc == "")
     with engine.connect() as conn:
-        return [TrialRecord(*r) for r in conn.execute(_recent(q, history).order_by(Trial.id))]
+        return [_trial(r) for r in conn.execute(_recent(q, history).order_by(TrialRow.id))]
 
 
 def load_baselines(
     engine: Engine, policy_id: int, history: timedelta | None = None
-) -> dict[str, list[TrialRecord]]:
+) -> dict[str, list[Trial]]:
     """Flows of other CCs per CC name, one record per context (theta_key '')."""
-    q = select(Trial.cc, *_TRIAL_COLUMNS).where(Trial.policy_id == policy_id, Trial.cc != "")
-    out: dict[str, list[TrialRecord]] = {}
+    q = select(TrialRow.cc, *_TRIAL_COLUMNS).where(
+        TrialRow.policy_id == policy_id, TrialRow.cc != ""
+    )
+    out: dict[str, list[Trial]] = {}
     with engine.connect() as conn:
-        for cc, *rest in conn.execute(_recent(q, history).order_by(Trial.id)):
-            out.setdefault(cc, []).append(TrialRecord(*rest))
+        for cc, *rest in conn.execute(_recent(q, history).order_by(TrialRow.id)):
+            out.setdefault(cc, []).append(_trial(rest))
     return out
 
 
-def load_contexts(engine: Engine) -> dict[int, ContextKey]:
+def admitted_contexts(engine: Engine, policy_id: int) -> set[int]:
+    """The contexts a policy plans for: those admitted by reports with flows from them."""
     with engine.connect() as conn:
         rows = conn.execute(
-            select(
-                Context.id,
-                Context.src_region,
-                Context.src_isp,
-                Context.dst_region,
-                Context.dst_isp,
-                Context.hour,
-            )
+            select(PolicyContext.context_id).where(PolicyContext.policy_id == policy_id)
         )
-        return {r[0]: tuple(r[1:]) for r in rows}
+        return {r[0] for r in rows}
+
+
+_CONTEXT_COLUMNS = (
+    Context.id,
+    Context.src_region,
+    Context.src_isp,
+    Context.dst_region,
+    Context.dst_isp,
+    Context.hour,
+)
+
+
+def load_contexts(engine: Engine, ids: set[int] | None = None) -> dict[int, ContextKey]:
+    """Context id → key; all contexts, or only ``ids``."""
+    q = select(*_CONTEXT_COLUMNS)
+    if ids is not None:
+        q = q.where(Context.id.in_(sorted(ids)))
+    with engine.connect() as conn:
+        return {r[0]: ContextKey(*r[1:]) for r in conn.execute(q)}
 
 
 @dataclass(frozen=True)
@@ -185,53 +192,87 @@ class PlanRecord:
     candidate_keys: tuple[str, ...]
 
 
-def save_plans(engine: Engine, plans: list[PlanRecord]) -> None:
-    if not plans:
-        return
-    stmt = pg_insert(Plan).values(
-        [
-            {
-                "policy_id": p.policy_id,
-                "context_id": p.context_id,
-                "plan_version": p.plan_version,
-                "incumbent_key": p.incumbent_key,
-                "incumbent_utility": p.incumbent_utility,
-                "candidate_keys": list(p.candidate_keys),
-            }
-            for p in plans
-        ]
-    )
-    with engine.begin() as conn:
+def policy_generations(engine: Engine) -> dict[int, tuple[int, int]]:
+    """policy id → (settings revision, plan generation): what a follower compares each sync."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(PolicyRow.id, PolicyRow.revision, PolicyRow.plan_generation))
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def publish_plans(
+    conn: Connection,
+    policy_id: int,
+    plans: list[PlanRecord],
+    owner: str,
+    started_at: datetime,
+    trials: int,
+) -> int:
+    """Upsert ``plans``, move the policy's plan generation and log the refit, in ``conn``'s
+    transaction (the refit owner's: see ``service/refit.py``); returns the new generation."""
+    if plans:
+        stmt = pg_insert(Plan).values(
+            [
+                {
+                    "policy_id": p.policy_id,
+                    "context_id": p.context_id,
+                    "plan_version": p.plan_version,
+                    "incumbent_key": p.incumbent_key,
+                    "incumbent_utility": p.incumbent_utility,
+                    "candidate_keys": list(p.candidate_keys),
+                }
+                for p in plans
+            ]
+        )
         conn.execute(
             stmt.on_conflict_do_update(
                 index_elements=["policy_id", "context_id"],
-                set_={
-                    c: getattr(stmt.excluded, c)
-                    for c in (
-                        "plan_version",
-                        "incumbent_key",
-                        "incumbent_utility",
-                        "candidate_keys",
-                    )
-                }
+                set_={c: getattr(stmt.excluded, c) for c in _PLAN_VALUES}
                 | {"updated_at": func.now()},
             )
         )
-
-
-def load_plans(engine: Engine) -> list[PlanRecord]:
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(
-                Plan.policy_id,
-                Plan.context_id,
-                Plan.plan_version,
-                Plan.incumbent_key,
-                Plan.incumbent_utility,
-                Plan.candidate_keys,
-            )
+    generation = conn.execute(
+        update(PolicyRow)
+        .where(PolicyRow.id == policy_id)
+        .values(plan_generation=PolicyRow.plan_generation + 1)
+        .returning(PolicyRow.plan_generation)
+    ).scalar_one()
+    conn.execute(
+        pg_insert(RefitLog).values(
+            policy_id=policy_id,
+            owner=owner,
+            started_at=started_at,
+            plan_generation=generation,
+            contexts=len(plans),
+            trials=trials,
         )
-        return [PlanRecord(r[0], r[1], r[2], r[3], r[4], tuple(r[5])) for r in rows]
+    )
+    changes.notify(conn, "plans", [policy_id])
+    return generation
+
+
+_PLAN_VALUES = ("plan_version", "incumbent_key", "incumbent_utility", "candidate_keys")
+
+
+def load_plans(engine: Engine, policy_id: int | None = None) -> tuple[list[PlanRecord], int]:
+    """Plans (of one policy, or all) and the plan generation they were read at: one snapshot,
+    so a follower never pairs new plans with an old generation or the reverse."""
+    q = select(
+        Plan.policy_id,
+        Plan.context_id,
+        Plan.plan_version,
+        Plan.incumbent_key,
+        Plan.incumbent_utility,
+        Plan.candidate_keys,
+    )
+    gen_q = select(func.coalesce(func.sum(PolicyRow.plan_generation), 0))
+    if policy_id is not None:
+        q = q.where(Plan.policy_id == policy_id)
+        gen_q = select(PolicyRow.plan_generation).where(PolicyRow.id == policy_id)
+    with engine.connect() as conn, conn.begin():
+        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        rows = conn.execute(q).all()
+        generation = conn.execute(gen_q).scalar_one_or_none() or 0
+    return [PlanRecord(r[0], r[1], r[2], r[3], r[4], tuple(r[5])) for r in rows], generation
 
 
 def hash_token(token: str) -> str:
@@ -253,6 +294,7 @@ def create_token(engine: Engine, name: str, role: str, actor: str, value: str | 
         if row is None:
             raise Conflict(f"a token named {name!r} (or with that value) exists")
         audit(conn, actor, "token.create", name, {"role": role})
+        changes.notify(conn, "tokens")
     return token
 
 
@@ -279,6 +321,7 @@ def revoke_token(engine: Engine, name: str, actor: str) -> None:
         if not n:
             raise NotFound(f"token {name!r}")
         audit(conn, actor, "token.revoke", name, {})
+        changes.notify(conn, "tokens")
 
 
 def lookup_tokens(engine: Engine) -> dict[str, tuple[str, str]]:

@@ -1,0 +1,115 @@
+"""The read path: published plans in memory, answering GetParameters without the database.
+
+Plans are written by the refit owner of a policy (possibly another replica) and loaded here by
+the follower whenever the policy's plan generation moves. Each policy's plans are replaced as
+one dictionary, so a request sees either all of a refit's plans or none of them, and through a
+database outage the last plans keep being served.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gemini_api.theta import ThetaSpec
+from gemini_api.v1 import booster_pb2 as pb
+
+from ..domain import ContextKey
+from ..models import Policy
+from ..storage.repository import PlanRecord
+
+
+@dataclass(frozen=True)
+class CachedPlan:
+    """A published plan: θ keys for comparisons and display, ready messages for the hot path."""
+
+    context_id: int
+    version: int
+    incumbent_key: str
+    candidate_keys: tuple[str, ...]
+    incumbent: pb.Theta
+    incumbent_utility: float
+    candidates: tuple[pb.Theta, ...]
+
+
+def exploration_position(host: str, key: ContextKey, version: int) -> float:
+    """A host's fixed position in [0, 1) for one plan: the lowest ``share`` explore."""
+    return zlib.crc32(f"{host}|{tuple(key)}|{version}".encode()) / 2**32
+
+
+class PlanCache:
+    def __init__(self, spec: ThetaSpec):
+        self.spec = spec
+        self._plans: dict[int, dict[ContextKey, CachedPlan]] = {}
+        self._generations: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def cached(self, rec: PlanRecord) -> CachedPlan:
+        return CachedPlan(
+            context_id=rec.context_id,
+            version=rec.plan_version,
+            incumbent_key=rec.incumbent_key,
+            candidate_keys=tuple(rec.candidate_keys),
+            incumbent=pb.Theta(**self.spec.from_key(rec.incumbent_key)),
+            incumbent_utility=rec.incumbent_utility or 0.0,
+            candidates=tuple(pb.Theta(**self.spec.from_key(k)) for k in rec.candidate_keys),
+        )
+
+    def generation(self, policy_id: int) -> int:
+        return self._generations.get(policy_id, -1)
+
+    def replace(
+        self,
+        policy_id: int,
+        records: Iterable[PlanRecord],
+        contexts: dict[int, ContextKey],
+        generation: int,
+    ) -> None:
+        """All of a policy's plans at ``generation``; an older generation never replaces a newer
+        one (a slow reload racing a publish)."""
+        plans = {contexts[r.context_id]: self.cached(r) for r in records}
+        with self._lock:
+            if generation < self._generations.get(policy_id, -1):
+                return
+            self._plans[policy_id] = plans
+            self._generations[policy_id] = generation
+
+    def update(
+        self,
+        policy_id: int,
+        records: Iterable[PlanRecord],
+        contexts: dict[int, ContextKey],
+        generation: int,
+    ) -> None:
+        """Merge a refit's plans (the owner's own publish: only the contexts it planned)."""
+        with self._lock:
+            merged = dict(self._plans.get(policy_id, {}))
+            merged.update({contexts[r.context_id]: self.cached(r) for r in records})
+            self._plans[policy_id] = merged
+            self._generations[policy_id] = max(generation, self._generations.get(policy_id, -1))
+
+    def snapshot(self, policy_id: int) -> dict[ContextKey, CachedPlan]:
+        return self._plans.get(policy_id, {})
+
+    def answer(
+        self, policy: Policy, default: pb.Theta, host: str, msg: pb.Context, key: ContextKey
+    ) -> pb.ContextParameters:
+        """What ``host`` runs in context ``key``: the incumbent, or one of the exploration
+        candidates for the policy's exploring share of hosts; the default θ where no plan is."""
+        plan = self._plans.get(policy.id, {}).get(key)
+        if plan is None:
+            return pb.ContextParameters(context=msg, theta=default)
+        pos = exploration_position(host, key, plan.version)
+        explore = bool(plan.candidates) and pos < policy.exploration_share
+        theta = plan.incumbent
+        if explore:
+            theta = plan.candidates[zlib.crc32(host.encode()) % len(plan.candidates)]
+        return pb.ContextParameters(
+            context=msg,
+            theta=theta,
+            plan_version=plan.version,
+            exploratory=explore,
+            predicted_utility=plan.incumbent_utility,
+        )

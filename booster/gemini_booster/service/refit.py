@@ -1,0 +1,291 @@
+"""The refit owner: refits the policies whose lease this replica holds, and publishes plans.
+
+A keeper thread tries, every ``lease_poll_s``, to take the lease of every policy nobody owns
+(``leases.py``); for each owned policy a worker thread of its own waits until the policy is
+marked dirty (new data, changed settings, a takeover) and refits it, at most once per
+``refit_interval_s``. One policy's slow or failing refit never delays or drops another's.
+
+A refit's cost is bounded whatever agents send: the model sees at most ``max_model_points``
+trials, and at most ``max_contexts_per_refit`` contexts are planned per round, those with data
+newer than their plan first and then the longest unplanned, so every admitted context is
+replanned in turn. Contexts exist for a policy only once admitted within its quotas.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import Engine, text
+
+from gemini_api.theta import ThetaSpec
+
+from ..config import Settings
+from ..domain import ContextKey, Trial
+from ..models import Policy
+from ..policy.planner import ContextPlan, Planner, PolicyState
+from ..storage import repository as repo
+from .leases import LeaseLost, Leases
+from .metrics import Metrics
+from .plan_cache import PlanCache
+from .ratelimit_log import RateLimitedLog
+
+log = logging.getLogger(__name__)
+NEVER = datetime.min.replace(tzinfo=UTC)
+_BEHIND = text(
+    "SELECT p.id FROM policies p WHERE p.id = ANY(:ids) AND "
+    "(SELECT max(t.last_seen) FROM trials t WHERE t.policy_id = p.id) > "
+    "coalesce((SELECT max(r.started_at) FROM refit_log r WHERE r.policy_id = p.id), '-infinity')"
+)
+
+
+class RefitElsewhere(Exception):
+    """Another replica owns this policy's refits."""
+
+
+def replica_name(settings: Settings) -> str:
+    return settings.replica_name or f"{socket.gethostname()}:{os.getpid()}"
+
+
+def plan_order(
+    candidates: set[int], trials: list[Trial], planned_at: dict[int, datetime]
+) -> list[int]:
+    """Contexts with data newer than their plan (or never planned) first, then the longest
+    unplanned: planning the first N of this order replans every context in turn."""
+    newest: dict[int, datetime] = {}
+    for t in trials:
+        if t.last_seen > newest.get(t.context_id, NEVER):
+            newest[t.context_id] = t.last_seen
+
+    def priority(cid: int) -> tuple[int, datetime, int]:
+        planned = planned_at.get(cid, NEVER)
+        stale = planned == NEVER or newest.get(cid, NEVER) > planned
+        return (0 if stale else 1, planned, cid)
+
+    return sorted(candidates, key=priority)
+
+
+class _Worker:
+    """One owned policy's refit loop."""
+
+    def __init__(self, policy_id: int, run: Callable[[int], None], min_interval_s: float):
+        self.policy_id = policy_id
+        self._run_refit = run
+        self._min_interval_s = min_interval_s
+        self.dirty = threading.Event()
+        self.stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"refit-{policy_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.dirty.set()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            self.dirty.wait()
+            if self.stopping.is_set():
+                return
+            self.dirty.clear()
+            self._run_refit(self.policy_id)
+            self.stopping.wait(self._min_interval_s)
+
+
+class RefitService:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        spec: ThetaSpec,
+        metrics: Metrics,
+        plans: PlanCache,
+        policies: Callable[[], dict[int, Policy]],
+    ):
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics
+        self.plans = plans
+        self.planner = Planner(spec)
+        self.spec = spec
+        self.owner = replica_name(settings)
+        self.leases = Leases(engine, self.owner)
+        self._policies = policies
+        self._states: dict[int, PolicyState] = {}
+        self._planned_at: dict[int, dict[int, datetime]] = {}
+        self._workers: dict[int, _Worker] = {}
+        self._locks: dict[int, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._errors = RateLimitedLog(log, 30.0)
+        self._keeper = threading.Thread(target=self._keep, name="refit-leases", daemon=True)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._take_leases()
+        self._keeper.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._keeper.join(timeout=5)
+        with self._lock:
+            workers = list(self._workers.values())
+            self._workers.clear()
+        for w in workers:
+            w.stop()
+        for w in workers:
+            w.join(timeout=30)
+        self.leases.close()
+
+    def _keep(self) -> None:
+        while not self._stopping.wait(self.settings.lease_poll_s):
+            try:
+                self._take_leases()
+            except Exception as e:
+                self._errors.warning("refit leases: %s", type(e).__name__)
+
+    def _take_leases(self) -> None:
+        held = self.leases.check()
+        with self._lock:
+            for pid in [p for p in self._workers if p not in held]:
+                self._workers.pop(pid).stop()  # lost with the session: another replica refits
+        taken = [p for p in self._policies() if p not in held and self.leases.try_acquire(p)]
+        for pid in taken:
+            self._worker(pid)
+        self.catch_up(set(taken))
+
+    def catch_up(self, policy_ids: set[int] | None) -> None:
+        """Mark dirty the owned policies (of ``policy_ids``; None: all) whose newest data is
+        newer than their last published refit: after a takeover or a lost notification. A
+        policy whose plans are current is not refitted, so a restart changes no host's θ."""
+        owned = self.owned() if policy_ids is None else self.owned() & policy_ids
+        if not owned:
+            return
+        with self.engine.connect() as conn:
+            behind = conn.execute(_BEHIND, {"ids": sorted(owned)}).scalars().all()
+        self.mark_dirty(set(behind))
+
+    def _worker(self, policy_id: int) -> _Worker:
+        with self._lock:
+            w = self._workers.get(policy_id)
+            if w is None:
+                w = _Worker(policy_id, self._background, self.settings.refit_interval_s)
+                self._workers[policy_id] = w
+                w.start()
+            return w
+
+    # -- triggers --------------------------------------------------------------------------
+
+    def owned(self) -> set[int]:
+        with self._lock:
+            return set(self._workers)
+
+    def mark_dirty(self, policy_ids: set[int] | None) -> None:
+        """New data or settings for these policies (None: all); only owned ones act on it."""
+        with self._lock:
+            for pid, w in self._workers.items():
+                if policy_ids is None or pid in policy_ids:
+                    w.dirty.set()
+
+    def refit_dirty(self) -> None:
+        """Refit every owned, dirty policy now, in this thread."""
+        with self._lock:
+            due = [w for w in self._workers.values() if w.dirty.is_set()]
+        for w in due:
+            w.dirty.clear()
+            self._background(w.policy_id)
+
+    def _background(self, policy_id: int) -> None:
+        policy = self._policies().get(policy_id)
+        if policy is None:
+            return
+        try:
+            self._refit_owned(policy)
+        except LeaseLost as e:
+            log.info("refit of %s not published: %s", policy.name, e)
+        except Exception as e:  # this policy only; the others' workers go on
+            self.metrics.refit_failures.labels(policy.name).inc()
+            self._errors.error("refit of policy %s failed: %s", policy.name, type(e).__name__)
+            log.debug("refit of %s failed", policy.name, exc_info=True)
+
+    # -- the refit -------------------------------------------------------------------------
+
+    def refit(self, policy: Policy) -> dict[ContextKey, ContextPlan]:
+        """Refit ``policy`` now and publish its plans; RefitElsewhere if another replica owns
+        its refits."""
+        if not self.leases.try_acquire(policy.id):
+            owner = self.leases.owner_of(policy.id) or "another replica"
+            raise RefitElsewhere(f"refits of policy {policy.name!r} are owned by {owner}")
+        self._worker(policy.id)
+        return self._refit_owned(policy)
+
+    def _refit_owned(self, policy: Policy) -> dict[ContextKey, ContextPlan]:
+        with self._lock:
+            lock = self._locks.setdefault(policy.id, threading.Lock())
+        with lock:  # one refit of a policy at a time in this process, as across replicas
+            return self._refit_locked(policy)
+
+    def _refit_locked(self, policy: Policy) -> dict[ContextKey, ContextPlan]:
+        t0 = time.perf_counter()
+        with self.engine.connect() as conn:
+            started = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
+        trials = repo.load_trials(self.engine, policy.id, timedelta(hours=policy.history_hours))
+        admitted = repo.admitted_contexts(self.engine, policy.id)
+        contexts = repo.load_contexts(self.engine, admitted | {t.context_id for t in trials})
+        planned_at = self._planned_at.setdefault(policy.id, {})
+        targets = plan_order(admitted & contexts.keys(), trials, planned_at)
+        targets = targets[: self.settings.max_contexts_per_refit]
+        state = self._states.setdefault(policy.id, PolicyState())
+        plans = self.planner.plan(policy, trials, contexts, targets, state)
+        records = self._records(policy, plans, contexts)
+        generation = self.leases.publish(
+            policy.id,
+            lambda conn: repo.publish_plans(
+                conn, policy.id, records, self.owner, started, len(trials)
+            ),
+        )
+        self.plans.update(policy.id, records, contexts, generation)
+        for cid in plans:
+            planned_at[cid] = started
+        elapsed = time.perf_counter() - t0
+        self.metrics.refit_seconds.labels(policy.name).observe(elapsed)
+        self.metrics.model_points.labels(policy.name).set(min(len(trials), policy.max_model_points))
+        log.info(
+            "refit %s: %d trials, %d of %d contexts, %.2fs",
+            policy.name,
+            len(trials),
+            len(plans),
+            len(admitted),
+            elapsed,
+        )
+        return {contexts[c]: p for c, p in plans.items()}
+
+    def _records(
+        self, policy: Policy, plans: dict[int, ContextPlan], contexts: dict[int, ContextKey]
+    ) -> list[repo.PlanRecord]:
+        """Plan rows; a context's plan version moves only when its answer changes."""
+        current = self.plans.snapshot(policy.id)
+        records = []
+        for cid, plan in plans.items():
+            old = current.get(contexts[cid])
+            inc_key = self.spec.key(plan.incumbent)
+            cand_keys = tuple(self.spec.key(c) for c in plan.candidates)
+            same = old is not None and (old.incumbent_key, old.candidate_keys) == (
+                inc_key,
+                cand_keys,
+            )
+            version = old.version if same else (old.version + 1 if old else 1)
+            records.append(
+                repo.PlanRecord(policy.id, cid, version, inc_key, plan.incumbent_utility, cand_keys)
+            )
+        return records

@@ -1,0 +1,131 @@
+"""Following the database: every Booster process serves what PostgreSQL holds.
+
+Replicas (and front processes) never talk to each other; they share one database and learn of
+each other's changes through ``LISTEN gemini_changes`` (see ``storage/changes.py``). The
+follower thread holds one listening connection and, on each notification, has the core reload
+exactly what changed: a policy's settings, a policy's plans, the token set, or (for the refit
+owner) the fact that new data arrived. A policy created or changed through one replica is
+served by every other within the notification's delivery time (milliseconds), and a periodic
+full comparison of generations every ``FULL_SYNC_S`` covers anything a notification could not.
+
+After its connection is lost the follower cannot know what it missed, so it reconnects with
+backoff and resynchronises everything. Meanwhile the core keeps serving what it last loaded:
+plans and policies stay in memory through a database outage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Protocol
+
+import psycopg
+from sqlalchemy import Engine
+
+from ..storage import changes
+from .ratelimit_log import RateLimitedLog
+
+log = logging.getLogger(__name__)
+
+FULL_SYNC_S = 5.0
+RECONNECT_MIN_S = 0.5
+RECONNECT_MAX_S = 5.0
+READY_STALE_S = 10.0  # not ready once the database has not answered for this long
+
+
+class SyncTarget(Protocol):
+    """What the follower asks of the core."""
+
+    def sync_all(self) -> None: ...
+
+    def policies_changed(self, policy_ids: set[int]) -> None: ...
+
+    def plans_changed(self, policy_ids: set[int]) -> None: ...
+
+    def data_arrived(self, policy_ids: set[int] | None) -> None: ...
+
+    def tokens_changed(self) -> None: ...
+
+
+def libpq_url(engine: Engine) -> str:
+    """The engine's URL as libpq takes it (no SQLAlchemy driver suffix)."""
+    url = engine.url.set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+class Follower:
+    def __init__(self, engine: Engine, target: SyncTarget):
+        self.engine = engine
+        self.target = target
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="follower", daemon=True)
+        self._errors = RateLimitedLog(log, 30.0)
+        self._last_ok = 0.0
+        self._conn: psycopg.Connection | None = None
+
+    @property
+    def ready(self) -> bool:
+        return time.monotonic() - self._last_ok < READY_STALE_S
+
+    def start(self) -> None:
+        self._last_ok = time.monotonic()  # the core loaded everything before starting us
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        backoff = RECONNECT_MIN_S
+        while not self._stopping.is_set():
+            try:
+                self._follow()
+                backoff = RECONNECT_MIN_S
+            except Exception as e:  # database down or restarting: serve from memory, retry
+                self._errors.warning("following the database failed: %s", type(e).__name__)
+            finally:
+                self._close()
+            self._stopping.wait(backoff)
+            backoff = min(backoff * 2, RECONNECT_MAX_S)
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
+
+    def _follow(self) -> None:
+        self._conn = psycopg.connect(libpq_url(self.engine), autocommit=True, connect_timeout=5)
+        self._conn.execute(f"LISTEN {changes.CHANNEL}")
+        # Whatever happened while we were not listening: reload all, assume new data everywhere.
+        self.target.sync_all()
+        self.target.data_arrived(None)
+        self.target.tokens_changed()
+        self._last_ok = time.monotonic()
+        last_full = time.monotonic()
+        while not self._stopping.is_set():
+            for n in self._conn.notifies(timeout=1.0):  # each acted on as it arrives
+                self._dispatch([n.payload])
+            self._conn.execute("SELECT 1")  # proves the session alive when nothing is sent
+            self._last_ok = time.monotonic()
+            if time.monotonic() - last_full > FULL_SYNC_S:
+                self.target.sync_all()
+                last_full = time.monotonic()
+
+    def _dispatch(self, payloads: list[str]) -> None:
+        by_kind: dict[str, set[int]] = {}
+        for p in payloads:
+            kind, ident = changes.parse(p)
+            ids = by_kind.setdefault(kind, set())
+            if ident is not None:
+                ids.add(ident)
+        if "policy" in by_kind:
+            self.target.policies_changed(by_kind["policy"])
+        if "plans" in by_kind:
+            self.target.plans_changed(by_kind["plans"])
+        if "data" in by_kind:
+            self.target.data_arrived(by_kind["data"])
+        if "tokens" in by_kind:
+            self.target.tokens_changed()

@@ -19,8 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import text
-
 from gemini_api.theta import load_spec
 from gemini_booster.config import Settings
 from gemini_booster.models import PolicyCreate, PolicyUpdate
@@ -190,32 +188,13 @@ def agent_toml(port: int, token: str, policy: str, mmdb: Path, cfg: LoopConfig) 
     )
 
 
-# Eq. 9 over the raw Fusion aggregates as stored, per (destination region, ``group``).
-_UTILITY_SQL = """
-    SELECT c.dst_region, {group}, min(r.interval_start) AS first, sum(a.flow_count),
-           sum(a.tpt_sum - :sigma * a.delay_sum) / sum(a.flow_count)
-    FROM report_aggregates a JOIN reports r ON r.id = a.report_pk
-         JOIN contexts c ON c.id = a.context_id
-    WHERE a.policy_id = :pid AND a.cc = '' GROUP BY c.dst_region, {group}
-    ORDER BY first"""
-
-
-def _utility_by(engine, policy_id: int, sigma: float, group: str) -> list[tuple]:
-    """(region, group value, flows, utility) in the order each group was first reported."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text(_UTILITY_SQL.format(group=group)), {"sigma": sigma, "pid": policy_id}
-        )
-        return [(region, value, int(flows), float(u)) for region, value, _, flows, u in rows]
-
-
 def utility_rounds(
     engine, policy_id: int, sigma: float
 ) -> dict[str, list[tuple[dt.datetime, float]]]:
     """Eq. 9 per context per reporting interval."""
     out: dict[str, list[tuple[dt.datetime, float]]] = {}
-    for region, start, _, utility in _utility_by(engine, policy_id, sigma, "r.interval_start"):
-        out.setdefault(region, []).append((start, utility))
+    for g in repo.fusion_sums_by(engine, policy_id, "interval"):
+        out.setdefault(g.dst_region, []).append((g.group, g.sums.utility(sigma).mean))
     return out
 
 
@@ -223,10 +202,14 @@ def trial_table(engine, policy_id: int, sigma: float) -> dict[str, list[dict]]:
     """Per context, each θ tried in the order first run: its flows and eq. 9 utility. What the
     model was fit on, for reading a run's incumbent against the evidence."""
     spec, out = load_spec(), {}
-    for region, key, flows, utility in _utility_by(engine, policy_id, sigma, "a.theta_key"):
-        theta = spec.from_key(key)
-        out.setdefault(region, []).append(
-            {**{n: theta[n] for n in TUNED_UNITS}, "flows": flows, "utility": utility}
+    for g in repo.fusion_sums_by(engine, policy_id, "theta"):
+        theta = spec.from_key(str(g.group))
+        out.setdefault(g.dst_region, []).append(
+            {
+                **{n: theta[n] for n in TUNED_UNITS},
+                "flows": g.sums.flow_count,
+                "utility": g.sums.utility(sigma).mean,
+            }
         )
     return out
 
@@ -272,9 +255,7 @@ class _Timeline:
         self.engine, self.guest = engine, guest
 
     def reports(self, since: dt.datetime | None = None) -> int:
-        q = "SELECT count(*) FROM reports WHERE host_id = :h AND interval_start >= :t"
-        with self.engine.connect() as conn:
-            return conn.execute(text(q), {"h": HOST_ID, "t": since or EPOCH}).scalar_one()
+        return repo.count_reports(self.engine, HOST_ID, since or EPOCH)
 
     def wait_for(self, n: int, since: dt.datetime | None = None) -> bool:
         """Until ``n`` reports are stored (False if the guest ended first)."""
@@ -375,14 +356,7 @@ def run_loop(
         }
         rounds = utility_rounds(server.engine, policy.id, cfg.sigma)
         trials = trial_table(server.engine, policy.id, cfg.sigma)
-        with server.engine.connect() as conn:
-            rows = conn.execute(
-                text(
-                    "SELECT report_id, interval_start, interval_end FROM reports "
-                    "WHERE host_id = :h ORDER BY interval_start"
-                ),
-                {"h": HOST_ID},
-            ).all()
+        rows = repo.host_reports(server.engine, HOST_ID)
     finally:
         server.stop()
     ids = [r[0] for r in rows]

@@ -6,14 +6,24 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Literal
 
 from sqlalchemy import Connection, Engine, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from ..domain import ContextKey, FlowSums, Trial
+from ..domain import SUM_FIELDS, ContextKey, FlowSums, Trial
 from ..models import Policy, PolicyCreate, PolicyFields, PolicyUpdate
 from . import changes
-from .schema import ApiToken, AuditEntry, Context, Plan, PolicyContext, RefitLog
+from .schema import (
+    ApiToken,
+    AuditEntry,
+    Context,
+    Plan,
+    PolicyContext,
+    RefitLog,
+    Report,
+    ReportAggregate,
+)
 from .schema import Policy as PolicyRow
 from .schema import Trial as TrialRow
 
@@ -341,3 +351,61 @@ def audit_entries(engine: Engine, limit: int = 100) -> list[dict]:
             select(AuditEntry.__table__).order_by(AuditEntry.id.desc()).limit(limit)
         ).mappings()
         return [{**r, "at": r["at"].isoformat()} for r in rows]
+
+
+@dataclass(frozen=True)
+class GroupSums:
+    """Fusion flows of one destination region and one group (an interval, or a θ), summed."""
+
+    dst_region: str
+    group: object
+    first_interval: datetime
+    sums: FlowSums
+
+
+_GROUP_COLUMNS = {"interval": Report.interval_start, "theta": ReportAggregate.theta_key}
+
+
+def fusion_sums_by(
+    engine: Engine, policy_id: int, group: Literal["interval", "theta"]
+) -> list[GroupSums]:
+    """Raw Fusion aggregates as stored, summed per (destination region, reporting interval or
+    θ), in the order each group was first reported: for reading a run's history exactly."""
+    col = _GROUP_COLUMNS[group]
+    first = func.min(Report.interval_start)
+    q = (
+        select(
+            Context.dst_region,
+            col,
+            first,
+            *(func.sum(getattr(ReportAggregate, f)) for f in SUM_FIELDS),
+        )
+        .join(Report, Report.id == ReportAggregate.report_pk)
+        .join(Context, Context.id == ReportAggregate.context_id)
+        .where(ReportAggregate.policy_id == policy_id, ReportAggregate.cc == "")
+        .group_by(Context.dst_region, col)
+        .order_by(first)
+    )
+    with engine.connect() as conn:
+        return [
+            GroupSums(region, key, start, FlowSums(int(n), *map(float, rest)))
+            for region, key, start, n, *rest in conn.execute(q)
+        ]
+
+
+def count_reports(engine: Engine, host_id: str, since: datetime) -> int:
+    """Reports stored from ``host_id`` for intervals starting at or after ``since``."""
+    q = select(func.count()).where(Report.host_id == host_id, Report.interval_start >= since)
+    with engine.connect() as conn:
+        return conn.execute(q).scalar_one()
+
+
+def host_reports(engine: Engine, host_id: str) -> list[tuple[str, datetime, datetime]]:
+    """(report id, interval start, interval end) of every report from ``host_id``, in order."""
+    q = (
+        select(Report.report_id, Report.interval_start, Report.interval_end)
+        .where(Report.host_id == host_id)
+        .order_by(Report.interval_start)
+    )
+    with engine.connect() as conn:
+        return [(r[0], r[1], r[2]) for r in conn.execute(q)]

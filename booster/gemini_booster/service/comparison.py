@@ -1,9 +1,9 @@
 """A/B comparison per context: Fusion as tuned against the other CCs on the same hosts.
 
 Agents report flows of other congestion controls (cubic, bbr, …) alongside Fusion's, per
-context, as baseline aggregates without θ. Because eq. 9 is linear in per-flow values, summing
-the running sums of a context's trials gives each arm's mean utility and the variance of that
-mean, so the difference between two arms comes with its standard error (Welch) for any σ.
+context, as baseline aggregates without θ. Because eq. 9 is linear in per-flow values, the total
+of a context's trial sums (``FlowSums.total``) gives each arm's mean utility and the variance of
+that mean, so the difference between two arms comes with its standard error (Welch) for any σ.
 
 Arms per context: ``fusion`` (every Fusion flow, exploration included: what the fleet got),
 ``incumbent`` (flows under the θ most hosts run now), and one arm per baseline CC.
@@ -11,16 +11,13 @@ Arms per context: ``fusion`` (every Fusion flow, exploration included: what the 
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
 
 from pydantic import BaseModel
 
+from ..domain import FlowSums, Trial
 from ..models import Policy
-from ..policy.objective import utility
-from ..storage.repository import TrialRecord
-from ..storage.schema import TRIAL_SUMS
-
-SUM_FIELDS = tuple(f for f in TRIAL_SUMS if f != "report_count")
 
 
 class Arm(BaseModel):
@@ -44,42 +41,30 @@ class Versus(BaseModel):
 
 
 class ContextComparison(BaseModel):
-    context: dict
+    context: dict[str, str | int]
     label: str
     arms: list[Arm]
     versus: list[Versus]
 
 
-def _sums(trials: Iterable[TrialRecord]) -> dict[str, float]:
-    out = dict.fromkeys(SUM_FIELDS, 0.0)
-    for t in trials:
-        for f in SUM_FIELDS:
-            out[f] += getattr(t, f)
-    return out
+Table = dict[int, tuple[list[Arm], list[Versus]]]
 
 
-def arm(name: str, trials: Iterable[TrialRecord], sigma: float) -> Arm | None:
-    s = _sums(trials)
-    n = int(s["flow_count"])
-    if n == 0:
+def arm(name: str, trials: Iterable[Trial], sigma: float) -> Arm | None:
+    """One arm from its trials: their sums added, eq. 9 at ``sigma``; None without flows."""
+    trials = list(trials)
+    sums = FlowSums.total(t.sums for t in trials)
+    if sums.flow_count == 0:
         return None
-    u = utility(
-        sigma,
-        n,
-        s["tpt_sum"],
-        s["tpt_sq_sum"],
-        s["delay_sum"],
-        s["delay_sq_sum"],
-        s["tpt_delay_sum"],
-    )
+    u = sums.utility(sigma)
     return Arm(
         arm=name,
-        flows=n,
+        flows=sums.flow_count,
         utility=u.mean,
-        utility_stderr=u.var_of_mean**0.5,
-        mean_throughput_mbps=s["tpt_sum"] / n,
-        mean_queue_delay_ms=s["delay_sum"] / n,
-        slow_flow_share=s["slow_flows"] / n,
+        utility_stderr=u.stderr,
+        mean_throughput_mbps=sums.mean_throughput,
+        mean_queue_delay_ms=sums.mean_delay,
+        slow_flow_share=sum(t.slow_flows for t in trials) / sums.flow_count,
     )
 
 
@@ -96,33 +81,45 @@ def versus(a: Arm, b: Arm) -> Versus:
 
 
 def compare_context(
-    fusion: list[TrialRecord],
+    fusion: list[Trial],
     incumbent_key: str | None,
-    baselines: dict[str, list[TrialRecord]],
+    baselines: dict[str, list[Trial]],
     sigma: float,
 ) -> tuple[list[Arm], list[Versus]]:
-    ours = [
+    candidates = [
         arm("fusion", fusion, sigma),
         arm("incumbent", [t for t in fusion if t.theta_key == incumbent_key], sigma),
     ]
-    ours = [a for a in ours if a is not None]
+    ours = [a for a in candidates if a is not None]
     theirs = [a for cc, ts in sorted(baselines.items()) if (a := arm(cc, ts, sigma)) is not None]
     return ours + theirs, [versus(a, b) for b in theirs for a in ours]
 
 
+def _by_context(trials: Iterable[Trial]) -> dict[int, list[Trial]]:
+    out: dict[int, list[Trial]] = defaultdict(list)
+    for t in trials:
+        out[t.context_id].append(t)
+    return out
+
+
 def compare(
     policy: Policy,
-    trials: list[TrialRecord],
-    baselines: dict[str, list[TrialRecord]],
+    trials: list[Trial],
+    baselines: dict[str, list[Trial]],
     incumbents: dict[int, str],
     sigma: float | None = None,
-) -> dict[int, tuple[list[Arm], list[Versus]]]:
+) -> Table:
     """Context id → (arms, comparisons) for every context where a baseline CC has flows."""
     s = policy.sigma if sigma is None else sigma
-    out = {}
-    contexts = {t.context_id for ts in baselines.values() for t in ts}
-    for c in sorted(contexts):
-        fusion = [t for t in trials if t.context_id == c]
-        theirs = {cc: [t for t in ts if t.context_id == c] for cc, ts in baselines.items()}
-        out[c] = compare_context(fusion, incumbents.get(c), theirs, s)
-    return out
+    fusion = _by_context(trials)
+    theirs = {cc: _by_context(ts) for cc, ts in baselines.items()}
+    contexts = {c for per_context in theirs.values() for c in per_context}
+    return {
+        c: compare_context(
+            fusion.get(c, []),
+            incumbents.get(c),
+            {cc: per_context.get(c, []) for cc, per_context in theirs.items()},
+            s,
+        )
+        for c in sorted(contexts)
+    }

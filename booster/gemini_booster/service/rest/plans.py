@@ -1,0 +1,132 @@
+"""What the optimiser made of a policy: the θ spec, the plan per context, the trials behind it,
+and the A/B comparison against the other congestion controls on the same hosts.
+
+Utilities are eq. 9 over stored running sums (``FlowSums.utility``), so any σ can be previewed
+(``?sigma=``) without changing the policy.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel
+
+from ...domain import ContextKey
+from ...models import Sigma
+from ...storage import repository as repo
+from ..comparison import ContextComparison, compare
+from .deps import BoosterDep, PolicyDep, Reader
+from .errors import AUTH_ERRORS, NOT_FOUND
+
+SigmaQuery = Annotated[Sigma | None, Query(description="recompute eq. 9 with this σ")]
+
+router = APIRouter(prefix="/v1", tags=["plans"], responses=AUTH_ERRORS)
+
+
+class ContextPlanOut(BaseModel):
+    context: dict[str, str | int]
+    label: str
+    plan_version: int
+    incumbent: dict[str, int]
+    incumbent_natural: dict[str, float]
+    predicted_utility: float
+    exploration_candidates: int
+
+
+class TrialOut(BaseModel):
+    context: dict[str, str | int]
+    theta: dict[str, int]
+    flows: int
+    reports: int
+    utility: float
+    utility_stderr: float
+    mean_throughput_mbps: float
+    mean_queue_delay_ms: float
+    slow_flow_share: float
+
+
+@router.get("/theta-spec", tags=["theta"])
+def theta_spec(_: Reader, booster: BoosterDep) -> dict[str, Any]:
+    return {
+        "version": booster.spec.version,
+        "params": [p.__dict__ for p in booster.spec.params],
+    }
+
+
+@router.get("/policies/{name}/parameters", responses=NOT_FOUND)
+def parameters(policy: PolicyDep, booster: BoosterDep) -> list[ContextPlanOut]:
+    """The published plan per context: the incumbent θ and how many θ are being explored."""
+    out = []
+    for key, plan in sorted(booster.plan_snapshot(policy.id).items()):
+        context = ContextKey(*key)
+        theta = booster.spec.from_key(plan.incumbent_key)
+        out.append(
+            ContextPlanOut(
+                context=context.as_dict(),
+                label=context.label,
+                plan_version=plan.version,
+                incumbent=theta,
+                incumbent_natural=booster.spec.natural(theta),
+                predicted_utility=plan.incumbent_utility,
+                exploration_candidates=len(plan.candidates),
+            )
+        )
+    return out
+
+
+@router.get("/policies/{name}/trials", responses=NOT_FOUND)
+def trials(
+    policy: PolicyDep,
+    booster: BoosterDep,
+    sigma: SigmaQuery = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 500,
+) -> list[TrialOut]:
+    """Every Fusion trial of the policy, best first at ``sigma`` (the policy's by default)."""
+    s = policy.sigma if sigma is None else sigma
+    found = repo.load_trials(booster.engine, policy.id)
+    contexts = repo.load_contexts(booster.engine, {t.context_id for t in found})
+    rows = []
+    for t in found:
+        u = t.sums.utility(s)
+        rows.append(
+            TrialOut(
+                context=ContextKey(*contexts[t.context_id]).as_dict(),
+                theta=booster.spec.from_key(t.theta_key),
+                flows=t.flow_count,
+                reports=t.report_count,
+                utility=u.mean,
+                utility_stderr=u.stderr,
+                mean_throughput_mbps=t.sums.mean_throughput,
+                mean_queue_delay_ms=t.sums.mean_delay,
+                slow_flow_share=t.slow_flow_share,
+            )
+        )
+    return sorted(rows, key=lambda r: -r.utility)[:limit]
+
+
+@router.get("/policies/{name}/comparison", responses=NOT_FOUND)
+def comparison(
+    policy: PolicyDep, booster: BoosterDep, sigma: SigmaQuery = None
+) -> list[ContextComparison]:
+    """Fusion against the other CCs the agents saw, per context with baseline flows, over the
+    policy's history window."""
+    history = timedelta(hours=policy.history_hours)
+    fusion = repo.load_trials(booster.engine, policy.id, history)
+    baselines = repo.load_baselines(booster.engine, policy.id, history)
+    compared = {t.context_id for ts in baselines.values() for t in ts}
+    contexts = {c: ContextKey(*k) for c, k in repo.load_contexts(booster.engine, compared).items()}
+    ids = {key: c for c, key in contexts.items()}
+    incumbents: dict[int, str] = {}
+    for key, plan in booster.plan_snapshot(policy.id).items():
+        c = ids.get(ContextKey(*key))
+        if c is not None:
+            incumbents[c] = plan.incumbent_key
+    table = compare(policy, fusion, baselines, incumbents, sigma)
+    return [
+        ContextComparison(
+            context=contexts[c].as_dict(), label=contexts[c].label, arms=arms, versus=pairs
+        )
+        for c, (arms, pairs) in table.items()
+    ]

@@ -134,11 +134,13 @@ class IngestWriter:
 
     def _refused(self, e: Exception, report: ReportRow) -> IngestOutcome:
         self.metrics.ingest_failures.labels("refused").inc()
+        cause = getattr(e, "orig", None) or e
         limited.error(
-            "storage refused report %r from host %r: %s",
+            "storage refused report %r from host %r: %s (SQLSTATE %s)",
             report.report_id,
             report.host_id,
-            getattr(getattr(e, "orig", e), "sqlstate", None) or type(e).__name__,
+            type(cause).__name__,
+            getattr(cause, "sqlstate", None),
         )
         return IngestOutcome(
             rejection=Rejection(

@@ -480,14 +480,19 @@ def store_reports(
     """
     unique, alias = _dedupe(reports)
     outcomes = {r.report_id: IngestOutcome() for r in unique}
-    try:
-        with engine.begin() as conn:
-            admitted = _store(
-                conn, unique, outcomes, context_ids, admissions, max_new_contexts_per_host_day
-            )
-    except BaseException:
-        context_ids.forget()
-        raise
+    with engine.connect() as conn:
+        try:
+            with conn.begin():
+                admitted = _store(
+                    conn, unique, outcomes, context_ids, admissions, max_new_contexts_per_host_day
+                )
+        except Exception as e:
+            context_ids.forget()
+            # Errors on the raw cursor bypass SQLAlchemy's disconnect detection: a connection
+            # that failed for want of the database is not used again.
+            if is_transient(e) and not conn.invalidated:
+                conn.invalidate()
+            raise
     admissions.known.update(admitted)
     return [
         _repeat(reports[alias[i]], outcomes[r.report_id], r)

@@ -1,29 +1,59 @@
 """Bearer-token credentials with roles, shared by gRPC and REST.
 
-Roles: ``agent`` may report and read parameters over gRPC; ``viewer`` may read the REST API;
-``operator`` may also change it. An agent token can never change a policy. Tokens are stored as
-SHA-256 only; the live set is cached for a few seconds so a revocation takes effect quickly
-without a database round trip per request.
+Roles do not nest. ``agent`` may report and read parameters over gRPC, and nothing else;
+``viewer`` may read the REST API; ``operator`` may also change it, but is refused on the agent
+port: agent tokens sit on every host, so the token that can change policies must never be one
+of them, and a leaked agent token can never change a policy.
+
+Tokens are stored as SHA-256 only, and the live set is cached, so a request costs no database
+round trip. The set is reloaded when it is ``CACHE_SECONDS`` old; right after ``invalidate()``
+(a token was created or revoked: REST calls it, and so does the listener that hears of changes
+made on other replicas); and when an unknown token arrives, but then at most every
+``MISS_RELOAD_SECONDS``, so a flood of forged tokens costs two queries a second, not one per
+request.
+
+The database may be unreachable for a while (a restart, a failover). Agents must keep getting
+their parameters then, so the last set loaded stays in force for up to ``max_stale_s`` after it
+was loaded (``Settings.token_max_stale_s``); a revoked token is thus honoured at most that much
+longer. Past it, and for a token the set in hand does not know, every check fails with
+``AuthUnavailable`` ("retry later"), never with "invalid": nothing was learnt about the token.
+A failed reload is retried at most every ``RETRY_SECONDS`` and logged once per
+``LOG_INTERVAL_S`` with the exception's class only (the driver's message names hosts and ports).
+
+Reloads never run under the lock and never twice at once: while one caller asks the database,
+others whose token the set in hand vouches for are answered from it, and ``require_nowait``
+answers without ever touching the database, for callers on an event loop.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
+from enum import Enum
 
 from sqlalchemy import Engine
 
 from ..storage import repository as repo
+from .ratelimit_log import RateLimitedLog
+
+log = logging.getLogger(__name__)
 
 CACHE_SECONDS = 5.0
 MISS_RELOAD_SECONDS = 0.5  # an unknown token reloads the table at most this often
+RETRY_SECONDS = 1.0  # after a failed reload, the next try waits at least this long
+LOG_INTERVAL_S = 30.0  # one line per interval while reloads keep failing
+WAIT_SECONDS = 10.0  # longest a caller waits for another caller's reload
+DEFAULT_MAX_STALE_S = 600.0
 GRANTS = {
     "agent": {"agent"},
     "viewer": {"read"},
-    "operator": {"read", "write", "agent"},
+    "operator": {"read", "write"},
 }
+Tokens = dict[str, tuple[str, str]]  # sha256 → (name, role)
 
 
 @dataclass(frozen=True)
@@ -38,46 +68,175 @@ class Principal:
 class AuthError(Exception):
     def __init__(self, reason: str, message: str):
         super().__init__(message)
-        self.reason = reason  # "missing", "invalid" or "forbidden"
+        self.reason = reason  # "missing", "invalid", "forbidden" or "unavailable"
+
+
+class AuthUnavailable(AuthError):
+    """The credential cannot be checked now (database unreachable, cached set too old or
+    silent about it): the caller should retry, unlike the other refusals."""
+
+    def __init__(self) -> None:
+        super().__init__("unavailable", "credentials cannot be checked now; retry")
+
+
+class _Step(Enum):
+    ANSWER = "answer"  # from the set in hand
+    LOAD = "load"  # this caller reloads first
+    WAIT = "wait"  # another caller is reloading and the set in hand cannot answer
 
 
 class TokenAuthority:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, max_stale_s: float = DEFAULT_MAX_STALE_S):
         self.engine = engine
-        self._tokens: dict[str, tuple[str, str]] = {}
-        self._loaded_at = 0.0
-        self._lock = threading.Lock()
+        self.max_stale_s = max_stale_s
+        self._tokens: Tokens = {}
+        self._loaded_at = -math.inf  # last successful load (monotonic)
+        self._tried_at = -math.inf  # last attempt, successful or not
+        self._failing = False  # the last attempt failed
+        self._invalid = True  # invalidated since the last successful load
+        self._generation = 0  # invalidations so far: a load that raced one is not current
+        self._loading = False
+        self._cond = threading.Condition()
+        self._log = RateLimitedLog(log, LOG_INTERVAL_S)
 
-    def _lookup(self, digest: str) -> tuple[str, str] | None:
-        with self._lock:
-            age = time.monotonic() - self._loaded_at
-            missing = digest not in self._tokens
-            stale = age > CACHE_SECONDS or (missing and age > MISS_RELOAD_SECONDS)
-            if stale:
-                self._tokens = repo.lookup_tokens(self.engine)
-                self._loaded_at = time.monotonic()
-            return self._tokens.get(digest)
+    # -- the cached set ----------------------------------------------------------------------
+
+    def _load(self) -> Tokens:
+        return repo.lookup_tokens(self.engine)
 
     def invalidate(self) -> None:
-        with self._lock:
-            self._loaded_at = 0.0
+        """The set may have changed: the next check reloads it. Cheap and never touches the
+        database, so a change listener may call it from any thread; while the database is
+        unreachable, the set in hand keeps serving (within ``max_stale_s``)."""
+        with self._cond:
+            self._invalid = True
+            self._generation += 1
 
-    def authenticate(self, authorization: str | None) -> Principal:
+    def _step(self, digest: str, now: float) -> _Step:
+        known = digest in self._tokens
+        since_try = now - self._tried_at
+        due = (
+            self._invalid
+            or now - self._loaded_at > CACHE_SECONDS
+            or (not known and since_try > MISS_RELOAD_SECONDS)
+        )
+        if not due or (self._failing and since_try < RETRY_SECONDS):
+            return _Step.ANSWER
+        if self._loading:
+            # A periodic refresh is no reason to wait: the set in hand vouches for this token.
+            return _Step.ANSWER if known and not self._invalid else _Step.WAIT
+        return _Step.LOAD
+
+    def _answer(self, digest: str, now: float) -> tuple[str, str] | None:
+        if not self._failing:
+            return self._tokens.get(digest)
+        age = now - self._loaded_at
+        if age > self.max_stale_s:
+            self._log.warning(
+                "tokens last loaded %.0f s ago (limit token_max_stale_s = %.0f s) and the "
+                "database is unreachable: refusing every credential until it is back",
+                age,
+                self.max_stale_s,
+            )
+            raise AuthUnavailable()
+        found = self._tokens.get(digest)
+        if found is None:  # perhaps created since the last load: only the database can tell
+            raise AuthUnavailable()
+        return found
+
+    def _reload(self, generation: int) -> None:
+        tokens: Tokens | None = None
+        failure: BaseException | None = None
+        try:
+            tokens = self._load()
+        except Exception as e:
+            failure = e
+        finally:
+            with self._cond:
+                recovered = self._failing and tokens is not None
+                if tokens is not None:
+                    self._tokens = tokens
+                    self._loaded_at = time.monotonic()
+                    self._failing = False
+                    self._invalid = self._generation != generation
+                else:
+                    self._failing = True
+                self._loading = False
+                self._cond.notify_all()
+                loaded_at = self._loaded_at
+        if failure is not None:
+            age = time.monotonic() - loaded_at
+            self._log.warning(
+                "cannot reload tokens (%s); the set loaded %s is honoured up to %.0f s",
+                type(failure).__name__,
+                f"{age:.0f} s ago" if math.isfinite(age) else "never",
+                self.max_stale_s,
+            )
+        elif recovered:
+            log.info("tokens reloaded again after the database was unreachable")
+
+    def _lookup(self, digest: str, block: bool) -> tuple[str, str] | _Step | None:
+        """The token's (name, role), None if it is unknown, or ``_Step.LOAD`` when answering
+        needs the database and ``block`` is false."""
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                step = self._step(digest, now)
+                if step is _Step.ANSWER:
+                    return self._answer(digest, now)
+                if not block:
+                    return _Step.LOAD
+                if step is _Step.WAIT:
+                    if not self._cond.wait_for(lambda: not self._loading, WAIT_SECONDS):
+                        raise AuthUnavailable()
+                    continue
+                self._loading = True
+                self._tried_at = now
+                generation = self._generation
+            self._reload(generation)
+
+    # -- checks --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _digest(authorization: str | None) -> str:
         if not authorization:
             raise AuthError("missing", "missing credential: send 'authorization: Bearer <token>'")
         scheme, _, token = authorization.partition(" ")
-        if not hmac.compare_digest(scheme.lower(), "bearer") or not token:
+        if not hmac.compare_digest(scheme.lower(), "bearer") or not token.strip():
             raise AuthError("invalid", "malformed credential: expected 'Bearer <token>'")
-        found = self._lookup(repo.hash_token(token.strip()))
+        return repo.hash_token(token.strip())
+
+    @staticmethod
+    def _principal(found: tuple[str, str] | None, permission: str) -> Principal:
         if found is None:
             raise AuthError("invalid", "unknown or revoked token")
-        return Principal(*found)
-
-    def require(self, authorization: str | None, permission: str) -> Principal:
-        principal = self.authenticate(authorization)
+        principal = Principal(*found)
         if not principal.may(permission):
             raise AuthError(
                 "forbidden",
                 f"token {principal.name!r} (role {principal.role}) may not {permission}",
             )
         return principal
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        found = self._lookup(self._digest(authorization), block=True)
+        assert not isinstance(found, _Step)
+        if found is None:
+            raise AuthError("invalid", "unknown or revoked token")
+        return Principal(*found)
+
+    def require(self, authorization: str | None, permission: str) -> Principal:
+        """The caller, if it may ``permission``; else AuthError. May query the database (and
+        wait for it), so call it off any event loop."""
+        found = self._lookup(self._digest(authorization), block=True)
+        assert not isinstance(found, _Step)
+        return self._principal(found, permission)
+
+    def require_nowait(self, authorization: str | None, permission: str) -> Principal | None:
+        """As ``require``, from the set in hand only; None when the answer needs the database
+        (then call ``require`` in a worker thread). Never blocks on the database."""
+        found = self._lookup(self._digest(authorization), block=False)
+        if found is _Step.LOAD:
+            return None
+        assert not isinstance(found, _Step)
+        return self._principal(found, permission)

@@ -2,8 +2,48 @@
 
 Handlers take the request as raw bytes and parse it themselves, so a garbled payload gets a
 clear INVALID_ARGUMENT (rather than a generic deserialisation failure) and the exact bytes are
-what the idempotency digest covers. Oversized messages are refused by gRPC itself
-(RESOURCE_EXHAUSTED) before any handler runs.
+what the idempotency digest covers.
+
+Both methods are unary to clients but served as stream-unary: gRPC's unary handler takes the
+first request message and silently drops any further one, so a client that sent two would have
+the first stored and never learn that the second was not. Reading the stream ourselves refuses
+anything but exactly one message (INVALID_ARGUMENT), and puts a deadline on receiving it.
+
+Status codes say what the agent should do; no answer carries an exception's text:
+
+* INVALID_ARGUMENT: the request can never succeed (garbled, invalid, refused by storage).
+* NOT_FOUND: unknown policy; the agent keeps the report and retries (a policy created a moment
+  ago on another replica is known here within a second).
+* RESOURCE_EXHAUSTED with trailing metadata ``gemini-rejection: quota``: over a quota; without
+  that metadata it is gRPC's own refusal (message or call limits), which a retry may pass.
+* ALREADY_EXISTS: the report id was stored with other content.
+* UNAVAILABLE: storage or credentials cannot be reached, or anything unexpected happened
+  (logged once per interval with the exception's class, never per call); retry, same id.
+* UNAUTHENTICATED / PERMISSION_DENIED: no usable agent token.
+
+Limits, applied before a handler does any work (``GrpcLimits``, from ``Settings`` by
+``grpc_limits``), and what bounds what:
+
+* A request's lifetime: ``receive_timeout_s`` from the call's start until its one message is
+  complete (DEADLINE_EXCEEDED after it, and the stream's buffers are freed; the connection
+  stays). gRPC itself has no server-side bound here: without it a peer that sends part of a
+  message and stalls holds that part until the connection dies (measured: 100 calls holding
+  0.9 MB each kept 94 MB for as long as the peer liked, and each further 100 added as much).
+* A connection's lifetime: ``connection_age_s`` (±10 % jitter by gRPC) plus
+  ``connection_age_grace_s`` for the calls then in progress, after which it is closed whatever
+  it holds; ``connection_idle_s`` without a call closes it sooner. ``handshake_timeout_s``
+  bounds a connection that never completes its handshake.
+* Memory held by requests: a message is refused beyond ``max_message_bytes`` (from its length
+  prefix, before it is buffered); at most ``max_concurrent_rpcs`` calls run per process, and
+  a call over that limit waits unrequested, with no more than HTTP/2's initial window (64 KiB)
+  accepted for it; at most ``max_streams_per_connection`` calls per connection. So the worst
+  case is about ``max_concurrent_rpcs × max_message_bytes`` (measured with 10 calls allowed and
+  40 stalled 0.9 MB senders: 18 MB), each part held no longer than ``receive_timeout_s``.
+* Metadata: ``max_metadata_bytes`` per call, a hard limit (gRPC's soft limit below it would
+  refuse a random share of calls instead).
+* Keepalive: a client may ping every ``min_ping_interval_s`` at most, with or without a call in
+  progress (agents behind NAT may keep idle connections open); ``max_ping_strikes`` pings more
+  often and the connection is closed (GOAWAY "too_many_pings").
 """
 
 from __future__ import annotations
@@ -12,6 +52,9 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import grpc
 import uvloop
@@ -22,101 +65,218 @@ from gemini_api.v1 import booster_pb2 as pb
 from ..config import Settings
 from .auth import AuthError, TokenAuthority
 from .core import Booster
+from .ratelimit_log import RateLimitedLog
 from .validation import InvalidReport
 
 log = logging.getLogger(__name__)
+limited = RateLimitedLog(log, interval_s=30.0)
 SERVICE = "gemini.booster.v1.Booster"
 
 _AUTH_CODES = {
     "missing": grpc.StatusCode.UNAUTHENTICATED,
     "invalid": grpc.StatusCode.UNAUTHENTICATED,
     "forbidden": grpc.StatusCode.PERMISSION_DENIED,
+    "unavailable": grpc.StatusCode.UNAVAILABLE,
 }
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
+CANNOT_ANSWER = "Booster cannot answer now; retry"
+STORAGE_UNAVAILABLE = "storage unavailable; retry with the same id"
+ONE_MESSAGE = "one request message per call"
+QUOTA_METADATA = (("gemini-rejection", "quota"),)
+
+Handler = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class GrpcLimits:
+    """What one agent connection and one call may hold, and for how long (module docstring)."""
+
+    max_message_bytes: int = 1 << 20
+    max_metadata_bytes: int = 16 << 10
+    max_concurrent_rpcs: int = 4096
+    max_streams_per_connection: int = 32
+    receive_timeout_s: float = 10.0
+    connection_idle_s: float = 300.0
+    connection_age_s: float = 600.0
+    connection_age_grace_s: float = 30.0
+    handshake_timeout_s: float = 20.0
+    min_ping_interval_s: float = 30.0
+    max_ping_strikes: int = 2
+
+    def options(self) -> list[tuple[str, int]]:
+        """gRPC core channel arguments for the server."""
+
+        def ms(seconds: float) -> int:
+            return max(1, round(seconds * 1000))
+
+        return [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_metadata_size", self.max_metadata_bytes),
+            ("grpc.absolute_max_metadata_size", self.max_metadata_bytes),
+            ("grpc.max_concurrent_streams", self.max_streams_per_connection),
+            ("grpc.max_connection_idle_ms", ms(self.connection_idle_s)),
+            ("grpc.max_connection_age_ms", ms(self.connection_age_s)),
+            ("grpc.max_connection_age_grace_ms", ms(self.connection_age_grace_s)),
+            ("grpc.server_handshake_timeout_ms", ms(self.handshake_timeout_s)),
+            ("grpc.http2.min_ping_interval_without_data_ms", ms(self.min_ping_interval_s)),
+            ("grpc.http2.max_ping_strikes", self.max_ping_strikes),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ]
+
+
+def grpc_limits(settings: Settings) -> GrpcLimits:
+    """The limits ``settings`` ask for; the rest keep their defaults."""
+    return GrpcLimits(
+        max_message_bytes=settings.max_report_bytes,
+        max_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
+        connection_idle_s=settings.grpc_max_connection_idle_s,
+        connection_age_s=settings.grpc_max_connection_age_s,
+    )
 
 
 class AgentService:
-    def __init__(self, booster: Booster, auth: TokenAuthority):
+    def __init__(
+        self, booster: Booster, auth: TokenAuthority, limits: GrpcLimits | None = None
+    ) -> None:
         self.booster = booster
         self.auth = auth
         self.metrics = booster.metrics
+        self.limits = limits or GrpcLimits()
 
     async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
         credential = next(
             (v for k, v in context.invocation_metadata() or () if k == "authorization"), None
         )
         try:
-            self.auth.require(credential, "agent")
+            # From the cached set on the loop; only a reload (every few seconds, after a token
+            # change, or for an unknown token) goes to a thread, so a slow database never
+            # stalls the calls of every other agent.
+            if self.auth.require_nowait(credential, "agent") is None:
+                await asyncio.to_thread(self.auth.require, credential, "agent")
         except AuthError as e:
             self.metrics.auth_failures.labels("grpc", e.reason).inc()
             await context.abort(_AUTH_CODES[e.reason], str(e))
 
-    async def _timed(self, method: str, fn, raw: bytes, context) -> bytes:
+    async def _receive(self, context: grpc.aio.ServicerContext) -> bytes:
+        """The call's one request message: INVALID_ARGUMENT for none or more than one,
+        DEADLINE_EXCEEDED when it is not complete within the receive timeout."""
+        timeout = self.limits.receive_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                first = await context.read()
+                # A unary client half-closes with its message: this read returns at once.
+                extra = first is not grpc.aio.EOF and await context.read() is not grpc.aio.EOF
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"request message not received within {timeout:g} s",
+            )
+        if first is grpc.aio.EOF or extra:
+            await context.abort(INVALID, ONE_MESSAGE)
+        assert isinstance(first, bytes)
+        return first
+
+    async def _call(self, method: str, fn: Handler, context: grpc.aio.ServicerContext) -> bytes:
         t0 = time.perf_counter()
         code = "OK"
         try:
             await self._authorize(context)
-            return await fn(raw, context)
-        except BaseException:
-            code = context.code().name if context.code() else "UNKNOWN"
+            return await fn(await self._receive(context), context)
+        except grpc.aio.AbortError:
+            code = _code_name(context)
             raise
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except Exception as e:
+            # The core, the writer or gRPC itself failed in a way no branch above expected:
+            # UNAVAILABLE with our words (the exception's text may name database hosts), and
+            # one log line per interval, not a traceback per call.
+            code = "UNAVAILABLE"
+            limited.error("%s failed: %s; answered UNAVAILABLE", method, type(e).__name__)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, CANNOT_ANSWER)
+            raise  # unreachable: abort raises
         finally:
             self.metrics.grpc_latency.labels(method, code).observe(time.perf_counter() - t0)
 
-    async def _reject(self, context, code: grpc.StatusCode, reason: str, message: str) -> None:
+    async def _reject(
+        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str, message: str
+    ) -> None:
         self.metrics.reports.labels("rejected", reason).inc()
         await context.abort(code, message)
 
-    async def report(self, raw: bytes, context) -> bytes:
+    async def _invalid(
+        self, context: grpc.aio.ServicerContext, e: InvalidReport, report: bool
+    ) -> None:
+        """NOT_FOUND for an unknown policy (retry later), INVALID_ARGUMENT for the rest."""
+        if e.reason == "unknown_policy":
+            code, message = grpc.StatusCode.NOT_FOUND, e.problems[0].removeprefix("policy: ")
+        else:
+            code, message = INVALID, str(e)
+        if report:
+            self.metrics.reports.labels("rejected", e.reason).inc()
+        await context.abort(code, message)
+
+    async def report(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             row = self.booster.validate_report(raw)
         except DecodeError:
             await self._reject(context, INVALID, "garbled", "request is not a ReportRequest")
         except InvalidReport as e:
-            await self._reject(context, INVALID, e.reason, str(e))
+            await self._invalid(context, e, report=True)
         # The writer thread stores it with whatever else has queued up (group commit); this
         # coroutine only waits, so thousands of reports can be in flight at no thread's cost.
         outcome = await self.booster.writer.submit(row)
+        rejection = getattr(outcome, "rejection", None)
+        if rejection is not None:
+            if rejection.code == "quota":
+                context.set_trailing_metadata(QUOTA_METADATA)
+                await self._reject(
+                    context, grpc.StatusCode.RESOURCE_EXHAUSTED, "quota", rejection.message
+                )
+            await self._reject(context, INVALID, rejection.code, rejection.message)
         if outcome.error is not None:
             if outcome.duplicate:  # same key, other content
                 await self._reject(
                     context, grpc.StatusCode.ALREADY_EXISTS, "key_reused", str(outcome.error)
                 )
-            await self._reject(
-                context,
-                grpc.StatusCode.UNAVAILABLE,
-                "storage",
-                "storage unavailable; retry with the same id",
-            )
+            await self._reject(context, grpc.StatusCode.UNAVAILABLE, "storage", STORAGE_UNAVAILABLE)
         self.metrics.reports.labels("duplicate" if outcome.duplicate else "accepted", "").inc()
         self.metrics.aggregates.inc(outcome.stored)
         return pb.ReportResponse(
             duplicate=outcome.duplicate, aggregates_stored=outcome.stored
         ).SerializeToString()
 
-    async def get_parameters(self, raw: bytes, context) -> bytes:
+    async def get_parameters(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             req = pb.GetParametersRequest.FromString(raw)
             return self.booster.parameters(req).SerializeToString()
         except DecodeError:
             await context.abort(INVALID, "request is not a GetParametersRequest")
         except InvalidReport as e:
-            await context.abort(INVALID, str(e))
+            await self._invalid(context, e, report=False)
+        raise AssertionError("unreachable: abort raises")
 
     def handler(self) -> grpc.GenericRpcHandler:
-        def unary(method: str, fn):
-            async def call(raw: bytes, ctx) -> bytes:
-                return await self._timed(method, fn, raw, ctx)
+        def one_message(method: str, fn: Handler) -> grpc.RpcMethodHandler:
+            async def call(_requests: Any, context: grpc.aio.ServicerContext) -> bytes:
+                return await self._call(method, fn, context)
 
-            return grpc.unary_unary_rpc_method_handler(call)
+            return grpc.stream_unary_rpc_method_handler(call)
 
         return grpc.method_handlers_generic_handler(
             SERVICE,
             {
-                "ReportAggregates": unary("ReportAggregates", self.report),
-                "GetParameters": unary("GetParameters", self.get_parameters),
+                "ReportAggregates": one_message("ReportAggregates", self.report),
+                "GetParameters": one_message("GetParameters", self.get_parameters),
             },
         )
+
+
+def _code_name(context: grpc.aio.ServicerContext) -> str:
+    code = context.code()
+    return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
 
 
 class AgentServer:
@@ -133,15 +293,22 @@ class AgentServer:
         booster: Booster,
         auth: TokenAuthority,
         listen: str,
-        max_message_bytes: int,
+        max_message_bytes: int | None = None,
         share_port: bool = False,
         tls: grpc.ServerCredentials | None = None,
+        limits: GrpcLimits | None = None,
     ):
-        self._service = AgentService(booster, auth)
+        """``limits`` default to those of the core's settings; ``max_message_bytes``, when
+        given, overrides theirs (the older way to say it)."""
+        limits = limits or grpc_limits(booster.settings)
+        if max_message_bytes is not None:
+            limits = replace(limits, max_message_bytes=max_message_bytes)
+        self.limits = limits
+        self._service = AgentService(booster, auth, limits)
         self._listen = listen
         self._tls = tls
         self._options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
+            *limits.options(),
             ("grpc.max_send_message_length", 16 << 20),
             # Only Booster's own front processes may share the port: a second Booster started
             # on it by mistake must fail to bind, not silently take half the agents.
@@ -156,11 +323,13 @@ class AgentServer:
         self._server: grpc.aio.Server | None = None
         self.port = 0
 
-    def _run(self, coro):
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def _start(self) -> int:
-        self._server = grpc.aio.server(options=self._options)
+        self._server = grpc.aio.server(
+            options=self._options, maximum_concurrent_rpcs=self.limits.max_concurrent_rpcs
+        )
         self._server.add_generic_rpc_handlers((self._service.handler(),))
         if self._tls is not None:
             port = self._server.add_secure_port(self._listen, self._tls)

@@ -173,9 +173,26 @@ def _seed(*parts: object) -> int:
     return zlib.crc32(repr(parts).encode())
 
 
+DESIGN_CACHE_MAX = 20_000  # contexts' initial designs kept between refits
+
+
 class Planner:
     def __init__(self, spec: ThetaSpec):
         self.spec = spec
+        # A context's initial design depends only on (region, size, seed) and costs a maximin
+        # search: computed once, not at every refit of every cold context.
+        self._designs: dict[tuple, list[dict[str, int]]] = {}
+
+    def _initial_design(
+        self, space: ThetaSpace, bounds: Mapping, n: int, seed: int
+    ) -> list[dict[str, int]]:
+        key = (tuple(sorted(bounds.items())), n, seed)
+        design = self._designs.get(key)
+        if design is None:
+            if len(self._designs) >= DESIGN_CACHE_MAX:
+                self._designs.clear()
+            design = self._designs[key] = space.design(n, seed)
+        return design
 
     def plan(
         self,
@@ -326,7 +343,9 @@ class Planner:
         else:
             incumbent, inc_u = self.clip_default(policy), None
         seen = {self.spec.key(o.theta) for o in scope}
-        design = space.design(
+        design = self._initial_design(
+            space,
+            policy.resolved_bounds(),
             policy.n_initial_points,
             _seed("design", policy.id, policy.revision, context_id if contextual else 0),
         )

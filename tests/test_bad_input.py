@@ -474,6 +474,23 @@ def test_host_quota_refuses_a_host_adding_too_many_contexts_in_a_day(svc):
     }
 
 
+def test_quota_refusal_over_grpc_is_resource_exhausted_marked_quota(svc):
+    """End to end: the agent sets aside only a RESOURCE_EXHAUSTED marked as a quota."""
+    svc.booster.writer.max_new_contexts_per_host_day = 1
+    many = report(BAD_HOST, contexts=(context("isp-1"), context("isp-2")))
+    good = report(GOOD_HOST, seed=1, contexts=(context("isp-3"),))
+    err, ok = send_together(svc, many, good)
+    assert isinstance(err, grpc.RpcError), err
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert ("gemini-rejection", "quota") in (err.trailing_metadata() or ())
+    assert err.details() == (
+        f"host {BAD_HOST!r} may add at most 1 new contexts to policy {POLICY!r} in 24 hours "
+        "(0 added); this report adds 2"
+    )
+    assert ok.aggregates_stored == 1
+    assert_only_stored(svc.engine, good)
+
+
 def test_known_contexts_cost_no_admission_query_once_cached(svc):
     req = report(GOOD_HOST)
     assert store_together(svc, req)[0].stored == 2
@@ -511,6 +528,22 @@ def test_a_report_storage_refuses_fails_alone(svc):
     # The writer goes on with group commits.
     more = report(GOOD_HOST, seed=3)
     assert store_together(svc, more)[0].stored == 2
+
+
+def test_storage_refusal_over_grpc_is_invalid_argument_without_driver_text(svc):
+    with svc.engine.begin() as conn:
+        conn.execute(
+            text(
+                "ALTER TABLE reports ADD CONSTRAINT refuse_bad_host "
+                f"CHECK (host_id <> '{BAD_HOST}')"
+            )
+        )
+    bad = report(BAD_HOST, seed=1)
+    err, ok = send_together(svc, bad, report(GOOD_HOST, seed=2))
+    assert isinstance(err, grpc.RpcError), err
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad.report_id in err.details() and "refuse_bad_host" not in err.details()
+    assert ok.aggregates_stored == 2
 
 
 def test_database_away_fails_the_batch_for_retry_then_recovers(svc):

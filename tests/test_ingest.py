@@ -161,7 +161,6 @@ BAD_REPORTS = {
     "λ outside region": (_theta("mult_decrease", 95), "theta.mult_decrease: 95 outside"),
     "ω outside region": (_theta("init_cwnd", 500), "theta.init_cwnd: 500 outside"),
     "missing θ": (lambda r: r.aggregates[0].ClearField("theta"), "aggregates[0].theta: missing"),
-    "unknown policy": (lambda r: setattr(r, "policy", "nope"), "unknown policy 'nope'"),
     "hour 25": (lambda r: setattr(r.aggregates[0].context, "hour", 25), "context.hour"),
     "empty region": (
         lambda r: setattr(r.aggregates[0].context, "dst_region", ""),
@@ -189,6 +188,18 @@ def test_bad_report_is_rejected_whole_and_named(svc, case):
         svc.stub().ReportAggregates(_mutate(mutate), metadata=agent_md())
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert expected in e.value.details()
+    assert counts(svc.engine) == {"reports": 0, "report_aggregates": 0, "trials": 0}
+
+
+def test_unknown_policy_is_not_found_and_stores_nothing(svc):
+    """NOT_FOUND, not INVALID_ARGUMENT: the policy may be created a moment later, so the agent
+    keeps the report and retries."""
+    with pytest.raises(grpc.RpcError) as e:
+        svc.stub().ReportAggregates(
+            _mutate(lambda r: setattr(r, "policy", "nope")), metadata=agent_md()
+        )
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "unknown policy 'nope'" in e.value.details()
     assert counts(svc.engine) == {"reports": 0, "report_aggregates": 0, "trials": 0}
 
 
@@ -248,7 +259,8 @@ def test_viewer_token_may_not_report(svc):
     assert counts(svc.engine)["reports"] == 0
 
 
-def test_get_parameters_for_unseen_context_is_default_then_planned(svc):
+def test_get_parameters_for_unseen_context_is_default_until_data_arrives(svc):
+    """Asking creates no state; a context is planned once reports bring flows from it."""
     req = pb.GetParametersRequest(
         host_id="h1", policy=POLICY, contexts=[c.message() for c in sim.DEFAULT_CONTEXTS]
     )
@@ -258,7 +270,11 @@ def test_get_parameters_for_unseen_context_is_default_then_planned(svc):
     assert resp.target_cc == "fusion" and resp.default_theta == default
     svc.booster.refit_dirty()
     resp = svc.stub().GetParameters(req, metadata=agent_md())
-    assert all(p.plan_version == 1 for p in resp.parameters)
+    assert all(p.plan_version == 0 for p in resp.parameters)
+    svc.stub().ReportAggregates(report(), metadata=agent_md())
+    svc.booster.refit(svc.booster.policies[POLICY])
+    resp = svc.stub().GetParameters(req, metadata=agent_md())
+    assert all(p.plan_version >= 1 for p in resp.parameters)
 
 
 def test_get_parameters_rejects_bad_context(svc):
@@ -269,6 +285,9 @@ def test_get_parameters_rejects_bad_context(svc):
     assert "contexts[0].src_region: empty" in e.value.details()
 
 
-def test_operator_token_is_also_accepted_for_agent_calls(svc):
-    resp = svc.stub().ReportAggregates(report(), metadata=agent_md(OPERATOR))
-    assert resp.aggregates_stored == 2
+def test_operator_token_may_not_report(svc):
+    """Roles do not nest: the agent port takes agent tokens only."""
+    with pytest.raises(grpc.RpcError) as e:
+        svc.stub().ReportAggregates(report(), metadata=agent_md(OPERATOR))
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert counts(svc.engine)["reports"] == 0

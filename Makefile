@@ -18,6 +18,7 @@ demo: $(STAMP)  ## Booster on embedded PostgreSQL, driven by a simulated demo fl
 test: $(STAMP)  ## lint, then every test (real PostgreSQL, embedded)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)  ## the benchmarks; results are written to benchmarks/results/

@@ -18,7 +18,7 @@ from gemini_agent.config import AgentSettings
 from gemini_agent.context import ContextResolver, MmdbTable, Place, PrefixTable
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.reporter import Reporter
-from gemini_agent.sources import FusionRecordSource, SockDiagSource
+from gemini_agent.sources import FusionRecordSource, SockDiagSource, Source
 from gemini_agent.spool import Spool
 from gemini_agent.writeback import Kernel, ThetaApplier
 from gemini_api.v1 import booster_pb2 as pb
@@ -49,7 +49,7 @@ def booster_peers(s: AgentSettings) -> frozenset[tuple[str, int]]:
             exc,
         )
         return frozenset()
-    return frozenset((info[4][0], int(port)) for info in infos)
+    return frozenset((str(info[4][0]), int(port)) for info in infos)
 
 
 class Agent:
@@ -103,8 +103,8 @@ class Agent:
         self.reporter.drain()
         self.refresh_theta()
 
-    def make_sources(self) -> list[threading.Thread]:
-        sources: list[threading.Thread] = [FusionRecordSource(self.aggregator.add, self.metrics)]
+    def make_sources(self) -> list[Source]:
+        sources: list[Source] = [FusionRecordSource(self.aggregator.add, self.metrics)]
         if self.s.sockdiag:
             sources.append(
                 SockDiagSource(

@@ -41,7 +41,7 @@ def flow_from_record(rec: FlowRecord, ended: dt.datetime) -> Flow:
     )
 
 
-class _Source(threading.Thread):
+class Source(threading.Thread):
     """A reader thread over one kernel socket; ``stop`` ends it within its poll timeout."""
 
     def __init__(self, name: str, metrics: AgentMetrics) -> None:
@@ -53,7 +53,7 @@ class _Source(threading.Thread):
         self.stopped.set()
 
 
-class FusionRecordSource(_Source):
+class FusionRecordSource(Source):
     def __init__(self, sink: Callable[[Flow], None], metrics: AgentMetrics) -> None:
         super().__init__("fusion-records", metrics)
         self.sink = sink
@@ -85,7 +85,7 @@ def flow_from_closed(flow: ClosedFlow, ended: dt.datetime) -> Flow:
     return Flow(dst=flow.daddr, stats=stats, theta={}, theta_version=0, ended=ended, cc=flow.cc)
 
 
-class SockDiagSource(_Source):
+class SockDiagSource(Source):
     """Destroy events of every TCP socket, completed from a dump every ``dump_s`` (see
     gemini_agent.sockdiag); Fusion's own flows are left to its records. ``skip`` holds
     (address, port) peers that are not the host's service (the agent's Booster)."""

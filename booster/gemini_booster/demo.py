@@ -14,6 +14,7 @@ import threading
 
 from . import simulation as sim
 from .config import Settings
+from .domain import ContextKey
 from .fleet import SyntheticFleet
 from .models import PolicyCreate
 from .service.app import BoosterServer
@@ -68,7 +69,10 @@ def run_demo(settings: Settings, rounds: int, keep_serving: bool) -> int:
             snap = server.booster.plan_snapshot(policy.id)
             cells = []
             for key, ctx in names.items():
-                plan = snap.get(key)
+                plan = snap.get(ContextKey(*key))
+                if plan is None:
+                    cells.append("no plan yet")
+                    continue
                 u = sim.true_utility(ctx, server.booster.spec.from_key(plan.incumbent_key))
                 cells.append(f"{u:7.1f} of {sim.best_utility(ctx):5.1f} Mbit/s")
             print(f"{r + 1:>5}  " + "  ".join(f"{c:>22}" for c in cells))

@@ -67,7 +67,14 @@ class FlowSums:
     tpt_delay_sum: float = 0.0
 
     def __add__(self, other: FlowSums) -> FlowSums:
-        return FlowSums(*(a + b for a, b in zip(self.astuple(), other.astuple(), strict=True)))
+        return FlowSums(
+            self.flow_count + other.flow_count,
+            self.tpt_sum + other.tpt_sum,
+            self.tpt_sq_sum + other.tpt_sq_sum,
+            self.delay_sum + other.delay_sum,
+            self.delay_sq_sum + other.delay_sq_sum,
+            self.tpt_delay_sum + other.tpt_delay_sum,
+        )
 
     @classmethod
     def total(cls, parts: Iterable[FlowSums]) -> FlowSums:

@@ -68,7 +68,7 @@ class ThetaSpace:
 
     def theta(self, free_values: Sequence[int]) -> dict[str, int]:
         values = dict(zip(self.free, (int(v) for v in free_values), strict=True))
-        return {n: values.get(n, self.fixed.get(n)) for n in self.names}
+        return {n: values[n] if n in values else self.fixed[n] for n in self.names}
 
     def encode(self, thetas: Sequence[Mapping[str, int]]) -> np.ndarray:
         rows = [[t[n] for n in self.free] for t in thetas]

@@ -41,8 +41,8 @@ class BoosterServer:
     """A whole Booster in this process; ``start`` returns once both ports are listening."""
 
     settings: Settings
-    engine: Engine | None = None
-    booster: Booster | None = None
+    engine: Engine = field(init=False)  # set by start()
+    booster: Booster = field(init=False)
     grpc_server: AgentServer | None = None
     grpc_port: int = 0
     http_port: int = 0
@@ -97,14 +97,15 @@ class BoosterServer:
     def stop(self) -> None:
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
+        if self._http_thread is not None:
             self._http_thread.join(timeout=10)
         if self.fronts is not None:
             self.fronts.stop()
         if self.grpc_server is not None:
             self.grpc_server.stop(grace=2)
-        if self.booster is not None:
+        if hasattr(self, "booster"):
             self.booster.stop()
-        if self.engine is not None:
+        if hasattr(self, "engine"):
             self.engine.dispose()
 
     def __enter__(self) -> BoosterServer:

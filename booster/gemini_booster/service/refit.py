@@ -280,11 +280,12 @@ class RefitService:
             old = current.get(contexts[cid])
             inc_key = self.spec.key(plan.incumbent)
             cand_keys = tuple(self.spec.key(c) for c in plan.candidates)
-            same = old is not None and (old.incumbent_key, old.candidate_keys) == (
-                inc_key,
-                cand_keys,
-            )
-            version = old.version if same else (old.version + 1 if old else 1)
+            if old is None:
+                version = 1
+            elif (old.incumbent_key, old.candidate_keys) == (inc_key, cand_keys):
+                version = old.version
+            else:
+                version = old.version + 1
             records.append(
                 repo.PlanRecord(policy.id, cid, version, inc_key, plan.incumbent_utility, cand_keys)
             )

@@ -146,3 +146,69 @@ def test_trials_recompute_utility_for_another_sigma(booster):
         other = by_ctx[t["context"]["dst_isp"]]
         expected = t["mean_throughput_mbps"] - 10 * t["mean_queue_delay_ms"]
         assert other["utility"] == pytest.approx(expected)
+
+
+def test_unknown_policy_is_404_only_for_an_authenticated_reader(booster):
+    assert booster.http.get("/v1/policies/nope").status_code == 401  # nothing learnt
+    r = booster.http.get("/v1/policies/nope", headers=auth(OPERATOR))
+    assert (r.status_code, r.json()) == (404, {"detail": "policy 'nope' not found"})
+    r = booster.http.patch("/v1/policies/nope", json={"sigma": 2}, headers=auth(OPERATOR))
+    assert r.status_code == 404
+    assert booster.http.post("/v1/policies/nope/refit", headers=auth(OPERATOR)).status_code == 404
+
+
+def test_refit_owned_by_another_replica_is_409_naming_it(booster, monkeypatch):
+    from gemini_booster.service.core import RefitElsewhere
+
+    create(booster.http)
+    owned = "refits of policy 'cdn' are owned by replica-b:4242"
+
+    def elsewhere(policy):
+        raise RefitElsewhere(owned)
+
+    monkeypatch.setattr(booster.booster, "refit", elsewhere)
+    r = booster.http.post("/v1/policies/cdn/refit", headers=auth(OPERATOR))
+    assert (r.status_code, r.json()) == (409, {"detail": owned})
+
+
+def test_database_outage_is_503_without_the_driver_message(booster, monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    from gemini_booster.storage import repository
+
+    def down(*args, **kwargs):
+        raise OperationalError("SELECT", {}, Exception("password authentication failed: db.lan"))
+
+    monkeypatch.setattr(repository, "audit_entries", down)
+    r = booster.http.get("/v1/audit", headers=auth(OPERATOR))
+    assert (r.status_code, r.json()) == (503, {"detail": "database unavailable; try again later"})
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "statuses"),
+    [
+        ("get", "/v1/policies", {"200", "401", "403"}),
+        ("post", "/v1/policies", {"201", "401", "403", "409", "413", "422"}),
+        ("get", "/v1/policies/{name}", {"200", "401", "403", "404", "422"}),
+        ("patch", "/v1/policies/{name}", {"200", "401", "403", "404", "413", "422"}),
+        ("post", "/v1/policies/{name}/refit", {"200", "401", "403", "404", "409", "422"}),
+        ("get", "/v1/policies/{name}/comparison", {"200", "401", "403", "404", "422"}),
+        ("post", "/v1/tokens", {"201", "401", "403", "409", "413", "422"}),
+        ("delete", "/v1/tokens/{name}", {"204", "401", "403", "404", "422"}),
+        ("get", "/readyz", {"200", "503"}),
+        ("get", "/livez", {"200"}),
+    ],
+)
+def test_openapi_documents_each_refusal_with_its_schema(booster, method, path, statuses):
+    spec = booster.http.get("/openapi.json").json()
+    responses = spec["paths"][path][method]["responses"]
+    assert set(responses) == statuses
+    for status, documented in responses.items():
+        if status.startswith("2"):
+            continue
+        schema = documented["content"]["application/json"]["schema"]["$ref"]
+        expected = "HTTPValidationError" if status == "422" else "ErrorOut"
+        assert schema == f"#/components/schemas/{expected}", (status, schema)
+    assert spec["components"]["schemas"]["ErrorOut"]["required"] == ["detail"]
+    if path.startswith("/v1"):
+        assert spec["paths"][path][method]["security"] == [{"HTTPBearer": []}]

@@ -10,8 +10,11 @@ class ApiError extends Error {}
 
 function explain(status, body) {
   const detail = body && body.detail;
-  if (Array.isArray(detail)) {  // pydantic's list of problems, each naming its field
-    return detail.map((d) => `${d.loc.filter((p) => p !== "body").join(".")}: ${d.msg}`).join("; ");
+  if (Array.isArray(detail)) {  // pydantic's list of problems, each naming its field if any
+    return detail.map((d) => {
+      const field = d.loc.filter((p) => p !== "body").join(".");
+      return field ? `${field}: ${d.msg}` : d.msg;  // a rule across fields names them itself
+    }).join("; ");
   }
   return `${status}: ${detail || "request failed"}`;
 }

@@ -22,6 +22,10 @@ from google.protobuf.internal.encoder import _VarintBytes
 from google.protobuf.message import Message
 from sqlalchemy import text
 
+from gemini_agent.config import AgentSettings
+from gemini_agent.metrics import AgentMetrics
+from gemini_agent.reporter import Reporter
+from gemini_agent.spool import Spool
 from gemini_api import sketch as sketches
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
@@ -31,7 +35,7 @@ from gemini_booster.service.app import BoosterServer
 from gemini_booster.storage import repository as repo
 from gemini_booster.storage.ingest import IngestOutcome, ReportRow
 
-from .conftest import Running, agent_md, make_settings
+from .conftest import AGENT, Running, agent_md, make_settings
 
 POLICY = "p1"
 LINGER_MS = 200  # long enough that reports sent together share one group commit
@@ -565,3 +569,70 @@ def test_database_away_fails_the_batch_for_retry_then_recovers(svc):
             break
     assert [o.stored for o in outcomes] == [2, 2]
     assert_only_stored(svc.engine, first, a, b)
+
+
+# -- the agent's side ------------------------------------------------------------------------------
+
+
+def reporter(svc: Running, tmp_path) -> Reporter:
+    settings = AgentSettings(
+        host_id=BAD_HOST,
+        policy=POLICY,
+        booster_address=svc.grpc_target,
+        token=AGENT,
+        spool_dir=tmp_path / "spool",
+        retry_initial_s=0.01,
+        retry_max_s=0.02,
+        rpc_deadline_s=5,
+    )
+    return Reporter(settings, Spool(tmp_path / "spool", 8 << 20), AgentMetrics())
+
+
+def set_aside(r: Reporter, reason: str) -> float:
+    return (
+        r.metrics.registry.get_sample_value(
+            "gemini_agent_reports_set_aside_total", {"reason": reason}
+        )
+        or 0.0
+    )
+
+
+def test_agent_sets_aside_only_what_can_never_be_accepted(svc, tmp_path):
+    """Invalid and over-quota reports are set aside and counted; a report for a policy not
+    created yet (NOT_FOUND) stays spooled and is delivered once the policy exists."""
+    svc.booster.writer.max_new_contexts_per_host_day = 2
+    agent = reporter(svc, tmp_path)
+    invalid = mutated(lambda r: r.aggregates[0].theta.ClearField("loss_threshold"))
+    over = report(BAD_HOST, seed=1, contexts=tuple(context(f"isp-{i}") for i in range(3)))
+    good = report(BAD_HOST, seed=2)
+    early = report(BAD_HOST, seed=3)
+    early.policy = "later"
+    after = report(BAD_HOST, seed=4)
+    for r in (invalid, over, good, early, after):
+        agent.submit(r)
+    assert agent.drain() == 1  # good; stops at `early`, to retry with backoff
+    assert set_aside(agent, "INVALID_ARGUMENT") == 1 and set_aside(agent, "quota") == 1
+    assert len(agent.spool) == 2 and len(list((tmp_path / "spool" / "rejected").iterdir())) == 2
+    repo.create_policy(svc.engine, PolicyCreate(name="later"), actor="test")
+    svc.booster.reload_policies()
+    deadline = time.monotonic() + 10
+    while len(agent.spool) and time.monotonic() < deadline:
+        agent.drain()
+        time.sleep(0.02)
+    assert len(agent.spool) == 0
+    assert stored_ids(svc.engine) == {good.report_id, early.report_id, after.report_id}
+
+
+def test_agent_keeps_a_report_refused_for_size_not_quota(svc, tmp_path):
+    """RESOURCE_EXHAUSTED without the quota mark (gRPC's message limit) may pass later (a
+    limit raised): the report is kept, nothing is set aside."""
+    agent = reporter(svc, tmp_path)
+    big = report(BAD_HOST)
+    big.aggregates[0].throughput_sketch.counts.extend([1.0] * 200_000)  # > 1 MiB
+    agent.submit(big)
+    assert agent.drain() == 0
+    assert len(agent.spool) == 1 and set_aside(agent, "quota") == 0
+    assert (
+        agent.metrics.registry.get_sample_value("gemini_agent_reports_total", {"outcome": "failed"})
+        == 1
+    )

@@ -89,6 +89,9 @@ def test_bad_patch_keeps_the_old_policy(booster):
     create(booster.http)
     r = booster.http.patch("/v1/policies/cdn", json={"region": "custom"}, headers=auth(OPERATOR))
     assert r.status_code == 422 and "bounds" in r.text
+    [problem] = r.json()["detail"]  # as FastAPI's own 422, with what was sent and why
+    assert problem["loc"] == ["body"] and problem["input"] == {"region": "custom"}
+    assert problem["ctx"] == {"error": "bounds: required when region is 'custom'"}
     assert booster.http.get("/v1/policies/cdn", headers=auth(OPERATOR)).json()["revision"] == 1
 
 

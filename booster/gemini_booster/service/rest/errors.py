@@ -50,11 +50,15 @@ TOO_LARGE = error(413, "request body above max_request_body_bytes (refused befor
 UNAVAILABLE = error(503, DATABASE_UNAVAILABLE)
 
 
-def invalid_body(e: ValidationError) -> RequestValidationError:
+def invalid_body(e: ValidationError, sent: dict[str, Any]) -> RequestValidationError:
     """A model check that runs after FastAPI's own (e.g. on the merged policy of a PATCH),
-    reported exactly as FastAPI reports its own: each problem located under ``body``."""
+    reported exactly as FastAPI reports its own: each problem located under ``body``. A rule
+    across fields shows what was ``sent``, not the merged model the client never saw."""
     return RequestValidationError(
-        [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
+        [
+            {**err, "loc": ("body", *err["loc"])} | ({} if err["loc"] else {"input": sent})
+            for err in e.errors(include_url=False)
+        ]
     )
 
 
@@ -71,9 +75,16 @@ def _json_safe(value: Any) -> Any:
 
 
 async def validation_failed(request: Request, exc: Exception) -> JSONResponse:
-    """FastAPI's 422 body, safe for any input (its default handler fails on NaN: a 500)."""
+    """FastAPI's 422 body, safe for any input (its default handler fails on NaN: a 500), with
+    the error a validator raised as its message (the default encodes it as ``{}``)."""
     assert isinstance(exc, RequestValidationError)
-    return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+    problems = [
+        {**err, "ctx": {k: str(v) if isinstance(v, Exception) else v for k, v in ctx.items()}}
+        if isinstance(ctx := err.get("ctx"), dict)
+        else err
+        for err in exc.errors()
+    ]
+    return JSONResponse({"detail": _json_safe(jsonable_encoder(problems))}, status_code=422)
 
 
 async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:

@@ -64,7 +64,7 @@ def update_policy(who: Writer, name: str, body: PolicyUpdate, booster: BoosterDe
     except repo.NotFound as e:
         raise HTTPException(404, f"policy {name!r} not found") from e
     except ValidationError as e:
-        raise invalid_body(e) from e
+        raise invalid_body(e, body.model_dump(mode="json", exclude_unset=True)) from e
     booster.reload_policies()
     return updated
 

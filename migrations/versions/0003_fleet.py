@@ -7,6 +7,8 @@
   brought flows from it, and ``first_host`` is the host that brought it (per-host quotas).
 - ``refit_log`` records every published refit with its owner, so that "one owner at a time" can
   be checked from the database.
+- Policy settings stored before their ranges existed are clamped into them (a history window
+  of 1 h to 10 years, at most a million flows for an incumbent), so every stored policy loads.
 
 Revision ID: 0003
 Revises: 0002
@@ -69,6 +71,12 @@ def upgrade() -> None:
         sa.Column("trials", sa.Integer(), nullable=False),
     )
     op.create_index("refit_log_policy", "refit_log", ["policy_id", "id"])
+    op.execute(
+        "UPDATE policies SET history_hours = least(greatest(history_hours, 1), 87660), "
+        "min_flows = least(min_flows, 1000000) "
+        "WHERE history_hours NOT BETWEEN 1 AND 87660 OR min_flows > 1000000 "
+        "OR history_hours = 'NaN'"
+    )
 
 
 def downgrade() -> None:

@@ -16,7 +16,7 @@ from .auth import TokenAuthority
 from .core import Booster
 from .fronts import Fronts
 from .grpc_server import AgentServer, tls_credentials
-from .rest import create_app
+from .rest import create_app, uvicorn_limits
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class BoosterServer:
             port=s.http_port,
             log_level="warning",
             access_log=False,
+            **uvicorn_limits(s),
         )
         self._uvicorn = uvicorn.Server(config)
         self._http_thread = threading.Thread(target=self._uvicorn.run, name="http", daemon=True)

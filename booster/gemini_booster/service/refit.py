@@ -255,6 +255,10 @@ class RefitService:
             ),
         )
         self.plans.update(policy.id, records, contexts, generation)
+        for rec in records:
+            if rec.incumbent_utility is not None:
+                label = contexts[rec.context_id].label
+                self.metrics.best_utility.labels(policy.name, label).set(rec.incumbent_utility)
         for cid in plans:
             planned_at[cid] = started
         elapsed = time.perf_counter() - t0

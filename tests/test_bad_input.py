@@ -13,14 +13,14 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import httpx
 import numpy as np
 import pytest
-from google.protobuf.internal.encoder import _VarintBytes
 from google.protobuf.message import Message
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
 from gemini_agent.config import AgentSettings
 from gemini_agent.metrics import AgentMetrics
@@ -87,25 +87,25 @@ def context(dst_isp: str) -> sim.SyntheticContext:
     )
 
 
-def scalar(engine, sql: str, **params: object) -> int:
+def scalar(engine: Engine, sql: str, **params: object) -> int:
     with engine.connect() as conn:
         return conn.execute(text(sql), params).scalar_one()
 
 
-def stored_ids(engine) -> set[str]:
+def stored_ids(engine: Engine) -> set[str]:
     with engine.connect() as conn:
         return set(conn.execute(text("SELECT report_id FROM reports")).scalars())
 
 
-def trial_flows(engine) -> int:
+def trial_flows(engine: Engine) -> int:
     return scalar(engine, "SELECT coalesce(sum(flow_count), 0) FROM trials")
 
 
-def aggregate_count(engine) -> int:
+def aggregate_count(engine: Engine) -> int:
     return scalar(engine, "SELECT count(*) FROM report_aggregates")
 
 
-def assert_only_stored(engine, *good: pb.ReportRequest) -> None:
+def assert_only_stored(engine: Engine, *good: pb.ReportRequest) -> None:
     """Exactly ``good`` is stored: its reports, aggregates and flows, nothing else."""
     assert stored_ids(engine) == {r.report_id for r in good}
     assert aggregate_count(engine) == sum(len(r.aggregates) for r in good)
@@ -159,7 +159,7 @@ def mutated(fn: Callable[[pb.ReportRequest], object]) -> pb.ReportRequest:
 # -- numbers storage cannot hold or physics does not allow --------------------------------------
 
 
-def test_flow_count_beyond_storage_is_refused_and_the_trial_stays_usable(svc):
+def test_flow_count_beyond_storage_is_refused_and_the_trial_stays_usable(svc: Running) -> None:
     def huge(r: pb.ReportRequest) -> None:
         a = r.aggregates[0]
         a.flow_count = 2**63 - 1
@@ -175,12 +175,12 @@ def test_flow_count_beyond_storage_is_refused_and_the_trial_stays_usable(svc):
     assert trial_flows(svc.engine) == 20 * 2 + 30 * 2  # the good companion's and this one's
 
 
-def test_theta_version_beyond_storage_is_refused(svc):
+def test_theta_version_beyond_storage_is_refused(svc: Running) -> None:
     bad = mutated(lambda r: setattr(r.aggregates[1], "theta_version", 2**63))
     assert_refused(svc, bad, "aggregates[1].theta_version: 9223372036854775808 ≥ 2^63")
 
 
-def test_largest_theta_version_storage_holds_is_stored(svc):
+def test_largest_theta_version_storage_holds_is_stored(svc: Running) -> None:
     req = report(GOOD_HOST)
     req.aggregates[0].theta_version = 2**63 - 1
     assert svc.stub().ReportAggregates(req, metadata=agent_md()).aggregates_stored == 2
@@ -220,12 +220,12 @@ IMPOSSIBLE_SUMS = {
 
 
 @pytest.mark.parametrize("case", list(IMPOSSIBLE_SUMS))
-def test_impossible_sums_are_refused_by_name(svc, case):
+def test_impossible_sums_are_refused_by_name(svc: Running, case: str) -> None:
     fn, expected = IMPOSSIBLE_SUMS[case]
     assert_refused(svc, mutated(fn), expected)
 
 
-def test_size_bucket_beyond_flow_count_is_refused(svc):
+def test_size_bucket_beyond_flow_count_is_refused(svc: Running) -> None:
     def bucket(r: pb.ReportRequest) -> None:
         r.aggregates[0].size_bucket_counts[3] = 2**64 - 1
 
@@ -255,11 +255,13 @@ def _interval(start: int, end: int) -> Callable[[pb.ReportRequest], None]:
     ],
     ids=["1970", "year 3000", "past 9999", "2^62"],
 )
-def test_intervals_far_from_booster_clock_are_refused(svc, start, end, expected):
+def test_intervals_far_from_booster_clock_are_refused(
+    svc: Running, start: int, end: int, expected: str
+) -> None:
     assert_refused(svc, mutated(_interval(start, end)), expected)
 
 
-def test_a_week_old_report_is_refused_and_a_six_day_old_one_stored(svc):
+def test_a_week_old_report_is_refused_and_a_six_day_old_one_stored(svc: Running) -> None:
     day = 86_400_000
     old = mutated(_interval(now_ms() - 8 * day, now_ms() - 8 * day + 300_000))
     assert_refused(svc, old, "interval_start_unix_ms: ")
@@ -267,7 +269,7 @@ def test_a_week_old_report_is_refused_and_a_six_day_old_one_stored(svc):
     assert svc.stub().ReportAggregates(spooled, metadata=agent_md()).aggregates_stored == 2
 
 
-def test_interval_a_little_ahead_is_within_clock_skew(svc):
+def test_interval_a_little_ahead_is_within_clock_skew(svc: Running) -> None:
     req = report(GOOD_HOST, start_ms=now_ms() - 60_000)  # ends 4 minutes ahead
     assert svc.stub().ReportAggregates(req, metadata=agent_md()).aggregates_stored == 2
 
@@ -275,7 +277,7 @@ def test_interval_a_little_ahead_is_within_clock_skew(svc):
 # -- sketches -------------------------------------------------------------------------------------
 
 
-def _sketch(fn: Callable[[pb.QuantileSketch], object]) -> Callable[[pb.ReportRequest], None]:
+def _sketch(fn: Callable[[pb.QuantileSketch], object]) -> Callable[[pb.ReportRequest], object]:
     return lambda r: fn(r.aggregates[0].throughput_sketch)
 
 
@@ -309,12 +311,12 @@ MALFORMED_SKETCHES = {
 
 
 @pytest.mark.parametrize("case", list(MALFORMED_SKETCHES))
-def test_malformed_sketches_are_refused(svc, case):
+def test_malformed_sketches_are_refused(svc: Running, case: str) -> None:
     fn, expected = MALFORMED_SKETCHES[case]
     assert_refused(svc, mutated(fn), expected)
 
 
-def test_an_absent_sketch_is_stored(svc):
+def test_an_absent_sketch_is_stored(svc: Running) -> None:
     req = report(GOOD_HOST)
     req.aggregates[0].ClearField("throughput_sketch")
     assert svc.stub().ReportAggregates(req, metadata=agent_md()).aggregates_stored == 2
@@ -323,7 +325,7 @@ def test_an_absent_sketch_is_stored(svc):
 # -- θ presence -----------------------------------------------------------------------------------
 
 
-def test_theta_with_a_parameter_left_out_is_refused_naming_each(svc):
+def test_theta_with_a_parameter_left_out_is_refused_naming_each(svc: Running) -> None:
     def leave_out(r: pb.ReportRequest) -> None:
         r.aggregates[1].theta.ClearField("rtt_threshold")
         r.aggregates[1].theta.ClearField("init_cwnd")
@@ -337,7 +339,7 @@ def test_theta_with_a_parameter_left_out_is_refused_naming_each(svc):
     assert "aggregates[0]" not in err.details()
 
 
-def test_theta_parameter_explicitly_zero_is_judged_by_its_value(svc):
+def test_theta_parameter_explicitly_zero_is_judged_by_its_value(svc: Running) -> None:
     """Present and 0 is a value (outside the region here), not a missing parameter."""
     bad = mutated(lambda r: setattr(r.aggregates[0].theta, "add_increase", 0))
     err = assert_refused(svc, bad, "aggregates[0].theta.add_increase: 0 outside")
@@ -347,6 +349,15 @@ def test_theta_parameter_explicitly_zero_is_judged_by_its_value(svc):
 # -- duplicates compare content -------------------------------------------------------------------
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
 def _reversed_fields(msg: Message) -> bytes:
     """``msg`` encoded with its fields in reverse order (valid protobuf, other bytes); repeated
     messages keep their order and are encoded the same way, one by one."""
@@ -354,10 +365,10 @@ def _reversed_fields(msg: Message) -> bytes:
     for field, value in reversed(msg.ListFields()):
         if field.message_type is not None:
             items = value if field.is_repeated else [value]
-            tag = _VarintBytes(field.number << 3 | 2)
+            tag = _varint(field.number << 3 | 2)
             for item in items:
                 body = _reversed_fields(item)
-                out += tag + _VarintBytes(len(body)) + body
+                out += tag + _varint(len(body)) + body
         else:
             single = type(msg)()
             if field.is_repeated:
@@ -368,7 +379,7 @@ def _reversed_fields(msg: Message) -> bytes:
     return out
 
 
-def test_identical_report_encoded_differently_is_a_duplicate(svc):
+def test_identical_report_encoded_differently_is_a_duplicate(svc: Running) -> None:
     req = report(BAD_HOST, seed=3)
     first = svc.stub().ReportAggregates(req, metadata=agent_md())
     assert first.aggregates_stored == 2
@@ -419,7 +430,7 @@ def admitted(svc: Running) -> int:
     return scalar(svc.engine, "SELECT count(*) FROM policy_contexts")
 
 
-def test_policy_quota_refuses_a_report_adding_contexts_whole(svc):
+def test_policy_quota_refuses_a_report_adding_contexts_whole(svc: Running) -> None:
     svc.booster.writer.max_new_contexts_per_host_day = 100
     repo.update_policy(svc.engine, POLICY, PolicyUpdate(max_contexts=3), actor="test")
     svc.booster.reload_policies()
@@ -442,7 +453,7 @@ def test_policy_quota_refuses_a_report_adding_contexts_whole(svc):
     assert scalar(svc.engine, "SELECT count(*) FROM contexts WHERE dst_isp = 'isp-4'") == 0
 
 
-def test_host_quota_refuses_a_host_adding_too_many_contexts_in_a_day(svc):
+def test_host_quota_refuses_a_host_adding_too_many_contexts_in_a_day(svc: Running) -> None:
     svc.booster.writer.max_new_contexts_per_host_day = 2
     many = report(BAD_HOST, contexts=(context("isp-1"), context("isp-2"), context("isp-3")))
     good = report(GOOD_HOST, seed=1, contexts=sim.DEFAULT_CONTEXTS)
@@ -478,7 +489,7 @@ def test_host_quota_refuses_a_host_adding_too_many_contexts_in_a_day(svc):
     }
 
 
-def test_quota_refusal_over_grpc_is_resource_exhausted_marked_quota(svc):
+def test_quota_refusal_over_grpc_is_resource_exhausted_marked_quota(svc: Running) -> None:
     """End to end: the agent sets aside only a RESOURCE_EXHAUSTED marked as a quota."""
     svc.booster.writer.max_new_contexts_per_host_day = 1
     many = report(BAD_HOST, contexts=(context("isp-1"), context("isp-2")))
@@ -495,7 +506,7 @@ def test_quota_refusal_over_grpc_is_resource_exhausted_marked_quota(svc):
     assert_only_stored(svc.engine, good)
 
 
-def test_known_contexts_cost_no_admission_query_once_cached(svc):
+def test_known_contexts_cost_no_admission_query_once_cached(svc: Running) -> None:
     req = report(GOOD_HOST)
     assert store_together(svc, req)[0].stored == 2
     writer = svc.booster.writer
@@ -508,7 +519,7 @@ def test_known_contexts_cost_no_admission_query_once_cached(svc):
 # -- storage refusing one report ------------------------------------------------------------------
 
 
-def test_a_report_storage_refuses_fails_alone(svc):
+def test_a_report_storage_refuses_fails_alone(svc: Running) -> None:
     """A report that passes every check but that storage refuses (here a constraint of this
     test's database) is refused for good; the report sharing its batch is stored."""
     with svc.engine.begin() as conn:
@@ -534,7 +545,7 @@ def test_a_report_storage_refuses_fails_alone(svc):
     assert store_together(svc, more)[0].stored == 2
 
 
-def test_storage_refusal_over_grpc_is_invalid_argument_without_driver_text(svc):
+def test_storage_refusal_over_grpc_is_invalid_argument_without_driver_text(svc: Running) -> None:
     with svc.engine.begin() as conn:
         conn.execute(
             text(
@@ -550,7 +561,7 @@ def test_storage_refusal_over_grpc_is_invalid_argument_without_driver_text(svc):
     assert ok.aggregates_stored == 2
 
 
-def test_database_away_fails_the_batch_for_retry_then_recovers(svc):
+def test_database_away_fails_the_batch_for_retry_then_recovers(svc: Running) -> None:
     first = report(GOOD_HOST, seed=1)
     assert store_together(svc, first)[0].stored == 2
     with svc.engine.connect() as conn:  # drop every other connection, the writer's among them
@@ -574,7 +585,7 @@ def test_database_away_fails_the_batch_for_retry_then_recovers(svc):
 # -- the agent's side ------------------------------------------------------------------------------
 
 
-def reporter(svc: Running, tmp_path) -> Reporter:
+def reporter(svc: Running, tmp_path: Path) -> Reporter:
     settings = AgentSettings(
         host_id=BAD_HOST,
         policy=POLICY,
@@ -597,7 +608,7 @@ def set_aside(r: Reporter, reason: str) -> float:
     )
 
 
-def test_agent_sets_aside_only_what_can_never_be_accepted(svc, tmp_path):
+def test_agent_sets_aside_only_what_can_never_be_accepted(svc: Running, tmp_path: Path) -> None:
     """Invalid and over-quota reports are set aside and counted; a report for a policy not
     created yet (NOT_FOUND) stays spooled and is delivered once the policy exists."""
     svc.booster.writer.max_new_contexts_per_host_day = 2
@@ -623,7 +634,7 @@ def test_agent_sets_aside_only_what_can_never_be_accepted(svc, tmp_path):
     assert stored_ids(svc.engine) == {good.report_id, early.report_id, after.report_id}
 
 
-def test_agent_keeps_a_report_refused_for_size_not_quota(svc, tmp_path):
+def test_agent_keeps_a_report_refused_for_size_not_quota(svc: Running, tmp_path: Path) -> None:
     """RESOURCE_EXHAUSTED without the quota mark (gRPC's message limit) may pass later (a
     limit raised): the report is kept, nothing is set aside."""
     agent = reporter(svc, tmp_path)

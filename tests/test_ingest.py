@@ -17,7 +17,7 @@ from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
 from gemini_booster.storage import repository as repo
 
-from .conftest import OPERATOR, agent_md
+from .conftest import OPERATOR, Running, agent_md
 
 POLICY = "p1"
 
@@ -191,7 +191,7 @@ def test_bad_report_is_rejected_whole_and_named(svc, case):
     assert counts(svc.engine) == {"reports": 0, "report_aggregates": 0, "trials": 0}
 
 
-def test_unknown_policy_is_not_found_and_stores_nothing(svc):
+def test_unknown_policy_is_not_found_and_stores_nothing(svc: Running) -> None:
     """NOT_FOUND, not INVALID_ARGUMENT: the policy may be created a moment later, so the agent
     keeps the report and retries."""
     with pytest.raises(grpc.RpcError) as e:
@@ -259,7 +259,7 @@ def test_viewer_token_may_not_report(svc):
     assert counts(svc.engine)["reports"] == 0
 
 
-def test_get_parameters_for_unseen_context_is_default_until_data_arrives(svc):
+def test_get_parameters_for_unseen_context_is_default_until_data_arrives(svc: Running) -> None:
     """Asking creates no state; a context is planned once reports bring flows from it."""
     req = pb.GetParametersRequest(
         host_id="h1", policy=POLICY, contexts=[c.message() for c in sim.DEFAULT_CONTEXTS]
@@ -285,7 +285,7 @@ def test_get_parameters_rejects_bad_context(svc):
     assert "contexts[0].src_region: empty" in e.value.details()
 
 
-def test_operator_token_may_not_report(svc):
+def test_operator_token_may_not_report(svc: Running) -> None:
     """Roles do not nest: the agent port takes agent tokens only."""
     with pytest.raises(grpc.RpcError) as e:
         svc.stub().ReportAggregates(report(), metadata=agent_md(OPERATOR))

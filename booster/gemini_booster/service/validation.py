@@ -63,9 +63,10 @@ class InvalidReport(ValueError):
 
 def unknown_field_paths(msg: Message, path: str = "") -> list[str]:
     """Field numbers the schema does not know, anywhere in ``msg`` (e.g. from a newer client)."""
+    unknown = unknown_fields.UnknownFieldSet(msg)
     found = [
-        f"{path or 'request'}: unknown field number {f.field_number}"
-        for f in unknown_fields.UnknownFieldSet(msg)
+        f"{path or 'request'}: unknown field number {unknown[i].field_number}"
+        for i in range(len(unknown))
     ]
     for field, value in msg.ListFields():
         if field.message_type is None:

@@ -412,7 +412,9 @@ def _store(
     host_day_quota: int,
 ) -> list[tuple[int, ContextKey]]:
     """The body of the batch's transaction; fills ``outcomes``, returns the pairs admitted."""
-    cur = conn.connection.driver_connection.cursor()
+    driver = conn.connection.driver_connection
+    assert driver is not None  # a connection in a transaction has its driver's connection
+    cur = driver.cursor()
     refused = _quota_rejections(conn, cur, unique, context_ids, admissions, host_day_quota)
     for report_id, rejection in refused.items():
         outcomes[report_id].rejection = rejection

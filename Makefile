@@ -25,6 +25,8 @@ bench: $(STAMP)  ## the benchmarks; results are written to benchmarks/results/
 	$(BIN)/python -m benchmarks.ingest
 	$(BIN)/python -m benchmarks.get_parameters
 	$(BIN)/python -m benchmarks.refit
+	$(BIN)/python -m benchmarks.replicas
+	$(BIN)/python -m benchmarks.quota
 
 proto: $(STAMP)  ## regenerate protobuf/gRPC stubs after editing api/gemini_api/v1/*.proto
 	$(BIN)/python scripts/gen_proto.py

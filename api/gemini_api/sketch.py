@@ -19,8 +19,8 @@ MAX_BUCKETS = 4096
 _MAPPING = LogarithmicMapping(RELATIVE_ACCURACY)
 MIN_KEY = _MAPPING.key(_MAPPING.min_possible)
 MAX_KEY = _MAPPING.key(_MAPPING.max_possible)
-# Bucket weights are counts of flows; a sum of them is exact far beyond any flow count, the
-# tolerance only admits weights that are not whole numbers.
+# Bucket weights are counts of flows; the tolerance only admits weights that are not whole
+# numbers (a merged or scaled sketch) and their rounding.
 WEIGHT_REL_TOL = 1e-9
 
 
@@ -65,11 +65,16 @@ def sketch_errors(msg: pb.QuantileSketch, flow_count: int) -> list[str]:
     last = msg.offset + max(len(counts), 1) - 1
     if msg.offset < MIN_KEY or last > MAX_KEY:
         errors.append(f"keys {msg.offset}..{last} outside the mapping's {MIN_KEY}..{MAX_KEY}")
-    bad = next((v for v in (*counts, msg.zero_count) if not math.isfinite(v) or v < 0), None)
-    if bad is not None:
-        errors.append(f"bucket count {bad} is not a finite non-negative number")
+    # Summed in C: NaN or ±inf anywhere leaves the sum not finite. Weights are whole numbers
+    # of flows, which a double adds exactly far beyond any flow count.
+    total = sum(counts, msg.zero_count)
+    if not math.isfinite(total) or msg.zero_count < 0 or (counts and min(counts) < 0):
+        bad = next((v for v in (*counts, msg.zero_count) if not math.isfinite(v) or v < 0), None)
+        if bad is None:  # every weight finite, their sum not
+            errors.append(f"total weight {total} is not finite")
+        else:
+            errors.append(f"bucket count {bad} is not a finite non-negative number")
         return errors
-    total = math.fsum((*counts, msg.zero_count))
     if total == 0:
         errors.append("no weight: leave the sketch unset when it has no values")
     elif not math.isclose(total, flow_count, rel_tol=WEIGHT_REL_TOL):

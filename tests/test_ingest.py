@@ -8,13 +8,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
+import psycopg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
+from gemini_booster.storage import changes
 from gemini_booster.storage import repository as repo
 
 from .conftest import OPERATOR, Running, agent_md
@@ -64,6 +66,21 @@ def test_report_is_stored_and_folded_into_trials(svc):
     with svc.engine.connect() as conn:
         tpt = conn.execute(text("SELECT sum(tpt_sum) FROM trials")).scalar_one()
     assert math.isclose(tpt, sum(a.throughput_mbps_sum for a in req.aggregates))
+
+
+def test_stored_data_is_announced_to_other_replicas(svc: Running, db_url: str) -> None:
+    """Each store transaction notifies ``data:<policy id>`` (at commit) for the policies that
+    got new flows; a duplicate adds nothing and announces nothing."""
+    url = make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {changes.CHANNEL}")
+        req = report()
+        svc.stub().ReportAggregates(req, metadata=agent_md())
+        got = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+        assert got == [f"data:{svc.booster.policies[POLICY].id}"]
+        assert svc.stub().ReportAggregates(req, metadata=agent_md()).duplicate
+        again = [n.payload for n in listener.notifies(timeout=1) if n.payload.startswith("data")]
+        assert again == []
 
 
 def test_second_report_on_same_trial_adds_up(svc):

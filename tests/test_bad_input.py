@@ -545,6 +545,45 @@ def test_a_report_storage_refuses_fails_alone(svc: Running) -> None:
     assert store_together(svc, more)[0].stored == 2
 
 
+def _trigger_on_bad_host(svc: Running, errcode: str) -> None:
+    """Aggregates of BAD_HOST's reports raise ``errcode`` (a trigger of this test's database)."""
+    with svc.engine.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE FUNCTION refuse_bad_host() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN IF (SELECT host_id FROM reports WHERE id = NEW.report_pk) = "
+                f"'{BAD_HOST}' THEN RAISE EXCEPTION 'refused' USING ERRCODE = '{errcode}'; "
+                "END IF; RETURN NEW; END $$"
+            )
+        )
+        conn.execute(
+            text(
+                "CREATE TRIGGER refuse_bad_host BEFORE INSERT ON report_aggregates "
+                "FOR EACH ROW EXECUTE FUNCTION refuse_bad_host()"
+            )
+        )
+
+
+def test_a_trigger_refusing_data_fails_only_its_report(svc: Running) -> None:
+    _trigger_on_bad_host(svc, "P0001")  # raise_exception: a refusal of the data
+    bad, good = report(BAD_HOST, seed=1), report(GOOD_HOST, seed=2)
+    refused, ok = store_together(svc, bad, good)
+    assert ok.stored == 2
+    assert refused.rejection is not None and refused.rejection.code == "invalid"
+    assert_only_stored(svc.engine, good)
+
+
+def test_a_failure_that_is_no_reports_fault_is_retried_not_refused(svc: Running) -> None:
+    """A failure outside the data classes (here a permission error, as a misconfigured or
+    mismatched database would raise) refuses nothing for good: the batch is retried."""
+    _trigger_on_bad_host(svc, "42501")
+    bad, good = report(BAD_HOST, seed=1), report(GOOD_HOST, seed=2)
+    outcomes = store_together(svc, bad, good)
+    assert all(o.error is not None and o.rejection is None for o in outcomes)
+    assert stored_ids(svc.engine) == set()
+    assert store_together(svc, good)[0].stored == 2  # its agent's retry
+
+
 def test_storage_refusal_over_grpc_is_invalid_argument_without_driver_text(svc: Running) -> None:
     with svc.engine.begin() as conn:
         conn.execute(

@@ -4,12 +4,13 @@ thread stores whatever has queued up in a single transaction.
 Under load the queue fills while a transaction runs, so batches grow by themselves; when idle a
 report waits at most ``linger`` for company.
 
-One report never fails another. When a batch's transaction fails because the database is away
-(connection lost, server shutting down, lock or statement timeouts), every report in it gets the
-error and agents retry with the same idempotency key. When it fails for any other reason, some
-report's content was refused by storage: each report of the batch is then stored alone, in a
-transaction of its own, so only the culprit fails, with a permanent rejection. Failures are
-logged at most once per interval each, never a traceback per report.
+One report never fails another. When a batch's transaction fails because the database refused
+the data written (a value out of range, a constraint: ``is_refusal``), each report of the batch
+is stored alone, in a transaction of its own, so only the culprit fails, with a permanent
+rejection. When it fails for any other reason (connection lost, server shutting down, lock or
+statement timeouts, or anything unforeseen, which is no report's fault), every report in it gets
+the error and agents retry with the same idempotency key. Failures are logged at most once per
+interval each, never a traceback per report.
 
 Handlers on the gRPC event loop wait on asyncio futures. The writer settles a whole batch with a
 single call into the loop, rather than one thread-safe wake-up per report: at thousands of
@@ -36,6 +37,7 @@ from ..storage.ingest import (
     IngestOutcome,
     Rejection,
     ReportRow,
+    is_refusal,
     is_transient,
     store_reports,
 )
@@ -124,12 +126,22 @@ class IngestWriter:
         )
 
     def _unavailable(self, e: Exception, reports: list[ReportRow]) -> list[IngestOutcome]:
+        """Every report of ``reports`` is to be retried: the database is away, or something
+        failed that is no report's fault (then an error, for the operator)."""
         self.metrics.ingest_failures.labels("transient").inc()
-        limited.warning(
-            "storing reports failed, agents will retry: %s (%d reports)",
-            type(e).__name__,
-            len(reports),
-        )
+        if is_transient(e):
+            limited.warning(
+                "storing reports failed, agents will retry: %s (%d reports)",
+                type(e).__name__,
+                len(reports),
+            )
+        else:
+            cause = getattr(e, "orig", None) or e
+            limited.error(
+                "storing reports failed unexpectedly, agents will retry: %s (SQLSTATE %s)",
+                type(cause).__name__,
+                getattr(cause, "sqlstate", None),
+            )
         return [IngestOutcome(error=e) for _ in reports]
 
     def _refused(self, e: Exception, report: ReportRow) -> IngestOutcome:
@@ -149,11 +161,12 @@ class IngestWriter:
         )
 
     def _outcomes(self, reports: list[ReportRow]) -> list[IngestOutcome]:
-        """One transaction for the batch; if storage refuses it, one per report."""
+        """One transaction for the batch; if storage refuses some report's data, one per
+        report, so that only the culprit is refused."""
         try:
             return self._commit(reports)
         except Exception as e:
-            if is_transient(e):
+            if not is_refusal(e):
                 return self._unavailable(e, reports)
             if len(reports) == 1:
                 return [self._refused(e, reports[0])]
@@ -162,7 +175,7 @@ class IngestWriter:
             try:
                 outcomes += self._commit([report])
             except Exception as e:
-                if is_transient(e):  # the database went away meanwhile: the rest retry
+                if not is_refusal(e):  # the database went away meanwhile: the rest retry
                     return outcomes + self._unavailable(e, reports[i:])
                 outcomes.append(self._refused(e, report))
         return outcomes

@@ -9,8 +9,8 @@ moment.
 
 Batching (group commit) is what makes ingestion fast: the per-transaction cost of PostgreSQL is
 paid once for up to ``ingest_batch_max`` reports. ``store_reports`` is that one transaction;
-the caller decides what to do when it fails (``is_transient`` tells a database that is away
-from one that refuses some report's content).
+the caller decides what to do when it fails (``is_refusal`` tells a database that refuses some
+report's content from one that is away, ``is_transient``, or anything unforeseen).
 
 Admission: a context becomes part of a policy with the first stored report that brings flows
 from it (a ``policy_contexts`` row naming that report's host). A report that would admit more
@@ -35,9 +35,11 @@ from ..domain import CONTEXT_FIELDS, ContextKey, FlowSums
 from . import changes
 from .schema import TRIAL_SUMS, Context, Report
 
-# Program limits (SQLSTATE class 54, e.g. an index row too large) are raised as
-# OperationalError but depend on a report's content: retrying the same report cannot help.
-_CONTENT_SQLSTATE_CLASSES = ("54",)
+# SQLSTATE classes of errors about the data written, which the same report meets again on
+# every retry: data exceptions (22: a value out of range, invalid text), integrity constraints
+# (23: check, not null, foreign key), program limits (54: an index row too large; raised as
+# OperationalError), and refusals raised by triggers (P0).
+_CONTENT_SQLSTATE_CLASSES = ("22", "23", "54", "P0")
 
 Cursor = psycopg.Cursor[Any]
 
@@ -101,17 +103,32 @@ class IngestOutcome:
     rejection: Rejection | None = None
 
 
+def _driver_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        return exc.orig
+    return exc
+
+
 def is_transient(exc: BaseException) -> bool:
     """True when ``exc`` says the database is unreachable or busy rather than that it refuses
     the data: the whole batch should be retried later, not searched for a culprit."""
-    if isinstance(exc, DBAPIError):
-        if exc.connection_invalidated:
-            return True
-        exc = exc.orig if exc.orig is not None else exc
-    if isinstance(exc, psycopg.OperationalError):
-        state = getattr(exc, "sqlstate", None) or ""
-        return not state.startswith(_CONTENT_SQLSTATE_CLASSES)
-    return isinstance(exc, psycopg.InterfaceError)
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    cause = _driver_error(exc)
+    if isinstance(cause, psycopg.OperationalError):
+        return not is_refusal(cause)
+    return isinstance(cause, psycopg.InterfaceError)
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """True when the database refused the data written (``_CONTENT_SQLSTATE_CLASSES``): some
+    report of the batch can never be stored as sent. Anything else (the database away, a
+    schema that does not match this code, a bug) is not the report's fault, and its sender
+    must be told to retry rather than to drop it."""
+    state = getattr(_driver_error(exc), "sqlstate", None) or ""
+    return isinstance(_driver_error(exc), psycopg.Error) and state.startswith(
+        _CONTENT_SQLSTATE_CLASSES
+    )
 
 
 @dataclass

@@ -32,7 +32,11 @@ from gemini_booster.storage import repository as repo
 from tests.conftest import AGENT, free_port, make_settings
 
 SPEC = load_spec()
-NOW = dt.datetime(2026, 11, 21, 14, 30, tzinfo=dt.UTC)
+# Yesterday at 14:30 UTC: a fixed hour of day (the context asserts it), and recent enough that
+# Booster accepts reports dated from it.
+NOW = (dt.datetime.now(dt.UTC) - dt.timedelta(days=1)).replace(
+    hour=14, minute=30, second=0, microsecond=0
+)
 
 
 def _flow(dst: str, mbytes: float = 2.0, seconds: float = 1.0, theta=None) -> Flow:

@@ -68,6 +68,7 @@ class Booster:
             self.mark_dirty,
             settings.ingest_batch_max,
             settings.ingest_linger_ms / 1000,
+            settings.max_new_contexts_per_host_day,
         )
         self.refits = (
             RefitService(engine, settings, self.spec, self.metrics, self.plans, self._policy_ids)

@@ -6,6 +6,7 @@ to do (NOT_FOUND for an unknown policy, UNAVAILABLE with our words when anything
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import struct
@@ -374,6 +375,10 @@ class HalfSender:
             return self._cv.wait_for(predicate, timeout)
 
     def close(self) -> None:
+        # Shut down first: close() alone leaves the connection up while our reader thread is
+        # still blocked in recv() on it.
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
 
 
@@ -452,6 +457,36 @@ def test_a_call_whose_message_never_comes_ends_at_the_receive_deadline(
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "not received within 1 s" in e.value.details()
     assert time.monotonic() - t0 < 60  # the server's deadline, not the client's
+
+
+def test_a_call_over_the_concurrency_limit_is_refused_at_once_and_may_retry(
+    limited_server: Callable[[GrpcLimits], int],
+) -> None:
+    port = limited_server(GrpcLimits(max_concurrent_rpcs=2, receive_timeout_s=3600))
+    stalled = [
+        HalfSender(port, f"{SERVICE}/GetParameters", AGENT, 900_000, 100_000) for _ in range(2)
+    ]
+    try:
+        with (
+            grpc.insecure_channel(f"127.0.0.1:{port}") as ch,
+            pytest.raises(grpc.RpcError) as e,
+        ):
+            ch.unary_unary(f"{SERVICE}/GetParameters")(
+                params_request().SerializeToString(), metadata=agent_md(), timeout=30
+            )
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "gemini-rejection" not in dict(e.value.trailing_metadata() or ())  # not a quota
+    finally:
+        for half in stalled:
+            half.close()
+    deadline = time.monotonic() + 30  # the closed connections' calls end, freeing their slots
+    while True:
+        try:
+            _still_serves(port)
+            break
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+            time.sleep(0.2)
 
 
 def test_limits_follow_settings(svc: Running) -> None:

@@ -128,10 +128,13 @@ class TokenAuthority:
         return _Step.LOAD
 
     def _answer(self, digest: str, now: float) -> tuple[str, str] | None:
-        if not self._failing:
-            return self._tokens.get(digest)
         age = now - self._loaded_at
-        if age > self.max_stale_s:
+        if not self._failing and age <= CACHE_SECONDS:
+            return self._tokens.get(digest)
+        # Stale: the database failed, or a reload is still under way (it may hang for as long
+        # as the driver's connect timeout allows). Either way the limit holds.
+        limit = self.max_stale_s if self._failing else max(self.max_stale_s, CACHE_SECONDS)
+        if age > limit:
             self._log.warning(
                 "tokens last loaded %.0f s ago (limit token_max_stale_s = %.0f s) and the "
                 "database is unreachable: refusing every credential until it is back",
@@ -140,7 +143,7 @@ class TokenAuthority:
             )
             raise AuthUnavailable()
         found = self._tokens.get(digest)
-        if found is None:  # perhaps created since the last load: only the database can tell
+        if found is None and self._failing:  # perhaps created since: only the database knows
             raise AuthUnavailable()
         return found
 

@@ -83,6 +83,9 @@ def make_settings(db_url: str, **overrides) -> Settings:
         bootstrap_operator_token=OPERATOR,
         bootstrap_agent_token=AGENT,
         refit_interval_s=3600,
+        # Refits in this process: a worker pool per test costs seconds of start-up; the pool
+        # itself is exercised by the tests that run `booster serve` (test_replicas.py).
+        refit_processes=0,
     )
     values.update(overrides)
     return Settings(**values)

@@ -214,10 +214,13 @@ def test_one_refit_owner_and_a_takeover_when_it_is_killed(pair, db_url):
 
     until(lambda: answers(a) == answers(b), "both replicas answer every host alike")
     before = answers(other)
+    workers = children(owner.proc.pid)  # its refit pool
+    assert workers, "the owner ran its refits without worker processes"
     owner.kill()
     assert answers(other) == before, "hosts got other θ when the owner died"
     took_s = until(lambda: refit(other).status_code == 200, "the survivor takes over refits")
     print(f"\nowner killed: the survivor owned its refits after {took_s:.2f} s")
+    until(lambda: not any(alive(p) for p in workers), "the dead owner's refit workers exit")
     time.sleep(1.0)  # reports keep flowing to the survivor alone
     stop.set()
     for agent in agents:

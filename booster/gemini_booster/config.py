@@ -65,6 +65,12 @@ class Settings(BaseSettings):
         le=1_000_000,
         description="new contexts one host may add to a policy in 24 hours (the rest refused)",
     )
+    refit_processes: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="worker processes that fit models and plan (0: in the serving process)",
+    )
     max_contexts_per_refit: int = Field(
         default=200,
         ge=1,

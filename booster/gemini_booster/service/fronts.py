@@ -20,36 +20,21 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import os
 import signal
 import threading
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 
 from ..config import Settings
 from ..storage import database
 from .auth import TokenAuthority
 from .core import Booster
 from .grpc_server import AgentServer, tls_credentials
+from .orphans import exit_with_parent
 
 log = logging.getLogger(__name__)
 METRICS_EVERY_S = 1.0
 STOP_GRACE_S = 1.0  # on SIGTERM: calls in flight may finish
 ORPHAN_EXIT_S = 0.3  # parent gone: a moment for calls in flight, then out (agents retry)
-
-
-def _exit_with_parent(stop: threading.Event) -> None:
-    """Set ``stop`` when the parent process dies; hard-exit if the orderly stop hangs."""
-    parent = mp.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        wait([parent.sentinel])
-        stop.set()
-        threading.Timer(ORPHAN_EXIT_S, os._exit, args=(0,)).start()
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _serve_front(
@@ -58,7 +43,7 @@ def _serve_front(
     logging.basicConfig(level=settings.log_level)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    _exit_with_parent(stop)
+    exit_with_parent(stop.set, ORPHAN_EXIT_S)
     engine = database.make_engine(url)
     core = Booster(engine, settings, refits=False)
     core.start()

@@ -5,6 +5,11 @@ A keeper thread tries, every ``lease_poll_s``, to take the lease of every policy
 marked dirty (new data, changed settings, a takeover) and refits it, at most once per
 ``refit_interval_s``. One policy's slow or failing refit never delays or drops another's.
 
+The model is fitted and the contexts planned in a pool of ``refit_processes`` worker processes:
+a refit is CPU-bound Python and numpy, and in the serving process it would hold the interpreter
+lock that gRPC needs, and make one policy's refit slow down another's. In workers, refits of
+different policies run on different cores while the serving process only loads and publishes.
+
 A refit's cost is bounded whatever agents send: the model sees at most ``max_model_points``
 trials, and at most ``max_contexts_per_refit`` contexts are planned per round, those with data
 newer than their plan first and then the longest unplanned, so every admitted context is
@@ -14,11 +19,14 @@ replanned in turn. Contexts exist for a policy only once admitted within its quo
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, text
@@ -32,6 +40,7 @@ from ..policy.planner import ContextPlan, Planner, PolicyState
 from ..storage import repository as repo
 from .leases import LeaseLost, Leases
 from .metrics import Metrics
+from .orphans import exit_with_parent
 from .plan_cache import PlanCache
 from .ratelimit_log import RateLimitedLog
 
@@ -42,6 +51,26 @@ _BEHIND = text(
     "(SELECT max(t.last_seen) FROM trials t WHERE t.policy_id = p.id) > "
     "coalesce((SELECT max(r.started_at) FROM refit_log r WHERE r.policy_id = p.id), '-infinity')"
 )
+
+
+_WORKER_PLANNER: Planner | None = None
+
+
+def plan_in_worker(
+    policy: Policy,
+    trials: list[Trial],
+    contexts: Mapping[int, ContextKey],
+    targets: list[int],
+    state: PolicyState,
+) -> tuple[dict[int, ContextPlan], PolicyState]:
+    """A refit's CPU part, in a worker process: the plans and the planner's updated state."""
+    global _WORKER_PLANNER
+    if _WORKER_PLANNER is None:
+        from gemini_api.theta import load_spec
+
+        _WORKER_PLANNER = Planner(load_spec())
+    plans = _WORKER_PLANNER.plan(policy, trials, contexts, targets, state)
+    return plans, state
 
 
 class RefitElsewhere(Exception):
@@ -128,6 +157,7 @@ class RefitService:
         self._stopping = threading.Event()
         self._errors = RateLimitedLog(log, 30.0)
         self._keeper = threading.Thread(target=self._keep, name="refit-leases", daemon=True)
+        self._pool: ProcessPoolExecutor | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -146,6 +176,8 @@ class RefitService:
         for w in workers:
             w.join(timeout=30)
         self.leases.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _keep(self) -> None:
         while not self._stopping.wait(self.settings.lease_poll_s):
@@ -245,8 +277,7 @@ class RefitService:
         planned_at = self._planned_at.setdefault(policy.id, {})
         targets = plan_order(admitted & contexts.keys(), trials, planned_at)
         targets = targets[: self.settings.max_contexts_per_refit]
-        state = self._states.setdefault(policy.id, PolicyState())
-        plans = self.planner.plan(policy, trials, contexts, targets, state)
+        plans = self._plan(policy, trials, contexts, targets)
         records = self._records(policy, plans, contexts)
         generation = self.leases.publish(
             policy.id,
@@ -273,6 +304,35 @@ class RefitService:
             elapsed,
         )
         return {contexts[c]: p for c, p in plans.items()}
+
+    def _plan(
+        self,
+        policy: Policy,
+        trials: list[Trial],
+        contexts: dict[int, ContextKey],
+        targets: list[int],
+    ) -> dict[int, ContextPlan]:
+        state = self._states.setdefault(policy.id, PolicyState())
+        if self.settings.refit_processes == 0:
+            return self.planner.plan(policy, trials, contexts, targets, state)
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(
+                    self.settings.refit_processes,
+                    mp_context=mp.get_context("spawn"),
+                    initializer=exit_with_parent,
+                )
+            pool = self._pool
+        try:
+            plans, self._states[policy.id] = pool.submit(
+                plan_in_worker, policy, trials, contexts, targets, state
+            ).result()
+        except BrokenProcessPool:
+            with self._lock:  # a worker died (out of memory?): a new pool for the next refit
+                if self._pool is pool:
+                    self._pool = None
+            raise
+        return plans
 
     def _records(
         self, policy: Policy, plans: dict[int, ContextPlan], contexts: dict[int, ContextKey]

@@ -93,7 +93,10 @@ class Settings(BaseSettings):
         default=300.0, gt=0, description="agent connections idle this long are closed"
     )
     grpc_max_concurrent_rpcs: int = Field(
-        default=4096, ge=1, description="calls in progress per process; more get RESOURCE_EXHAUSTED"
+        default=512,
+        ge=1,
+        description="calls in progress per process (each may buffer a message of up to "
+        "max_report_bytes); more get RESOURCE_EXHAUSTED",
     )
     bootstrap_operator_token: SecretStr | None = Field(
         default=None, description="if set, an operator token with this value exists at start"

@@ -58,7 +58,7 @@ class BoosterServer:
         bootstrap_tokens(self.engine, s)
         self.booster = Booster(self.engine, s)
         self.booster.start()
-        auth = TokenAuthority(self.engine)
+        auth = TokenAuthority(self.engine, s.token_max_stale_s)
         self.booster.on_tokens_changed(auth.invalidate)
         self.grpc_server = AgentServer(
             self.booster,

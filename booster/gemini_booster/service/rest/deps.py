@@ -21,7 +21,7 @@ from ...models import Policy
 from ..auth import AuthError, Principal, TokenAuthority
 from ..core import Booster
 
-AUTH_STATUS = {"missing": 401, "invalid": 401, "forbidden": 403}
+AUTH_STATUS = {"missing": 401, "invalid": 401, "forbidden": 403, "unavailable": 503}
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 

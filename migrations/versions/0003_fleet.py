@@ -6,7 +6,7 @@
 - ``policy_contexts`` is the admission table: a context is part of a policy once a report
   brought flows from it, and ``first_host`` is the host that brought it (per-host quotas).
 - ``refit_log`` records every published refit with its owner, so that "one owner at a time" can
-  be checked from the database.
+  be checked from the database (kept 7 days).
 - Policy settings stored before their ranges existed are clamped into them (a history window
   of 1 h to 10 years, at most a million flows for an incumbent), so every stored policy loads.
 
@@ -71,6 +71,7 @@ def upgrade() -> None:
         sa.Column("trials", sa.Integer(), nullable=False),
     )
     op.create_index("refit_log_policy", "refit_log", ["policy_id", "id"])
+    op.create_index("refit_log_policy_finished", "refit_log", ["policy_id", "finished_at"])
     op.execute(
         "UPDATE policies SET history_hours = least(greatest(history_hours, 1), 87660), "
         "min_flows = least(min_flows, 1000000) "

@@ -30,6 +30,7 @@ from ..policy.planner import ContextPlan, Planner
 from ..storage import repository as repo
 from ..storage.ingest import ReportRow
 from .ingest_writer import IngestWriter
+from .leases import LeaseLost
 from .metrics import Metrics
 from .plan_cache import CachedPlan, PlanCache
 from .refit import RefitElsewhere, RefitService
@@ -122,9 +123,10 @@ class Booster:
                 for p in policies.values()
                 if (old := self._by_id.get(p.id)) is None or old.revision != p.revision
             }
-            self.policies = policies
-            self._by_id = {p.id: p for p in policies.values()}
+            # Defaults first: a request that finds a policy in ``policies`` finds its default.
             self._defaults = {p.id: pb.Theta(**self._clip(p)) for p in policies.values()}
+            self._by_id = {p.id: p for p in policies.values()}
+            self.policies = policies
         if changed:
             self.mark_dirty(changed)
 
@@ -192,7 +194,10 @@ class Booster:
         """Refit ``policy`` now (this replica must own it or take it: else RefitElsewhere)."""
         if self.refits is None:
             raise RefitElsewhere("front processes do not refit")
-        return self.refits.refit(policy)
+        try:
+            return self.refits.refit(policy)
+        except LeaseLost as e:
+            raise RefitElsewhere(f"refit of policy {policy.name!r} not published: {e}") from e
 
     def refit_dirty(self) -> None:
         if self.refits is not None:

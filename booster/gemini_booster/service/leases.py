@@ -9,7 +9,8 @@ and the lock with it, and the next replica to try (every ``lease_poll_s``) takes
 Publishing is fenced: plans are written in a transaction on the lease connection itself, after
 checking in ``pg_locks`` that this very session still holds the policy's lock. A replica that
 lost its connection (and so its locks) mid-refit cannot publish over the new owner's plans.
-TCP keepalives on the lease connection bound how long a partitioned owner keeps its locks.
+Keepalives and a TCP user timeout on both ends of the lease session bound how long a
+partitioned owner keeps its locks (about 15 s).
 """
 
 from __future__ import annotations
@@ -30,8 +31,22 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LOCK_CLASS = 0x6D6E  # first key of every refit lock: (LOCK_CLASS, policy id)
-# A partitioned owner's session is dropped by the server after about idle + interval × count.
-KEEPALIVE = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
+# The lease session must die soon after its owner does, on both ends: libpq's keepalives and
+# user timeout bound how long a replica believes in a dead session, the server's own (set for
+# this session through ``options``) how long a dead or partitioned owner's locks outlive it;
+# lock and statement timeouts keep one stuck publish from holding every lease forever.
+SESSION_OPTIONS = (
+    "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3 "
+    "-c tcp_user_timeout=15000 -c lock_timeout=10s -c statement_timeout=60s"
+)
+KEEPALIVE = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15000,
+    "options": SESSION_OPTIONS,
+}
 
 _TRY = text("SELECT pg_try_advisory_lock(:cls, :obj)")
 _HOLDS = text(
@@ -71,6 +86,17 @@ class Leases:
             self._conn = self._session_engine.connect()
         return self._conn
 
+    def _failed(self, e: DBAPIError) -> None:
+        """A statement failed: a lost session loses every lease; any other error (a timeout,
+        refused data) is this call's alone, and the session and its locks are kept."""
+        if e.connection_invalidated or self._conn is None or self._conn.closed:
+            self._drop(e)
+            return
+        try:
+            self._conn.rollback()
+        except DBAPIError as again:
+            self._drop(again)
+
     def _drop(self, e: Exception) -> None:
         if self._held:
             log.warning(
@@ -97,7 +123,7 @@ class Leases:
                 conn.commit()
             except DBAPIError as e:
                 self._errors.warning("refit lease: database unreachable (%s)", type(e).__name__)
-                self._drop(e)
+                self._failed(e)
                 return False
             if got:
                 self._held.add(policy_id)
@@ -113,7 +139,7 @@ class Leases:
                 self._conn.execute(text("SELECT 1"))
                 self._conn.commit()
             except DBAPIError as e:
-                self._drop(e)
+                self._failed(e)
             return set(self._held)
 
     def owner_of(self, policy_id: int) -> str | None:
@@ -136,8 +162,10 @@ class Leases:
                         raise LeaseLost(f"the lock of policy {policy_id} is gone")
                     return write(conn)
             except DBAPIError as e:
-                self._drop(e)
-                raise LeaseLost(f"lease session of policy {policy_id} failed") from e
+                self._failed(e)
+                if policy_id not in self._held:
+                    raise LeaseLost(f"lease session of policy {policy_id} failed") from e
+                raise
 
     def release(self, policy_id: int) -> None:
         with self._lock:
@@ -150,7 +178,7 @@ class Leases:
                 )
                 self._conn.commit()
             except DBAPIError as e:
-                self._drop(e)
+                self._failed(e)
             self._held.discard(policy_id)
 
     def close(self) -> None:

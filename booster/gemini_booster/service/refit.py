@@ -46,10 +46,13 @@ from .ratelimit_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
 NEVER = datetime.min.replace(tzinfo=UTC)
+# Owned policies whose data or settings are newer than their last published refit.
 _BEHIND = text(
-    "SELECT p.id FROM policies p WHERE p.id = ANY(:ids) AND "
-    "(SELECT max(t.last_seen) FROM trials t WHERE t.policy_id = p.id) > "
-    "coalesce((SELECT max(r.started_at) FROM refit_log r WHERE r.policy_id = p.id), '-infinity')"
+    "SELECT p.id FROM policies p "
+    "LEFT JOIN LATERAL (SELECT r.started_at FROM refit_log r WHERE r.policy_id = p.id "
+    "ORDER BY r.id DESC LIMIT 1) last ON true "
+    "WHERE p.id = ANY(:ids) AND (last.started_at IS NULL OR p.updated_at > last.started_at "
+    "OR (SELECT max(t.last_seen) FROM trials t WHERE t.policy_id = p.id) > last.started_at)"
 )
 
 
@@ -279,13 +282,19 @@ class RefitService:
         targets = targets[: self.settings.max_contexts_per_refit]
         plans = self._plan(policy, trials, contexts, targets)
         records = self._records(policy, plans, contexts)
+        previous = self.plans.generation(policy.id)
         generation = self.leases.publish(
             policy.id,
             lambda conn: repo.publish_plans(
                 conn, policy.id, records, self.owner, started, len(trials)
             ),
         )
-        self.plans.update(policy.id, records, contexts, generation)
+        if generation == previous + 1:
+            self.plans.update(policy.id, records, contexts, generation)
+        else:  # the cache missed a publish (another owner's): take the whole policy from storage
+            stored, generation = repo.load_plans(self.engine, policy.id)
+            ids = {r.context_id for r in stored}
+            self.plans.replace(policy.id, stored, repo.load_contexts(self.engine, ids), generation)
         for rec in records:
             if rec.incumbent_utility is not None:
                 label = contexts[rec.context_id].label

@@ -64,6 +64,7 @@ class Follower:
         self._errors = RateLimitedLog(log, 30.0)
         self._last_ok = 0.0
         self._conn: psycopg.Connection | None = None
+        self._connected = False
 
     @property
     def ready(self) -> bool:
@@ -80,15 +81,16 @@ class Follower:
     def _run(self) -> None:
         backoff = RECONNECT_MIN_S
         while not self._stopping.is_set():
+            self._connected = False
             try:
                 self._follow()
-                backoff = RECONNECT_MIN_S
             except Exception as e:  # database down or restarting: serve from memory, retry
                 self._errors.warning("following the database failed: %s", type(e).__name__)
             finally:
                 self._close()
+            # After a working session, retry soon; while the database stays away, back off.
+            backoff = RECONNECT_MIN_S if self._connected else min(backoff * 2, RECONNECT_MAX_S)
             self._stopping.wait(backoff)
-            backoff = min(backoff * 2, RECONNECT_MAX_S)
 
     def _close(self) -> None:
         if self._conn is not None:
@@ -99,6 +101,7 @@ class Follower:
     def _follow(self) -> None:
         self._conn = psycopg.connect(libpq_url(self.engine), autocommit=True, connect_timeout=5)
         self._conn.execute(f"LISTEN {changes.CHANNEL}")
+        self._connected = True
         # Whatever happened while we were not listening: reload all, assume new data everywhere.
         self.target.sync_all()
         self.target.data_arrived(None)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy import Connection, Engine, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ..domain import SUM_FIELDS, ContextKey, FlowSums, Trial
@@ -256,10 +256,17 @@ def publish_plans(
             trials=trials,
         )
     )
+    conn.execute(
+        delete(RefitLog).where(
+            RefitLog.policy_id == policy_id,
+            RefitLog.finished_at < func.now() - REFIT_LOG_KEPT,
+        )
+    )
     changes.notify(conn, "plans", [policy_id])
     return generation
 
 
+REFIT_LOG_KEPT = timedelta(days=7)
 _PLAN_VALUES = ("plan_version", "incumbent_key", "incumbent_utility", "candidate_keys")
 
 

@@ -138,7 +138,8 @@ def main() -> None:
             f"> {message}",
             "",
             f"Victim: policy `victim`, {VICTIM_CONTEXTS} contexts trained by 12 rounds of a "
-            "synthetic fleet. Refit times (s), in one Booster process:",
+            "synthetic fleet. Refit times (s), one Booster (its refits in a pool of 2 worker "
+            "processes):",
             "",
             "| victim refits | n | median s | max s | ÷ baseline |",
             "| --- | --- | --- | --- | --- |",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ddsketch import DDSketch
 
 from gemini_api import sketch as sketches
+from gemini_api.sums import FlowSums
 from gemini_api.v1 import booster_pb2 as pb
 
 SLOW_FLOW_MBPS = 0.8  # 100 KB/s, the paper's slow-flow line
@@ -43,24 +44,14 @@ class FlowStats:
 
 @dataclass
 class AggregateBuilder:
-    flow_count: int = 0
-    tpt_sum: float = 0.0
-    tpt_sq_sum: float = 0.0
-    delay_sum: float = 0.0
-    delay_sq_sum: float = 0.0
-    tpt_delay_sum: float = 0.0
+    sums: FlowSums = field(default_factory=FlowSums)
     slow: int = 0
     sizes: list[int] = field(default_factory=lambda: [0] * (len(SIZE_EDGES_BYTES) + 1))
     sketch: DDSketch = field(default_factory=sketches.new_sketch)
 
     def add(self, flow: FlowStats) -> None:
         tpt, delay = flow.throughput_mbps, flow.queue_delay_ms
-        self.flow_count += 1
-        self.tpt_sum += tpt
-        self.tpt_sq_sum += tpt * tpt
-        self.delay_sum += delay
-        self.delay_sq_sum += delay * delay
-        self.tpt_delay_sum += tpt * delay
+        self.sums = self.sums + FlowSums.of_flow(tpt, delay)
         self.slow += tpt < SLOW_FLOW_MBPS
         self.sizes[bisect.bisect_right(SIZE_EDGES_BYTES, flow.bytes_acked)] += 1
         self.sketch.add(tpt)
@@ -69,18 +60,13 @@ class AggregateBuilder:
         self, theta: Mapping[str, int], theta_version: int, context: pb.Context, cc: str = ""
     ) -> pb.Aggregate:
         """Fusion flows carry their θ; another CC's flows (``cc`` set) carry none."""
-        return pb.Aggregate(
+        msg = pb.Aggregate(
             theta=None if cc else pb.Theta(**theta),
             theta_version=theta_version,
             cc=cc,
             context=context,
-            flow_count=self.flow_count,
-            throughput_mbps_sum=self.tpt_sum,
-            throughput_mbps_sq_sum=self.tpt_sq_sum,
-            queue_delay_ms_sum=self.delay_sum,
-            queue_delay_ms_sq_sum=self.delay_sq_sum,
-            throughput_queue_delay_sum=self.tpt_delay_sum,
             throughput_sketch=sketches.to_proto(self.sketch),
             slow_flow_count=self.slow,
             size_bucket_counts=self.sizes,
         )
+        return self.sums.fill(msg)

@@ -135,11 +135,7 @@ class Booster:
 
     def plans_changed(self, policy_ids: set[int]) -> None:
         for pid in policy_ids:
-            records, generation = repo.load_plans(self.engine, pid)
-            if generation == self.plans.generation(pid):
-                continue  # our own publish, already in the cache
-            contexts = repo.load_contexts(self.engine, {r.context_id for r in records})
-            self.plans.replace(pid, records, contexts, generation)
+            self.plans.reload(self.engine, pid)
 
     def data_arrived(self, policy_ids: set[int] | None) -> None:
         if self.refits is None:
@@ -205,7 +201,3 @@ class Booster:
 
     def plan_snapshot(self, policy_id: int) -> dict[ContextKey, CachedPlan]:
         return self.plans.snapshot(policy_id)
-
-
-def context_label(key: tuple) -> str:
-    return ContextKey(*key).label

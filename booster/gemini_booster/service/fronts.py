@@ -109,10 +109,6 @@ class Fronts:
             sender, families = item
             self.booster.metrics.remote[sender] = families
 
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._procs if p.pid is not None]
-
     def stop(self) -> None:
         for proc in self._procs:
             proc.terminate()

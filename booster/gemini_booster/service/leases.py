@@ -108,10 +108,6 @@ class Leases:
                 self._conn.close()
         self._conn = None
 
-    def held(self) -> set[int]:
-        with self._lock:
-            return set(self._held)
-
     def try_acquire(self, policy_id: int) -> bool:
         """Own ``policy_id``'s refits if nobody does; False (never an exception) otherwise."""
         with self._lock:
@@ -166,20 +162,6 @@ class Leases:
                 if policy_id not in self._held:
                     raise LeaseLost(f"lease session of policy {policy_id} failed") from e
                 raise
-
-    def release(self, policy_id: int) -> None:
-        with self._lock:
-            if policy_id not in self._held or self._conn is None:
-                return
-            try:
-                self._conn.execute(
-                    text("SELECT pg_advisory_unlock(:cls, :obj)"),
-                    {"cls": LOCK_CLASS, "obj": policy_id},
-                )
-                self._conn.commit()
-            except DBAPIError as e:
-                self._failed(e)
-            self._held.discard(policy_id)
 
     def close(self) -> None:
         """Give every lease back (closing the session releases its locks)."""

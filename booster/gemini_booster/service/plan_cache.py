@@ -13,11 +13,14 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sqlalchemy import Engine
+
 from gemini_api.theta import ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 
 from ..domain import ContextKey
 from ..models import Policy
+from ..storage import repository as repo
 from ..storage.repository import PlanRecord
 
 
@@ -57,6 +60,20 @@ class PlanCache:
             candidates=tuple(pb.Theta(**self.spec.from_key(k)) for k in rec.candidate_keys),
         )
 
+    def _by_context(
+        self, records: Iterable[PlanRecord], contexts: dict[int, ContextKey]
+    ) -> dict[ContextKey, CachedPlan]:
+        return {contexts[r.context_id]: self.cached(r) for r in records}
+
+    def reload(self, engine: Engine, policy_id: int) -> None:
+        """Take the policy's plans from storage, unless this generation is already here (a
+        replica's own publish, or a notification that arrived twice)."""
+        records, generation = repo.load_plans(engine, policy_id)
+        if generation == self.generation(policy_id):
+            return
+        contexts = repo.load_contexts(engine, {r.context_id for r in records})
+        self.replace(policy_id, records, contexts, generation)
+
     def generation(self, policy_id: int) -> int:
         return self._generations.get(policy_id, -1)
 
@@ -69,7 +86,7 @@ class PlanCache:
     ) -> None:
         """All of a policy's plans at ``generation``; an older generation never replaces a newer
         one (a slow reload racing a publish)."""
-        plans = {contexts[r.context_id]: self.cached(r) for r in records}
+        plans = self._by_context(records, contexts)
         with self._lock:
             if generation < self._generations.get(policy_id, -1):
                 return
@@ -86,7 +103,7 @@ class PlanCache:
         """Merge a refit's plans (the owner's own publish: only the contexts it planned)."""
         with self._lock:
             merged = dict(self._plans.get(policy_id, {}))
-            merged.update({contexts[r.context_id]: self.cached(r) for r in records})
+            merged.update(self._by_context(records, contexts))
             self._plans[policy_id] = merged
             self._generations[policy_id] = max(generation, self._generations.get(policy_id, -1))
 

@@ -292,9 +292,7 @@ class RefitService:
         if generation == previous + 1:
             self.plans.update(policy.id, records, contexts, generation)
         else:  # the cache missed a publish (another owner's): take the whole policy from storage
-            stored, generation = repo.load_plans(self.engine, policy.id)
-            ids = {r.context_id for r in stored}
-            self.plans.replace(policy.id, stored, repo.load_contexts(self.engine, ids), generation)
+            self.plans.reload(self.engine, policy.id)
         for rec in records:
             if rec.incumbent_utility is not None:
                 label = contexts[rec.context_id].label

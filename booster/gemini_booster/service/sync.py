@@ -110,25 +110,21 @@ class Follower:
         last_full = time.monotonic()
         while not self._stopping.is_set():
             for n in self._conn.notifies(timeout=1.0):  # each acted on as it arrives
-                self._dispatch([n.payload])
+                self._dispatch(n.payload)
             self._conn.execute("SELECT 1")  # proves the session alive when nothing is sent
             self._last_ok = time.monotonic()
             if time.monotonic() - last_full > FULL_SYNC_S:
                 self.target.sync_all()
                 last_full = time.monotonic()
 
-    def _dispatch(self, payloads: list[str]) -> None:
-        by_kind: dict[str, set[int]] = {}
-        for p in payloads:
-            kind, ident = changes.parse(p)
-            ids = by_kind.setdefault(kind, set())
-            if ident is not None:
-                ids.add(ident)
-        if "policy" in by_kind:
-            self.target.policies_changed(by_kind["policy"])
-        if "plans" in by_kind:
-            self.target.plans_changed(by_kind["plans"])
-        if "data" in by_kind:
-            self.target.data_arrived(by_kind["data"])
-        if "tokens" in by_kind:
+    def _dispatch(self, payload: str) -> None:
+        kind, ident = changes.parse(payload)
+        ids = set() if ident is None else {ident}
+        if kind == "policy":
+            self.target.policies_changed(ids)
+        elif kind == "plans":
+            self.target.plans_changed(ids)
+        elif kind == "data":
+            self.target.data_arrived(ids)
+        elif kind == "tokens":
             self.target.tokens_changed()

@@ -159,10 +159,6 @@ class ContextIds:
             self._select(conn, missing)
         return self.ids
 
-    def resolve_with_engine(self, engine: Engine, keys: set[ContextKey]) -> dict[ContextKey, int]:
-        with engine.begin() as conn:
-            return self.resolve(conn, keys)
-
     def forget(self) -> None:
         """After a rolled-back transaction: ids it created do not exist."""
         self.ids.clear()

@@ -502,7 +502,8 @@ def main() -> None:
     results_path = Path(sys.argv[2])
     out = results_path.parent
     results: dict = {"kernel": os.uname().release, "experiments": {}}
-    load = subprocess.run(["insmod", str(MODULE)], capture_output=True, text=True)
+    module = plan.get("module", str(MODULE))  # the host names the build for this kernel
+    load = subprocess.run(["insmod", module], capture_output=True, text=True)
     results["insmod"] = {"rc": load.returncode, "err": load.stderr.strip()}
     if load.returncode == 0:
         topo = Topology([Scenario(**p) for p in plan["paths"]])

@@ -8,9 +8,15 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 REPO=
+MODROOT=
 for arg in $(cat /proc/cmdline); do
-  case "$arg" in gemini.repo=*) REPO="${arg#gemini.repo=}" ;; esac
+  case "$arg" in
+    gemini.repo=*) REPO="${arg#gemini.repo=}" ;;
+    gemini.modroot=*) MODROOT="${arg#gemini.modroot=}" ;;
+  esac
 done
+# a kernel unpacked outside /boot (GEMINI_LAB_KERNEL_ROOT) brings its own modules
+[ -n "$MODROOT" ] && mount --bind "$MODROOT/lib/modules" /lib/modules
 mount -t tmpfs tmpfs /run
 # /tmp becomes writable tmpfs; a checkout that lives under the host's /tmp stays visible
 mkdir -p /run/host-tmp

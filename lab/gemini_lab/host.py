@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -12,6 +13,8 @@ from gemini_lab.vm import GuestKernel, LabError, find_kernel, run_in_guest
 
 REPO = Path(__file__).resolve().parents[2]
 KMOD_DIR = REPO / "fusion-kmod"
+# A tcp_fusion.ko built elsewhere (against the guest kernel) to load instead of building one.
+FUSION_KO_ENV = "GEMINI_LAB_FUSION_KO"
 # What a healthy kernel never prints.
 KERNEL_PROBLEMS = re.compile(
     r"WARNING:|BUG:|Oops|Call Trace|general protection fault|kernel BUG|UBSAN|KASAN|"
@@ -36,6 +39,19 @@ def build_module(kernel: GuestKernel, *, warnings_as_errors: bool = True) -> str
     return log
 
 
+def module_for(kernel: GuestKernel) -> Path:
+    """The tcp_fusion.ko the guest loads: $GEMINI_LAB_FUSION_KO as given, or one built here
+    against the guest kernel's headers."""
+    given = os.environ.get(FUSION_KO_ENV)
+    if given:
+        ko = Path(given).resolve()
+        if not ko.is_file():
+            raise LabError(f"{FUSION_KO_ENV}={given} is not a file")
+        return ko
+    build_module(kernel)
+    return KMOD_DIR / "tcp_fusion.ko"
+
+
 def kernel_problems(log: str) -> list[str]:
     """Warnings, oopses and traces, up to the guest's own power-off."""
     log = log.split("sysrq: Power Off")[0]
@@ -45,11 +61,11 @@ def kernel_problems(log: str) -> list[str]:
 def run_plan(plan: dict, out_dir: Path, *, timeout_s: float = 1800) -> dict:
     """Build, boot, run the plan in the guest; the results plus the kernel log's problems."""
     kernel = find_kernel()
-    build_module(kernel)
+    module = module_for(kernel)
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     plan_path, results_path = out_dir / "plan.json", out_dir / "results.json"
-    plan_path.write_text(json.dumps(plan, indent=1))
+    plan_path.write_text(json.dumps({**plan, "module": str(module)}, indent=1))
     results_path.unlink(missing_ok=True)
     run = run_in_guest(
         # inside, the output directory is the share at $GEMINI_LAB_OUT

@@ -8,10 +8,18 @@ and the guest writes its exit status and kernel log there before it powers off.
 
 This is how the lab gets a real kernel where modules load and netem works on machines whose own
 kernel has neither. qemu emulates the CPU (TCG) unless GEMINI_LAB_ACCEL=kvm asks for KVM.
+
+The guest kernel is the newest Debian image in /boot, or one unpacked anywhere else: with
+GEMINI_LAB_KERNEL_ROOT=DIR, where DIR holds ``boot/vmlinuz-<release>`` and
+``lib/modules/<release>/`` as ``dpkg -x linux-image-<release>_….deb DIR`` leaves them (another
+Debian release's kernel, say, that this host does not run). The guest then sees DIR's modules
+at /lib/modules.
 """
 
 from __future__ import annotations
 
+import gzip
+import lzma
 import os
 import shlex
 import shutil
@@ -23,6 +31,8 @@ from pathlib import Path
 LAB_DIR = Path(__file__).resolve().parent
 REPO_ROOT = LAB_DIR.parents[1]
 GUEST_INIT = LAB_DIR / "guest_init.sh"
+# A directory holding an unpacked Debian kernel (boot/vmlinuz-*, lib/modules/*), instead of /.
+KERNEL_ROOT_ENV = "GEMINI_LAB_KERNEL_ROOT"
 # The modules the initramfs needs to mount the 9p root; their dependencies come along.
 BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p")
 INITRAMFS_INIT = """#!/bin/busybox sh
@@ -47,37 +57,64 @@ class LabError(RuntimeError):
 class GuestKernel:
     release: str
     vmlinuz: Path
+    # where boot/ and lib/modules/ of this kernel live: / for an installed kernel
+    root: Path = Path("/")
 
     @property
     def modules_dir(self) -> Path:
-        return Path("/lib/modules") / self.release
+        return self.root / "lib" / "modules" / self.release
 
     @property
     def headers_dir(self) -> Path:
-        return self.modules_dir / "build"
+        """lib/modules/<release>/build; its absolute link is read inside ``root``."""
+        build = self.modules_dir / "build"
+        if self.root != Path("/") and build.is_symlink():
+            target = Path(os.readlink(build))
+            if target.is_absolute():
+                return self.root / target.relative_to("/")
+        return build
+
+    def modinfo_args(self) -> list[str]:
+        """modinfo's options to look this kernel's modules up."""
+        base = ["-b", str(self.root)] if self.root != Path("/") else []
+        return ["modinfo", *base, "-k", self.release]
 
 
 def find_kernel(release: str | None = None) -> GuestKernel:
-    """The newest installed Debian kernel image (package linux-image-amd64), or `release`."""
-    images = sorted(Path("/boot").glob("vmlinuz-*"))
+    """The newest Debian kernel image in /boot (package linux-image-amd64), or `release`;
+    under $GEMINI_LAB_KERNEL_ROOT instead of / when that is set."""
+    env_root = os.environ.get(KERNEL_ROOT_ENV)
+    root = Path(env_root).resolve() if env_root else Path("/")
+    if env_root and not (root / "boot").is_dir():
+        raise LabError(f"{KERNEL_ROOT_ENV}={env_root} has no boot/ directory (use dpkg -x)")
+    images = sorted((root / "boot").glob("vmlinuz-*"))
     if release:
         images = [p for p in images if p.name == f"vmlinuz-{release}"]
     if not images:
+        where = f"{root}/boot" if env_root else "/boot"
         raise LabError(
-            "no guest kernel in /boot: install Debian's linux-image-amd64 and "
+            f"no guest kernel in {where}: install Debian's linux-image-amd64 and "
             "linux-headers-amd64 (lab/install-deps.sh does)"
         )
     image = images[-1]
-    kernel = GuestKernel(release=image.name.removeprefix("vmlinuz-"), vmlinuz=image)
+    kernel = GuestKernel(release=image.name.removeprefix("vmlinuz-"), vmlinuz=image, root=root)
     if not kernel.modules_dir.is_dir():
         raise LabError(f"{kernel.modules_dir} is missing: reinstall linux-image-{kernel.release}")
+    if env_root and not (kernel.modules_dir / "modules.dep").exists():
+        _depmod(kernel)  # dpkg -x unpacks; only the package's postinst would run depmod
     return kernel
 
 
-def _module_path(kernel: GuestKernel, name: str) -> Path:
+def _depmod(kernel: GuestKernel) -> None:
     out = subprocess.run(
-        ["modinfo", "-k", kernel.release, "-n", name], capture_output=True, text=True
+        ["depmod", "-b", str(kernel.root), kernel.release], capture_output=True, text=True
     )
+    if out.returncode != 0:
+        raise LabError(f"depmod for {kernel.modules_dir} failed: {out.stderr.strip()}")
+
+
+def _module_path(kernel: GuestKernel, name: str) -> Path:
+    out = subprocess.run([*kernel.modinfo_args(), "-n", name], capture_output=True, text=True)
     if out.returncode != 0:
         raise LabError(f"kernel module {name} not found for {kernel.release}: {out.stderr.strip()}")
     return Path(out.stdout.strip())
@@ -85,9 +122,26 @@ def _module_path(kernel: GuestKernel, name: str) -> Path:
 
 def _module_depends(kernel: GuestKernel, name: str) -> list[str]:
     out = subprocess.run(
-        ["modinfo", "-k", kernel.release, "-F", "depends", name], capture_output=True, text=True
+        [*kernel.modinfo_args(), "-F", "depends", name], capture_output=True, text=True
     )
     return [d for d in out.stdout.strip().split(",") if d]
+
+
+def _copy_module(path: Path, dest: Path) -> bool:
+    """The module as a plain .ko (busybox insmod reads no compressed ones); False if built in."""
+    if not path.exists():
+        return False
+    if path.suffix == ".ko":
+        shutil.copy2(path, dest)
+    elif path.name.endswith(".ko.xz"):
+        dest.write_bytes(lzma.decompress(path.read_bytes()))
+    elif path.name.endswith(".ko.gz"):
+        dest.write_bytes(gzip.decompress(path.read_bytes()))
+    elif path.name.endswith(".ko.zst"):
+        subprocess.run(["zstd", "-q", "-d", "-f", str(path), "-o", str(dest)], check=True)
+    else:
+        return False
+    return True
 
 
 def _load_order(kernel: GuestKernel, names: tuple[str, ...]) -> list[str]:
@@ -122,10 +176,8 @@ def build_initramfs(kernel: GuestKernel, dest: Path) -> Path:
                 path = _module_path(kernel, name)
             except LabError:
                 continue  # built in, or not needed by this kernel
-            if path.suffix != ".ko" or not path.exists():
-                continue
-            shutil.copy2(path, root / "modules" / f"{name}.ko")
-            loaded.append(name)
+            if _copy_module(path, root / "modules" / f"{name}.ko"):
+                loaded.append(name)
         (root / "modules.list").write_text("\n".join(loaded) + "\n")
         init = root / "init"
         init.write_text(INITRAMFS_INIT.replace("{guest_init}", str(GUEST_INIT)))
@@ -175,6 +227,8 @@ def run_in_guest(
         (out_dir / stale).unlink(missing_ok=True)
     (out_dir / "job.sh").write_text(f"cd {shlex.quote(os.getcwd())}\n{command}\n")
     initrd = build_initramfs(kernel, out_dir / "initramfs.cpio")
+    # an unpacked kernel's modules replace the host's /lib/modules inside the guest
+    modroot = f" gemini.modroot={kernel.root}" if kernel.root != Path("/") else ""
     # TCG by default: nested KVM boots hang on some hosts; GEMINI_LAB_ACCEL=kvm where it works
     accel = ["-accel", os.environ.get("GEMINI_LAB_ACCEL", "tcg")]
     args = [
@@ -190,7 +244,7 @@ def run_in_guest(
         str(initrd),
         "-append",
         "console=ttyS0 panic=-1 oops=panic quiet loglevel=4 "
-        f"gemini.kver={kernel.release} gemini.repo={REPO_ROOT}",
+        f"gemini.kver={kernel.release} gemini.repo={REPO_ROOT}{modroot}",
         "-nographic",
         "-no-reboot",
         "-nic",

@@ -8,7 +8,6 @@ like /proc/sys/net/fusion (a stand-in, named as such); the lab tests write the r
 from __future__ import annotations
 
 import datetime as dt
-import ipaddress
 import threading
 import time
 
@@ -79,7 +78,7 @@ def test_csv_and_mmdb_contexts_with_an_unknown_bucket(tmp_path, csv_table):
         )
         assert r.place("192.0.2.1") == Place("unknown", "unknown")
     assert csv_table.lookup("10.2.3.4") == Place("ap-south", "isp-c")  # longest prefix wins
-    assert {str(ipaddress.ip_network(p)) for p, _ in mmdb.prefixes()} == {
+    assert {str(net) for net in mmdb.networks()} == {
         "10.1.0.0/16",
         "10.2.0.0/16",
     }
@@ -291,8 +290,7 @@ def test_falls_back_to_the_safe_default_after_the_staleness_limit(sysctl_dir):
     applier.apply(Plan(tuned, {}), [])
     applier.check_staleness([])
     assert _values(sysctl_dir) == tuned  # within the limit: keep the last good θ
-    import time
-
     time.sleep(0.1)
     applier.check_staleness([])
-    assert _values(sysctl_dir) == SPEC.default() and metrics.fallbacks._value.get() == 1
+    assert _values(sysctl_dir) == SPEC.default()
+    assert metrics.registry.get_sample_value("gemini_agent_fallbacks_total", {"reason": "stale"})

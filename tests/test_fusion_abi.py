@@ -56,6 +56,19 @@ def test_netlink_attribute_tables_match_the_uapi_header():
     assert cmds.index("FUSION_CMD_FLOW_RECORD") == fusion_genl.CMD_FLOW_RECORD
 
 
+def _define(name: str) -> int:
+    found = re.search(r"^#define " + name + r"\s+(\d+)\s*$", UAPI, re.M)
+    assert found, f"{name} not defined in fusion_uapi.h"
+    return int(found.group(1))
+
+
+def test_table_limits_and_default_profile_match_the_uapi_header():
+    """The agent sizes its table by these: a copy that drifted would make the module refuse it."""
+    assert _define("FUSION_MAX_PROFILES") == fusion_genl.MAX_PROFILES
+    assert _define("FUSION_MAX_RULES") == fusion_genl.MAX_RULES
+    assert _define("FUSION_DEFAULT_PROFILE") == fusion_genl.DEFAULT_PROFILE
+
+
 def test_theta_blob_round_trips_in_spec_order():
     theta = load_spec().default()
     blob = fusion_genl._pack_theta(theta)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 
-from gemini_agent.context import ContextResolver
+from gemini_agent.context import ContextResolver, Place
 from gemini_api.aggregate import AggregateBuilder, FlowStats
 from gemini_api.v1 import booster_pb2 as pb
 
@@ -40,6 +41,9 @@ class Aggregator:
         self._slots: dict[tuple, _Slot] = {}
         self._lock = threading.Lock()
         self.skipped = 0
+        # Flows per destination place, halved every interval: which places matter most now,
+        # for choosing what the kernel's table holds when not every place fits.
+        self._recent_flows: Counter[Place] = Counter()
 
     def add(self, flow: Flow) -> None:
         if not flow.stats.usable:
@@ -54,12 +58,21 @@ class Aggregator:
                 ctx = self.resolver.message(place, hour)
                 slot = self._slots[key] = _Slot(flow.theta, flow.theta_version, ctx, flow.cc)
             slot.builder.add(flow.stats)
+            self._recent_flows[place] += 1
+
+    def busiest_places(self) -> list[Place]:
+        """Places by recent flows, most first (places never seen are not listed)."""
+        with self._lock:
+            return [place for place, _ in self._recent_flows.most_common()]
 
     def close_interval(self, start_ms: int, end_ms: int) -> pb.ReportRequest | None:
         """The interval's report, or None when no flow finished. Its id is fixed by host,
         policy and interval, so a report retried after a restart is the same report."""
         with self._lock:
             slots, self._slots = self._slots, {}
+            self._recent_flows = Counter(
+                {p: n // 2 for p, n in self._recent_flows.items() if n > 1}
+            )
         if not slots:
             return None
         report_id = uuid.uuid5(REPORT_NAMESPACE, f"{self.host_id}/{self.policy}/{start_ms}")

@@ -38,6 +38,9 @@ class AgentSettings(BaseSettings):
     geo_csv: Path | None = None  # or a CSV prefix table: prefix,region,isp
     mmdb_region_field: str = "region"
     mmdb_isp_field: str = "isp"
+    # destination places asked about per GetParameters, the busiest first; the rest run the
+    # default θ (the kernel's table holds at most FUSION_MAX_PROFILES distinct θ anyway)
+    max_contexts: int = Field(default=512, ge=1, le=10_000)
 
     interval_s: float = 300.0
     rpc_deadline_s: float = 10.0

@@ -1,6 +1,11 @@
 """The agent's main loop: every interval, close the aggregates into a report, spool it, drain
 the spool to Booster, ask Booster for θ and write it into the kernel. Booster's errors are
-logged and counted, never fatal: the kernel keeps its last good θ."""
+logged and counted, never fatal: the kernel keeps its last good θ. Neither is a refusal by the
+module: every destination then runs the default θ until the next plan.
+
+The destination places are ranked by the flows seen to them recently, then by how many
+prefixes they hold: the agent asks Booster about the first `max_contexts`, and the kernel's
+table holds as many of those as its limits allow, in that order (gemini_agent.table)."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from gemini_agent.metrics import AgentMetrics
 from gemini_agent.reporter import Reporter
 from gemini_agent.sources import FusionRecordSource, SockDiagSource, Source
 from gemini_agent.spool import Spool
+from gemini_agent.table import Destinations
 from gemini_agent.writeback import Kernel, ThetaApplier
 from gemini_api.v1 import booster_pb2 as pb
 
@@ -60,20 +66,34 @@ class Agent:
         self.aggregator = Aggregator(self.resolver, settings.host_id, settings.policy)
         self.spool = Spool(settings.spool_dir, settings.spool_max_bytes)
         self.reporter = Reporter(settings, self.spool, self.metrics)
-        self.applier = ThetaApplier(kernel or Kernel(), self.metrics, settings.staleness_s)
-        self.prefixes = self.resolver.served_prefixes()
-        self.places = sorted({p for _, p in self.prefixes}, key=lambda p: (p.region, p.isp))
+        self.kernel = kernel or Kernel()
+        self.applier = ThetaApplier(self.kernel, self.metrics, settings.staleness_s)
+        self.destinations = Destinations(self.resolver.networks())
+        # without flows seen yet, the places holding the most prefixes first
+        self.by_size = sorted(
+            self.destinations.places, key=lambda p: (-self.destinations.prefix_count[p], p)
+        )
+        self.kernel_drops = self.kernel.record_drops()
         self.stopped = threading.Event()
         self.interval_start_ms = int(time.time() * 1000)
         self.refresh_after_s = settings.interval_s  # until Booster says otherwise
 
-    def contexts(self, now: dt.datetime) -> list[pb.Context]:
-        return [self.resolver.message(p, now.hour) for p in self.places]
+    def ranked_places(self) -> list[Place]:
+        """Every place of the destination table, the busiest first."""
+        known = set(self.destinations.places)
+        busy = [p for p in self.aggregator.busiest_places() if p in known]
+        seen = set(busy)
+        return busy + [p for p in self.by_size if p not in seen]
 
     def refresh_theta(self) -> None:
         now = dt.datetime.now(dt.UTC)
+        rank = self.ranked_places()
+        asked = rank[: self.s.max_contexts]
+        self.metrics.contexts_on_catch_all.labels("unasked").set(len(rank) - len(asked))
         req = pb.GetParametersRequest(
-            host_id=self.s.host_id, policy=self.s.policy, contexts=self.contexts(now)
+            host_id=self.s.host_id,
+            policy=self.s.policy,
+            contexts=[self.resolver.message(p, now.hour) for p in asked],
         )
         try:
             resp = self.reporter.stub.GetParameters(
@@ -81,14 +101,26 @@ class Agent:
             )
         except grpc.RpcError as err:
             log.warning("GetParameters failed (%s): keeping the last good θ", err.code().name)
-            self.applier.check_staleness(self.prefixes)
+            if self.s.apply_to_kernel:
+                self.applier.check_staleness(self.destinations)
             return
         self.applier.booster_answered()
         if resp.refresh_after_seconds:
             self.refresh_after_s = max(float(resp.refresh_after_seconds), MIN_REFRESH_S)
-        plan = self.applier.plan_from(resp, self.places)
+        plan = self.applier.plan_from(resp, asked)
         if self.s.apply_to_kernel:
-            self.applier.apply(plan, self.prefixes)
+            try:
+                self.applier.apply(plan, self.destinations, rank)
+            except OSError as exc:  # the sysctls are gone: the module was unloaded
+                log.error("cannot write θ into the kernel: %s", exc)
+
+    def count_kernel_drops(self) -> None:
+        """The module's own counts of records it could not deliver, as counters."""
+        now = self.kernel.record_drops()
+        for where, count in now.items():
+            if count > self.kernel_drops.get(where, count):
+                self.metrics.records_dropped.labels(where).inc(count - self.kernel_drops[where])
+        self.kernel_drops = now or self.kernel_drops
 
     def close_interval(self) -> None:
         end_ms = int(time.time() * 1000)
@@ -100,6 +132,7 @@ class Agent:
     def tick(self) -> None:
         """One interval's work; also what tests drive directly."""
         self.close_interval()
+        self.count_kernel_drops()
         self.reporter.drain()
         self.refresh_theta()
 

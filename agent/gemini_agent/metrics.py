@@ -1,14 +1,44 @@
-"""The agent's Prometheus metrics."""
+"""The agent's Prometheus metrics.
+
+Conventions: every name starts with `gemini_agent_`; counters end in `_total` (the client adds
+it to the names below); units are in the name (`_seconds`, `_bytes`). Cardinality is bounded by
+construction: no label takes a context, prefix, host or θ value. Labels take values from small
+fixed sets (the `*_REASONS` / `*_WHERE` tuples here, the outcome names of the reporter) or, for
+`cc`, the congestion controls the kernel has loaded.
+"""
 
 from __future__ import annotations
 
+import platform
+from importlib import metadata
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gemini_agent.table import LEFT_OUT_REASONS
+
+FALLBACK_REASONS = ("stale", "table_refused")
+RECORD_DROP_WHERE = ("socket", "kernel", "unheard")
+CATCH_ALL_REASONS = (*LEFT_OUT_REASONS, "unasked")
+
+
+def agent_version() -> str:
+    try:
+        return metadata.version("gemini-agent")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self.build_info = Gauge(
+            "gemini_agent_build_info",
+            "Always 1; the agent's version and Python in labels",
+            ["version", "python"],
+            registry=r,
+        )
+        self.build_info.labels(agent_version(), platform.python_version()).set(1)
         self.flows = Counter("gemini_agent_flows", "Finished flows seen", ["source"], registry=r)
         self.other_cc_flows = Counter(
             "gemini_agent_other_cc_flows",
@@ -18,7 +48,8 @@ class AgentMetrics:
         )
         self.records_dropped = Counter(
             "gemini_agent_records_dropped",
-            "Flow records lost before the agent read them",
+            "Flow records lost before the agent read them: its socket overran, the kernel "
+            "had no room or memory for one, or no listener was there (agent down)",
             ["where"],
             registry=r,
         )
@@ -35,6 +66,11 @@ class AgentMetrics:
         self.spool_reports = Gauge(
             "gemini_agent_spool_reports", "Reports waiting in the spool", registry=r
         )
+        self.spool_dropped = Counter(
+            "gemini_agent_spool_dropped_reports",
+            "Reports dropped unsent, oldest first, to keep the spool within its byte budget",
+            registry=r,
+        )
         self.theta_version = Gauge(
             "gemini_agent_theta_version", "Kernel θ version the agent applied last", registry=r
         )
@@ -47,5 +83,39 @@ class AgentMetrics:
             registry=r,
         )
         self.fallbacks = Counter(
-            "gemini_agent_fallbacks", "Times the agent fell back to the safe default θ", registry=r
+            "gemini_agent_fallbacks",
+            "Times every destination fell back to a default θ: the safe default after Booster "
+            "was silent too long (stale), or Booster's default after the module refused the "
+            "table (table_refused)",
+            ["reason"],
+            registry=r,
         )
+        self.tables_refused = Counter(
+            "gemini_agent_tables_refused",
+            "Destination tables the module refused (the catch-all default went in instead)",
+            registry=r,
+        )
+        self.table_rules = Gauge(
+            "gemini_agent_table_rules",
+            "Prefix rules in the installed destination table",
+            registry=r,
+        )
+        self.table_profiles = Gauge(
+            "gemini_agent_table_profiles",
+            "θ profiles in the installed destination table",
+            registry=r,
+        )
+        self.contexts_on_catch_all = Gauge(
+            "gemini_agent_contexts_on_catch_all",
+            "Destination contexts running the default θ instead of their own, by reason: past "
+            "the module's profile or rule limit, the table refused, or beyond the contexts the "
+            "agent asks Booster about",
+            ["reason"],
+            registry=r,
+        )
+        for reason in FALLBACK_REASONS:
+            self.fallbacks.labels(reason)
+        for where in RECORD_DROP_WHERE:
+            self.records_dropped.labels(where)
+        for reason in CATCH_ALL_REASONS:
+            self.contexts_on_catch_all.labels(reason)

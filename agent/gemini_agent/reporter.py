@@ -72,7 +72,14 @@ class Reporter:
         self.next_attempt = 0.0
 
     def submit(self, report: pb.ReportRequest) -> None:
+        dropped = self.spool.dropped
         self.spool.put(report.SerializeToString())
+        if self.spool.dropped > dropped:
+            log.warning(
+                "spool over its byte budget: %d oldest reports dropped unsent",
+                self.spool.dropped - dropped,
+            )
+            self.metrics.spool_dropped.inc(self.spool.dropped - dropped)
         self.metrics.reports.labels("spooled").inc()
         self.metrics.spool_reports.set(len(self.spool))
 

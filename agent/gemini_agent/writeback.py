@@ -2,11 +2,16 @@
 Booster fails, replaced by the spec's safe default once Booster has been silent too long.
 
 Everything goes into the module's netlink table in one message that replaces the whole table:
-per-context profiles by destination prefix, and the default as catch-all rules (0.0.0.0/0,
-::/0). A flow that starts during an update sees either the old θ or the new one, never a mix of
-the two, which writing seven sysctls one by one could not promise. The sysctls are written
-afterwards, so that net.fusion.* shows the default and holds it should the table ever be
-cleared. A θ that fails the spec's check reaches neither."""
+per-context profiles by destination prefix, compiled to fit the module's limits
+(gemini_agent.table), and the default as catch-all rules (0.0.0.0/0, ::/0). A flow that starts
+during an update sees either the old θ or the new one, never a mix of the two, which writing
+seven sysctls one by one could not promise. The sysctls are written afterwards, so that
+net.fusion.* shows the default and holds it should the table ever be cleared. A θ that fails
+the spec's check reaches neither.
+
+Should the module refuse a table all the same, the agent does not stop: it installs the
+catch-alls alone (every destination on the default θ), counts the refusal, logs one line, and
+tries the full table again at the next plan."""
 
 from __future__ import annotations
 
@@ -18,13 +23,21 @@ from pathlib import Path
 
 from gemini_agent.context import Place
 from gemini_agent.metrics import AgentMetrics
-from gemini_api.fusion_genl import FusionNetlink, Rule
+from gemini_agent.table import (
+    CATCH_ALL,
+    LEFT_OUT_REASONS,
+    CompiledTable,
+    Destinations,
+    Limits,
+    compile_table,
+)
+from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
 from gemini_api.theta import ThetaError, ThetaSpec, load_spec
 from gemini_api.v1 import booster_pb2 as pb
 
 log = logging.getLogger(__name__)
 SYSCTL_ROOT = Path("/proc/sys/net/fusion")
-CATCH_ALL = ("0.0.0.0/0", "::/0")
+CATCH_ALL_PROFILE = 1
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,19 @@ class Kernel:
             with FusionNetlink() as nl:
                 nl.set_profiles(profiles, rules)
 
+    def record_drops(self) -> dict[str, int]:
+        """The module's counts of flow records lost (no room or memory: kernel; no listener:
+        unheard) since it loaded; empty when it cannot be asked."""
+        if not self.use_netlink:
+            return {}
+        try:
+            with FusionNetlink() as nl:
+                stats = nl.stats()
+        except (FusionError, OSError) as exc:
+            log.warning("cannot read the module's counters: %s", exc)
+            return {}
+        return {"kernel": stats["dropped"], "unheard": stats["unheard"]}
+
     def version(self) -> int:
         path = self.sysctl_root / "version"
         return int(path.read_text()) if path.exists() else 0
@@ -65,8 +91,10 @@ class ThetaApplier:
         metrics: AgentMetrics,
         staleness_s: float,
         spec: ThetaSpec | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.kernel, self.metrics, self.staleness_s = kernel, metrics, staleness_s
+        self.limits = limits or Limits()
         self.spec = spec or load_spec()
         self.safe_default = self.spec.default()
         self.last_ok = time.monotonic()
@@ -93,39 +121,61 @@ class ThetaApplier:
                 per_place[place] = theta
         return Plan(default or previous.default, per_place)
 
-    def apply(self, plan: Plan, prefixes: Sequence[tuple[str, Place]]) -> None:
-        profiles: dict[int, dict[str, int]] = {}
-        ids: dict[tuple, int] = {}
-
-        def profile(theta: dict[str, int]) -> int:
-            key = tuple(sorted(theta.items()))
-            if key not in ids:
-                ids[key] = len(ids) + 1
-                profiles[ids[key]] = theta
-            return ids[key]
-
-        rules = [
-            Rule(prefix, profile(plan.per_place[place]))
-            for prefix, place in prefixes
-            if place in plan.per_place
-        ]
-        rules += [Rule(prefix, profile(plan.default)) for prefix in CATCH_ALL]
-        self.kernel.write_table(profiles, rules)
+    def apply(
+        self,
+        plan: Plan,
+        destinations: Destinations | Sequence[tuple[str, Place]],
+        rank: Sequence[Place] = (),
+    ) -> CompiledTable:
+        """Install `plan`: places in `rank` order until the module's limits are reached."""
+        if not isinstance(destinations, Destinations):
+            destinations = Destinations.from_prefixes(destinations)
+        table = compile_table(destinations, plan.default, plan.per_place, rank, self.limits)
+        try:
+            self.kernel.write_table(table.profiles, table.rules)
+        except (FusionError, OSError) as exc:
+            table = self._catch_all_only(plan, destinations, exc)
         self.kernel.write_default(plan.default)
         self.applied = plan
         self.metrics.theta_version.set(self.kernel.version())
+        self.metrics.table_rules.set(len(table.rules))
+        self.metrics.table_profiles.set(len(table.profiles))
+        for reason, places in table.left_out.items():
+            self.metrics.contexts_on_catch_all.labels(reason).set(places)
+        return table
+
+    def _catch_all_only(
+        self, plan: Plan, destinations: Destinations, exc: Exception
+    ) -> CompiledTable:
+        """The module refused the table: every destination on the default θ, one log line."""
+        self.metrics.tables_refused.inc()
+        self.metrics.fallbacks.labels("table_refused").inc()
+        left_out = len(set(plan.per_place) & set(destinations.places))
+        log.error(
+            "the module refused the destination table (%s): all %d contexts run the default θ "
+            "until the next plan",
+            exc,
+            left_out,
+        )
+        rules = [Rule(prefix, CATCH_ALL_PROFILE) for prefix in CATCH_ALL.values()]
+        try:
+            self.kernel.write_table({CATCH_ALL_PROFILE: plan.default}, rules)
+        except (FusionError, OSError) as again:
+            log.error("the module refused the catch-all table too (%s)", again)
+        left = dict.fromkeys(LEFT_OUT_REASONS, 0) | {"refused": left_out}
+        return CompiledTable({CATCH_ALL_PROFILE: plan.default}, rules, frozenset(), left)
 
     def booster_answered(self) -> None:
         self.last_ok = time.monotonic()
         self.fell_back = False
         self.metrics.staleness.set(0)
 
-    def check_staleness(self, prefixes: Sequence[tuple[str, Place]]) -> None:
+    def check_staleness(self, destinations: Destinations | Sequence[tuple[str, Place]]) -> None:
         """Keep the last good θ while Booster is away, up to the staleness limit."""
         age = time.monotonic() - self.last_ok
         self.metrics.staleness.set(age)
         if age > self.staleness_s and not self.fell_back:
             log.warning("no θ from Booster for %.0f s: falling back to the safe default", age)
-            self.apply(Plan(self.safe_default, {}), prefixes)
+            self.apply(Plan(self.safe_default, {}), destinations)
             self.fell_back = True
-            self.metrics.fallbacks.inc()
+            self.metrics.fallbacks.labels("stale").inc()

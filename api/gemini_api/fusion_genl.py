@@ -30,6 +30,9 @@ CMD_GET_PROFILES = 2
 CMD_GET_STATS = 3
 CMD_FLOW_RECORD = 4
 DEFAULT_PROFILE = 0
+# What one table may hold (FUSION_MAX_PROFILES, FUSION_MAX_RULES); the module refuses more.
+MAX_PROFILES = 64
+MAX_RULES = 4096
 # Big enough for bursts of records at 10,000 flows/s while the reader is scheduled out.
 RECORD_RCVBUF_BYTES = 32 * 1024 * 1024
 SOL_NETLINK = 270

@@ -1,0 +1,72 @@
+"""The qemu lab's contract for kernels and modules from elsewhere: a Debian kernel unpacked
+outside /boot (GEMINI_LAB_KERNEL_ROOT, as ``dpkg -x`` leaves it) and a tcp_fusion.ko built
+elsewhere (GEMINI_LAB_FUSION_KO). No guest boots here: the real depmod and modinfo run on a
+small unpacked tree made from this host's installed kernel."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gemini_lab import host, vm
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture
+def installed() -> vm.GuestKernel:
+    if shutil.which("depmod") is None or shutil.which("modinfo") is None:
+        pytest.skip("kmod (depmod, modinfo) is missing: lab/install-deps.sh installs it")
+    try:
+        return vm.find_kernel()
+    except vm.LabError as exc:
+        pytest.skip(str(exc))
+
+
+def _unpacked(installed: vm.GuestKernel, root: Path) -> Path:
+    """boot/vmlinuz-<release> and one module, without modules.dep: what dpkg -x leaves."""
+    (root / "boot").mkdir(parents=True)
+    shutil.copy2(installed.vmlinuz, root / "boot" / installed.vmlinuz.name)
+    netem = next(installed.modules_dir.rglob("sch_netem.ko*"))
+    dest = root / "lib" / "modules" / installed.release / netem.relative_to(installed.modules_dir)
+    dest.parent.mkdir(parents=True)
+    shutil.copy2(netem, dest)
+    headers = root / "usr" / "src" / f"linux-headers-{installed.release}"
+    headers.mkdir(parents=True)
+    (root / "lib" / "modules" / installed.release / "build").symlink_to(
+        f"/usr/src/linux-headers-{installed.release}"
+    )
+    return dest
+
+
+def test_a_kernel_unpacked_outside_boot_is_found_with_its_modules(installed, tmp_path, monkeypatch):
+    root = tmp_path / "kernel"
+    netem = _unpacked(installed, root)
+    monkeypatch.setenv(vm.KERNEL_ROOT_ENV, str(root))
+    kernel = vm.find_kernel()
+    assert kernel.release == installed.release
+    assert kernel.vmlinuz == root / "boot" / f"vmlinuz-{installed.release}"
+    assert kernel.modules_dir == root / "lib" / "modules" / installed.release
+    # depmod ran, so modinfo (and the guest's modprobe) find modules in the unpacked tree
+    assert (kernel.modules_dir / "modules.dep").exists()
+    assert vm._module_path(kernel, "sch_netem") == netem
+    # the headers' absolute link is followed inside the unpacked tree, not on this host
+    assert kernel.headers_dir == root / "usr" / "src" / f"linux-headers-{installed.release}"
+
+
+def test_an_unpacked_kernel_root_without_boot_is_named_in_the_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(vm.KERNEL_ROOT_ENV, str(tmp_path))
+    with pytest.raises(vm.LabError, match=r"GEMINI_LAB_KERNEL_ROOT=.* has no boot/"):
+        vm.find_kernel()
+
+
+def test_a_module_built_elsewhere_is_loaded_as_given(installed, tmp_path, monkeypatch):
+    ko = tmp_path / "tcp_fusion.ko"
+    ko.write_bytes(b"\x7fELF")
+    monkeypatch.setenv(host.FUSION_KO_ENV, str(ko))
+    assert host.module_for(installed) == ko
+    monkeypatch.setenv(host.FUSION_KO_ENV, str(tmp_path / "absent.ko"))
+    with pytest.raises(vm.LabError, match=r"GEMINI_LAB_FUSION_KO=.*absent\.ko is not a file"):
+        host.module_for(installed)

@@ -6,10 +6,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench proto clean kmod kmod-theta lab-check lab-bench
 
-$(STAMP): pyproject.toml
+COMPONENTS := api agent booster lab
+
+# The four distributions editable, with the development tools of pyproject.toml's `dev` group
+# (pip ≥ 25.1 reads dependency groups). gemini-cc, the single distribution this replaced, is
+# removed first so that only one finder maps each package to its folder.
+$(STAMP): pyproject.toml $(COMPONENTS:%=%/pyproject.toml)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip uninstall --quiet --yes gemini-cc 2>/dev/null || true
+	$(BIN)/pip install --quiet $(COMPONENTS:%=-e ./%) --group dev
 	touch $(STAMP)
 
 demo: $(STAMP)  ## Booster on embedded PostgreSQL, driven by a simulated demo fleet over gRPC

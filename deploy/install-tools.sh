@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Tools that check the Helm chart and its observability assets, all built from the Go module
+# proxy at pinned versions (no binary downloads): helm, kubeconform, promtool, and the
+# repository's own manifest checker (deploy/tools/manifestcheck: strict decoding into the
+# Kubernetes API types and the Pod Security evaluator), plus the JSON schemas kubeconform
+# validates against, generated from Kubernetes' own OpenAPI document.
+#
+#   deploy/install-tools.sh            # everything into var/tools (idempotent)
+#
+# Everything lands in var/tools/ (not committed); tests/test_helm.py and
+# tests/test_observability.py look there and skip, naming what is missing, without it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+HELM_VERSION=v3.16.4
+KUBECONFORM_VERSION=v0.6.7
+# Prometheus' Go module numbers its releases v0.<major*100+minor>.<patch>: v0.316.0 is 3.16.0.
+PROMETHEUS_MODULE_VERSION=v0.316.0
+# The Kubernetes release whose OpenAPI document the schemas come from (same minor as the
+# client-go that deploy/tools/manifestcheck pins).
+KUBERNETES_VERSION=v1.31.3
+
+GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+ROOT=$PWD
+TOOLS=$ROOT/var/tools
+export GOBIN=$TOOLS/bin GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
+mkdir -p "$GOBIN"
+
+# Go builds take both cores for minutes: serialise them with the other heavy jobs when the
+# shared lock exists (a plain CI machine has none).
+heavy() {
+	if command -v flock >/dev/null && [ -w /tmp ]; then
+		flock /tmp/gemini-heavy.lock "$@"
+	else
+		"$@"
+	fi
+}
+
+installed() { # name version-marker
+	[ -x "$GOBIN/$1" ] && [ "$(cat "$GOBIN/.$1.version" 2>/dev/null)" = "$2" ]
+}
+
+build() { # name package@version
+	local name=$1 pkg=$2 version=${2##*@}
+	if installed "$name" "$version"; then
+		return
+	fi
+	echo "building $name $version" >&2
+	heavy "$GO" install "$pkg"
+	echo "$version" >"$GOBIN/.$name.version"
+}
+
+build helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+build kubeconform "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION"
+build promtool "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
+
+# Our checker: its own module with go.mod/go.sum pinned in the repository.
+checker_sum=$(cat deploy/tools/manifestcheck/go.mod deploy/tools/manifestcheck/go.sum \
+	deploy/tools/manifestcheck/*.go | sha256sum | cut -d' ' -f1)
+if ! installed manifestcheck "$checker_sum"; then
+	echo "building manifestcheck" >&2
+	(cd deploy/tools/manifestcheck && heavy "$GO" build -mod=readonly -o "$GOBIN/manifestcheck" .)
+	echo "$checker_sum" >"$GOBIN/.manifestcheck.version"
+fi
+
+# Schemas for kubeconform from the OpenAPI (v2) document that ships in the k8s.io/kubernetes
+# module at api/openapi-spec/swagger.json: one strict, self-contained schema per kind.
+schemas=$TOOLS/schemas/$KUBERNETES_VERSION
+if [ ! -f "$schemas/.complete" ]; then
+	echo "generating schemas for Kubernetes $KUBERNETES_VERSION" >&2
+	dir=$(GOFLAGS=-mod=mod "$GO" mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+	rm -rf "$schemas"
+	python3 deploy/tools/openapi_schemas.py "$dir/api/openapi-spec/swagger.json" "$schemas"
+	touch "$schemas/.complete"
+fi
+echo "tools in $GOBIN, schemas in $schemas" >&2

@@ -82,6 +82,9 @@ def make_settings(db_url: str, **overrides) -> Settings:
         http_port=0,
         bootstrap_operator_token=OPERATOR,
         bootstrap_agent_token=AGENT,
+        # One fleet-wide agent token for the tests' many synthetic hosts; per-host tokens and
+        # the refusal of unbound ones are tested in test_identity.py.
+        allow_unbound_agent_tokens=True,
         refit_interval_s=3600,
         # Refits in this process: a worker pool per test costs seconds of start-up; the pool
         # itself is exercised by the tests that run `booster serve` (test_replicas.py).

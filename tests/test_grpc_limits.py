@@ -389,7 +389,12 @@ def limited_server(svc: Running) -> Iterator[Callable[[GrpcLimits], int]]:
 
     def start(limits: GrpcLimits) -> int:
         assert svc.engine is not None
-        server = AgentServer(svc.booster, TokenAuthority(svc.engine), "127.0.0.1:0", limits=limits)
+        server = AgentServer(
+            svc.booster,
+            TokenAuthority(svc.engine, allow_unbound_agents=True),
+            "127.0.0.1:0",
+            limits=limits,
+        )
         servers.append(server)
         return server.start()
 
@@ -503,5 +508,7 @@ def test_limits_follow_settings(svc: Running) -> None:
     assert options["grpc.max_connection_idle_ms"] == 3_000
     assert grpc_server.grpc_limits(s).max_concurrent_rpcs == 7
     # The constructor app.py and fronts.py use still works, and its size wins.
-    server = AgentServer(svc.booster, TokenAuthority(svc.engine), "127.0.0.1:0", 2048)
+    server = AgentServer(
+        svc.booster, TokenAuthority(svc.engine, allow_unbound_agents=True), "127.0.0.1:0", 2048
+    )
     assert dict(server._options)["grpc.max_receive_message_length"] == 2048

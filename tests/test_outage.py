@@ -62,15 +62,15 @@ class DatabaseDown(Exception):
 class FakeTokens:
     """The token table, reachable or not; counts how often it is read."""
 
-    tokens: dict[str, tuple[str, str]] = field(default_factory=dict)
+    tokens: dict[str, repo.TokenRecord] = field(default_factory=dict)
     up: bool = True
     loads: int = 0
     gate: threading.Event | None = None  # when set, a load waits for it
 
     def add(self, token: str, name: str, role: str) -> None:
-        self.tokens[repo.hash_token(token)] = (name, role)
+        self.tokens[repo.hash_token(token)] = repo.TokenRecord(name, role)
 
-    def load(self) -> dict[str, tuple[str, str]]:
+    def load(self) -> dict[str, repo.TokenRecord]:
         self.loads += 1
         if self.gate is not None:
             self.gate.wait(10)
@@ -84,6 +84,9 @@ class FakeClock:
         self.now = 1000.0
 
     def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:  # wall clock, for token expiry
         return self.now
 
     def advance(self, seconds: float) -> None:
@@ -108,7 +111,7 @@ def db() -> FakeTokens:
 def authority(
     db: FakeTokens, monkeypatch: pytest.MonkeyPatch, max_stale_s: float = 60.0
 ) -> TokenAuthority:
-    auth = TokenAuthority(cast(Engine, None), max_stale_s)
+    auth = TokenAuthority(cast(Engine, None), max_stale_s, allow_unbound_agents=True)
     monkeypatch.setattr(auth, "_load", db.load)
     return auth
 
@@ -433,7 +436,7 @@ def _send_until_stored(target: str, raws: list[bytes], deadline: float) -> list[
 @pytest.mark.slow
 def test_postgres_stopped_for_30_s_under_load(own_postgres: OwnPostgres) -> None:
     pg = own_postgres
-    server = BoosterServer(make_settings(pg.url)).start()
+    server = BoosterServer(make_settings(pg.url), migrate=True).start()
     assert server.engine is not None and server.booster is not None
     target = f"127.0.0.1:{server.grpc_port}"
     http = httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}")

@@ -2,6 +2,11 @@
 
 Settings come from GEMINI_BOOSTER_* variables and the TOML file named by GEMINI_BOOSTER_CONFIG;
 see ``gemini_booster.config``.
+
+Only ``booster migrate`` changes the schema (and ``serve --migrate``, for a single machine);
+every other command checks that the schema is at this Booster's head and stops if it is not.
+An ordinary failure (bad settings, a database that cannot be reached, an unknown policy, bad
+JSON) is one line on stderr and exit status 1; a usage error is argparse's, status 2.
 """
 
 from __future__ import annotations
@@ -13,26 +18,44 @@ import os
 import signal
 import sys
 import threading
+from datetime import timedelta
 from pathlib import Path
 
+from pydantic import ValidationError
+from sqlalchemy import Engine
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+from . import __version__
 from .config import Settings
+from .storage.database import SchemaNotAtHead
+from .storage.repository import Conflict, NotFound
 
 log = logging.getLogger("gemini_booster")
 
+EXIT_FAILURE = 1
+DEFAULT_GRACE_S = 86_400  # a rotated token's predecessor stays valid this long by default
 
-def _engine(settings: Settings):
+
+class CliError(Exception):
+    """An ordinary failure, printed as one line."""
+
+
+def _engine(settings: Settings, migrate: bool = False) -> Engine:
     from .service.app import database_url
     from .storage import database
 
     engine = database.make_engine(database_url(settings))
-    database.migrate(engine)
+    if migrate:
+        database.migrate(engine)
+    else:
+        database.require_head(engine)
     return engine
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     from .service.app import BoosterServer
 
-    server = BoosterServer(settings).start()
+    server = BoosterServer(settings, migrate=True if args.migrate else None).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -43,9 +66,42 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    _engine(settings).dispose()
+    _engine(settings, migrate=True).dispose()
     print("schema is at head")
     return 0
+
+
+def _token_create(engine: Engine, args: argparse.Namespace) -> None:
+    from .storage import repository as repo
+
+    if args.host is not None and args.role != "agent":
+        raise CliError("--host binds agent tokens only; use --role agent")
+    name = args.name or (repo.host_token_name(args.host) if args.host else None)
+    if name is None:
+        raise CliError("--name is required (it may be left out only with --host)")
+    token = repo.create_token(engine, name, args.role, actor="cli", host_id=args.host)
+    print(token)  # shown once, on stdout only; never logged
+    print(f"created {name}", file=sys.stderr)
+    if args.role == "agent" and args.host is None:
+        print(
+            "warning: this agent token is bound to no host and is refused unless "
+            "allow_unbound_agent_tokens is set; prefer --host",
+            file=sys.stderr,
+        )
+
+
+def _token_rotate(engine: Engine, args: argparse.Namespace) -> None:
+    from .storage import repository as repo
+
+    rotation = repo.rotate_token(
+        engine, args.host, actor="cli", grace=timedelta(seconds=args.grace_s)
+    )
+    print(rotation.token)  # shown once, on stdout only
+    print(
+        f"created {rotation.name}; {', '.join(rotation.expiring)} expire at "
+        f"{rotation.expires_at.isoformat()}",
+        file=sys.stderr,
+    )
 
 
 def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
@@ -53,12 +109,34 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
 
     engine = _engine(settings)
     if args.token_cmd == "create":
-        token = repo.create_token(engine, args.name, args.role, actor="cli")
-        print(token)  # shown once, on stdout only; never logged
+        _token_create(engine, args)
+    elif args.token_cmd == "rotate":
+        _token_rotate(engine, args)
+    elif args.token_cmd == "revoke":
+        if (args.name is None) == (args.host is None):
+            raise CliError("give exactly one of --name and --host")
+        if args.host is not None:
+            names = repo.revoke_host_tokens(engine, args.host, actor="cli")
+            print(f"revoked {', '.join(names)}")
+        else:
+            repo.revoke_token(engine, args.name, actor="cli")
+            print(f"revoked {args.name}")
     else:
-        repo.revoke_token(engine, args.name, actor="cli")
-        print(f"revoked {args.name}")
+        for row in repo.list_tokens(engine):
+            print(json.dumps(row, default=str))
     return 0
+
+
+def _fields(text: str | None) -> dict[str, object]:
+    if not text:
+        return {}
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CliError(f"--fields: not JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(body, dict):
+        raise CliError("--fields: expected a JSON object, e.g. '{\"sigma\": 0.1}'")
+    return body
 
 
 def cmd_policy(settings: Settings, args: argparse.Namespace) -> int:
@@ -67,9 +145,14 @@ def cmd_policy(settings: Settings, args: argparse.Namespace) -> int:
 
     engine = _engine(settings)
     if args.policy_cmd == "create":
-        body = json.loads(args.fields) if args.fields else {}
-        policy = repo.create_policy(engine, PolicyCreate(name=args.name, **body), actor="cli")
+        spec = PolicyCreate.model_validate({**_fields(args.fields), "name": args.name})
+        policy = repo.create_policy(engine, spec, actor="cli")
         print(policy.model_dump_json(indent=2))
+    elif args.policy_cmd == "show":
+        try:
+            print(repo.get_policy(engine, args.name).model_dump_json(indent=2))
+        except NotFound:
+            raise CliError(f"no policy named {args.name!r}") from None
     else:
         for p in repo.list_policies(engine):
             print(p.model_dump_json())
@@ -84,21 +167,42 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="booster", description=__doc__)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("serve", help="run the gRPC and REST servers until SIGTERM")
+    serve = sub.add_parser("serve", help="run the gRPC and REST servers until SIGTERM")
+    serve.add_argument(
+        "--migrate",
+        action="store_true",
+        help="bring the schema to head first (a single machine; a fleet runs 'booster migrate')",
+    )
     sub.add_parser("migrate", help="bring the database schema to the latest revision")
-    tok = sub.add_parser("token", help="create or revoke an API credential")
+    tok = sub.add_parser("token", help="create, rotate, revoke or list API credentials")
     tsub = tok.add_subparsers(dest="token_cmd", required=True)
-    tc = tsub.add_parser("create")
-    tc.add_argument("--name", required=True)
+    tc = tsub.add_parser("create", help="a new credential, printed once on stdout")
+    tc.add_argument("--name", help="its name (default for a host's token: host@time)")
     tc.add_argument("--role", required=True, choices=["agent", "viewer", "operator"])
-    tr = tsub.add_parser("revoke")
-    tr.add_argument("--name", required=True)
-    pol = sub.add_parser("policy", help="create or list policies")
+    tc.add_argument("--host", help="the one host an agent token may speak for")
+    tro = tsub.add_parser(
+        "rotate", help="a new token for a host; its old ones expire after a grace period"
+    )
+    tro.add_argument("--host", required=True)
+    tro.add_argument(
+        "--grace-s",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help=f"how long the old token stays valid (default {DEFAULT_GRACE_S} s)",
+    )
+    tr = tsub.add_parser("revoke", help="revoke one token by name, or every token of a host")
+    tr.add_argument("--name")
+    tr.add_argument("--host")
+    tsub.add_parser("list", help="every credential's name, role, host and state (no values)")
+    pol = sub.add_parser("policy", help="create, show or list policies")
     psub = pol.add_subparsers(dest="policy_cmd", required=True)
     pc = psub.add_parser("create")
     pc.add_argument("name")
     pc.add_argument("--fields", help="JSON of policy fields, e.g. '{\"sigma\": 0.1}'")
+    ps = psub.add_parser("show")
+    ps.add_argument("name")
     psub.add_parser("list")
     demo = sub.add_parser("demo", help="Booster on embedded PostgreSQL plus a synthetic demo fleet")
     demo.add_argument("--rounds", type=int, default=12)
@@ -115,14 +219,47 @@ COMMANDS = {
 }
 
 
+def _problems(e: ValidationError) -> str:
+    """A validation error as one line: each field and what is wrong, never the input (which
+    may be a secret)."""
+    return "; ".join(
+        f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}" for err in e.errors()
+    )
+
+
+def explain(e: BaseException) -> str | None:
+    """One line for an ordinary failure; None for a bug (which keeps its traceback)."""
+    if isinstance(e, CliError | SchemaNotAtHead | NotFound | Conflict):
+        return str(e)
+    if isinstance(e, ValidationError):
+        return f"invalid {e.title}: {_problems(e)}"
+    if isinstance(e, ArgumentError | NoSuchModuleError):
+        return "database_url: not a database URL SQLAlchemy can use (postgresql+psycopg://…)"
+    if isinstance(e, DBAPIError):
+        # The driver's first line says what failed (refused, no such user…); it never holds a
+        # password, and the URL itself is not repeated.
+        first = str(e.orig).strip().splitlines()[0] if e.orig is not None else ""
+        return f"database: {type(e.orig).__name__}: {first}".rstrip(": ")
+    if isinstance(e, ValueError | OSError):
+        return str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    settings = Settings()
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(Path(settings.data_dir).resolve()))
-    return COMMANDS[args.cmd](settings, args)
+    try:
+        settings = Settings()
+        logging.basicConfig(
+            level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        os.environ.setdefault("XDG_RUNTIME_DIR", str(Path(settings.data_dir).resolve()))
+        return COMMANDS[args.cmd](settings, args)
+    except Exception as e:
+        message = explain(e)
+        if message is None:
+            raise
+        print(f"booster: error: {message}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

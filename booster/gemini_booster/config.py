@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -101,8 +101,26 @@ class Settings(BaseSettings):
     bootstrap_operator_token: SecretStr | None = Field(
         default=None, description="if set, an operator token with this value exists at start"
     )
-    bootstrap_agent_token: SecretStr | None = None
+    bootstrap_agent_token: SecretStr | None = Field(
+        default=None,
+        description="if set, a fleet-wide agent token (bound to no host) with this value exists "
+        "at start; it is only accepted with allow_unbound_agent_tokens (labs, demos, upgrades)",
+    )
+    allow_unbound_agent_tokens: bool = Field(
+        default=False,
+        description="accept agent tokens bound to no host, which may report as any host: only "
+        "while moving a fleet from one shared token to a token per host",
+    )
     log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _bootstrap_agent_needs_unbound(self) -> Settings:
+        if self.bootstrap_agent_token is not None and not self.allow_unbound_agent_tokens:
+            raise ValueError(
+                "bootstrap_agent_token is a fleet-wide agent token: it needs "
+                "allow_unbound_agent_tokens = true (or create a token per host instead)"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

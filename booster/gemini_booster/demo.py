@@ -11,26 +11,36 @@ import json
 import os
 import secrets
 import threading
+from typing import Any
 
 from . import simulation as sim
 from .config import Settings
 from .domain import ContextKey
-from .fleet import SyntheticFleet
+from .fleet import SyntheticFleet, host_ids
 from .models import PolicyCreate
 from .service.app import BoosterServer
 from .storage import repository as repo
 
 DEMO_POLICY = "demo"
+DEMO_HOSTS = 8
 
 
-def _tokens(server: BoosterServer, settings: Settings) -> dict[str, str]:
-    """Demo credentials, created once and kept in a 0600 file beside the database."""
+def _new_value() -> str:
+    return "gmn_demo_" + secrets.token_urlsafe(24)
+
+
+def _tokens(server: BoosterServer, settings: Settings) -> dict[str, Any]:
+    """Demo credentials, created once and kept in a 0600 file beside the database: an operator
+    token, and one agent token per demo host, bound to it as a real host's would be."""
     path = settings.data_dir / "demo-tokens.json"
     if path.exists():
-        return json.loads(path.read_text())
-    tokens = {role: "gmn_demo_" + secrets.token_urlsafe(24) for role in ("operator", "agent")}
-    for role, value in tokens.items():
-        repo.ensure_token(server.engine, f"demo-{role}", role, value)
+        tokens: dict[str, Any] = json.loads(path.read_text())
+        if isinstance(tokens.get("hosts"), dict):
+            return tokens
+    tokens = {"operator": _new_value(), "hosts": {h: _new_value() for h in host_ids(DEMO_HOSTS)}}
+    repo.ensure_token(server.engine, "demo-operator", "operator", tokens["operator"])
+    for host, value in tokens["hosts"].items():
+        repo.ensure_token(server.engine, f"demo-agent-{host}", "agent", value, host_id=host)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -39,7 +49,7 @@ def _tokens(server: BoosterServer, settings: Settings) -> dict[str, str]:
 
 
 def run_demo(settings: Settings, rounds: int, keep_serving: bool) -> int:
-    server = BoosterServer(settings).start()
+    server = BoosterServer(settings, migrate=True).start()
     try:
         tokens = _tokens(server, settings)
         if DEMO_POLICY not in server.booster.policies:
@@ -60,7 +70,12 @@ def run_demo(settings: Settings, rounds: int, keep_serving: bool) -> int:
             "demo fleet: 8 SIMULATED hosts per context over real gRPC; utility from a known "
             "synthetic surface (not a network)\n"
         )
-        fleet = SyntheticFleet(f"127.0.0.1:{server.grpc_port}", tokens["agent"], DEMO_POLICY)
+        fleet = SyntheticFleet(
+            f"127.0.0.1:{server.grpc_port}",
+            tokens["hosts"],
+            DEMO_POLICY,
+            hosts_per_context=DEMO_HOSTS,
+        )
         names = {c.key: c for c in fleet.contexts}
         print("round  " + "  ".join(f"{c.key[3]:>22}" for c in fleet.contexts))
         for r in range(rounds):

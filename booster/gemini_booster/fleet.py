@@ -7,12 +7,13 @@ the convergence tests and the benchmarks; the lab (real kernels) replaces it end
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
+from gemini_api.service_config import channel_options
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
@@ -30,11 +31,16 @@ class RoundResult:
     incumbents: dict[tuple, dict[str, int]]
 
 
+def host_ids(count: int) -> list[str]:
+    """The demo fleet's host ids."""
+    return [f"demo-host-{i:03d}" for i in range(count)]
+
+
 class SyntheticFleet:
     def __init__(
         self,
         target: str,
-        token: str,
+        token: str | Mapping[str, str],
         policy: str,
         contexts: Sequence[sim.SyntheticContext] = sim.DEFAULT_CONTEXTS,
         hosts_per_context: int = 8,
@@ -42,12 +48,15 @@ class SyntheticFleet:
         sigma: float = 1.0,
         seed: int = 0,
     ):
-        self.channel = grpc.insecure_channel(target)
+        self.channel = grpc.insecure_channel(target, options=channel_options())
         self.stub = pb_grpc.BoosterStub(self.channel)
-        self.metadata = (("authorization", f"Bearer {token}"),)
         self.policy = policy
         self.contexts = list(contexts)
-        self.hosts = [f"demo-host-{i:03d}" for i in range(hosts_per_context)]
+        self.hosts = host_ids(hosts_per_context)
+        # One token per host, as a real fleet has; one shared (unbound) token for any host if
+        # Booster is set to allow such tokens.
+        tokens = token if isinstance(token, Mapping) else dict.fromkeys(self.hosts, token)
+        self.metadata = {h: (("authorization", f"Bearer {tokens[h]}"),) for h in self.hosts}
         self.flows = flows_per_report
         self.sigma = sigma
         self.rng = np.random.default_rng(seed)
@@ -59,7 +68,8 @@ class SyntheticFleet:
         req = pb.GetParametersRequest(
             host_id=host, policy=self.policy, contexts=[c.message() for c in self.contexts]
         )
-        return list(self.stub.GetParameters(req, metadata=self.metadata, timeout=10).parameters)
+        reply = self.stub.GetParameters(req, metadata=self.metadata[host], timeout=10)
+        return list(reply.parameters)
 
     def run_round(self, index: int) -> RoundResult:
         incumbents: dict[tuple, dict[str, int]] = {}
@@ -72,6 +82,6 @@ class SyntheticFleet:
                     incumbents[ctx.key] = theta
                 aggregates.append(sim.make_aggregate(ctx, theta, self.sigma, self.flows, self.rng))
             report = sim.make_report(host, self.policy, aggregates)
-            self.stub.ReportAggregates(report, metadata=self.metadata, timeout=30)
+            self.stub.ReportAggregates(report, metadata=self.metadata[host], timeout=30)
             reports += 1
         return RoundResult(reports, incumbents)

@@ -1,4 +1,4 @@
-"""Assembling a running Booster: database, migrations, credentials, core, gRPC and REST."""
+"""Assembling a running Booster: database, schema check, credentials, core, gRPC and REST."""
 
 from __future__ import annotations
 
@@ -41,6 +41,10 @@ class BoosterServer:
     """A whole Booster in this process; ``start`` returns once both ports are listening."""
 
     settings: Settings
+    # Bring the schema to head at start: True, False (refuse to start unless it is at head),
+    # or None: only an embedded PostgreSQL, which this process alone owns; an external one is
+    # migrated by ``booster migrate`` (the chart's hook Job), never by a starting replica.
+    migrate: bool | None = None
     engine: Engine = field(init=False)  # set by start()
     booster: Booster = field(init=False)
     grpc_server: AgentServer | None = None
@@ -54,11 +58,18 @@ class BoosterServer:
         s = self.settings
         url = database_url(s)
         self.engine = database.make_engine(url)
-        database.migrate(self.engine)
+        try:
+            if self.migrate or (self.migrate is None and s.database_url is None):
+                database.migrate(self.engine)
+            else:
+                database.require_head(self.engine)
+        except BaseException:
+            self.engine.dispose()
+            raise
         bootstrap_tokens(self.engine, s)
         self.booster = Booster(self.engine, s)
         self.booster.start()
-        auth = TokenAuthority(self.engine, s.token_max_stale_s)
+        auth = TokenAuthority(self.engine, s.token_max_stale_s, s.allow_unbound_agent_tokens)
         self.booster.on_tokens_changed(auth.invalidate)
         self.grpc_server = AgentServer(
             self.booster,

@@ -20,6 +20,14 @@ longer. Past it, and for a token the set in hand does not know, every check fail
 A failed reload is retried at most every ``RETRY_SECONDS`` and logged once per
 ``LOG_INTERVAL_S`` with the exception's class only (the driver's message names hosts and ports).
 
+Agent tokens are bound to a host. A host's token (``host_id`` set) speaks for that host only:
+the gRPC adapter refuses a report or a parameter request whose ``host_id`` is another's
+(``Principal.speak_for``), so a leaked token can neither poison another host's context quota
+nor read its exploration plan. An agent token bound to no host (the fleet-wide token of older
+installs, and ``bootstrap_agent_token``) is refused unless ``allow_unbound_agent_tokens`` is
+set. A token past its ``expires_at`` (set by a rotation on the host's old token) is refused by
+wall clock at each use, whatever the cache holds.
+
 Reloads never run under the lock and never twice at once: while one caller asks the database,
 others whose token the set in hand vouches for are answered from it, and ``require_nowait``
 answers without ever touching the database, for callers on an event loop.
@@ -38,6 +46,7 @@ from enum import Enum
 from sqlalchemy import Engine
 
 from ..storage import repository as repo
+from ..storage.repository import TokenRecord
 from .ratelimit_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -53,22 +62,34 @@ GRANTS = {
     "viewer": {"read"},
     "operator": {"read", "write"},
 }
-Tokens = dict[str, tuple[str, str]]  # sha256 → (name, role)
+Tokens = dict[str, TokenRecord]  # sha256 → what the token may do
 
 
 @dataclass(frozen=True)
 class Principal:
     name: str
     role: str
+    host_id: str | None = None  # the host an agent token speaks for; None: any (unbound)
 
     def may(self, permission: str) -> bool:
         return permission in GRANTS.get(self.role, set())
+
+    def speak_for(self, host_id: str) -> None:
+        """AuthError unless this credential may act as ``host_id``. Names both hosts and the
+        token's name, never its value."""
+        if self.host_id is not None and host_id != self.host_id:
+            raise AuthError(
+                "host_mismatch",
+                f"token {self.name!r} speaks for host {self.host_id!r}, not {host_id!r}",
+            )
 
 
 class AuthError(Exception):
     def __init__(self, reason: str, message: str):
         super().__init__(message)
-        self.reason = reason  # "missing", "invalid", "forbidden" or "unavailable"
+        # "missing", "invalid", "expired" (no usable credential: 401 / UNAUTHENTICATED),
+        # "forbidden", "unbound", "host_mismatch" (403 / PERMISSION_DENIED), "unavailable"
+        self.reason = reason
 
 
 class AuthUnavailable(AuthError):
@@ -86,9 +107,15 @@ class _Step(Enum):
 
 
 class TokenAuthority:
-    def __init__(self, engine: Engine, max_stale_s: float = DEFAULT_MAX_STALE_S):
+    def __init__(
+        self,
+        engine: Engine,
+        max_stale_s: float = DEFAULT_MAX_STALE_S,
+        allow_unbound_agents: bool = False,
+    ):
         self.engine = engine
         self.max_stale_s = max_stale_s
+        self.allow_unbound_agents = allow_unbound_agents
         self._tokens: Tokens = {}
         self._loaded_at = -math.inf  # last successful load (monotonic)
         self._tried_at = -math.inf  # last attempt, successful or not
@@ -127,7 +154,7 @@ class TokenAuthority:
             return _Step.ANSWER if known and not self._invalid else _Step.WAIT
         return _Step.LOAD
 
-    def _answer(self, digest: str, now: float) -> tuple[str, str] | None:
+    def _answer(self, digest: str, now: float) -> TokenRecord | None:
         age = now - self._loaded_at
         if not self._failing and age <= CACHE_SECONDS:
             return self._tokens.get(digest)
@@ -178,8 +205,8 @@ class TokenAuthority:
         elif recovered:
             log.info("tokens reloaded again after the database was unreachable")
 
-    def _lookup(self, digest: str, block: bool) -> tuple[str, str] | _Step | None:
-        """The token's (name, role), None if it is unknown, or ``_Step.LOAD`` when answering
+    def _lookup(self, digest: str, block: bool) -> TokenRecord | _Step | None:
+        """The token's record, None if it is unknown, or ``_Step.LOAD`` when answering
         needs the database and ``block`` is false."""
         while True:
             with self._cond:
@@ -209,24 +236,32 @@ class TokenAuthority:
             raise AuthError("invalid", "malformed credential: expected 'Bearer <token>'")
         return repo.hash_token(token.strip())
 
-    @staticmethod
-    def _principal(found: tuple[str, str] | None, permission: str) -> Principal:
+    def _principal(self, found: TokenRecord | None, permission: str | None) -> Principal:
         if found is None:
             raise AuthError("invalid", "unknown or revoked token")
-        principal = Principal(*found)
+        if found.expires_at is not None and time.time() >= found.expires_at:
+            raise AuthError("expired", f"token {found.name!r} has expired")
+        principal = Principal(found.name, found.role, found.host_id)
+        if permission is None:
+            return principal
         if not principal.may(permission):
             raise AuthError(
                 "forbidden",
                 f"token {principal.name!r} (role {principal.role}) may not {permission}",
+            )
+        if permission == "agent" and principal.host_id is None and not self.allow_unbound_agents:
+            raise AuthError(
+                "unbound",
+                f"agent token {principal.name!r} is bound to no host; give each host its own "
+                "(booster token create --role agent --host <id>) or set "
+                "allow_unbound_agent_tokens",
             )
         return principal
 
     def authenticate(self, authorization: str | None) -> Principal:
         found = self._lookup(self._digest(authorization), block=True)
         assert not isinstance(found, _Step)
-        if found is None:
-            raise AuthError("invalid", "unknown or revoked token")
-        return Principal(*found)
+        return self._principal(found, None)
 
     def require(self, authorization: str | None, permission: str) -> Principal:
         """The caller, if it may ``permission``; else AuthError. May query the database (and

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 
 from sqlalchemy import Engine
 
@@ -31,7 +32,7 @@ from ..storage import repository as repo
 from ..storage.ingest import ReportRow
 from .ingest_writer import IngestWriter
 from .leases import LeaseLost
-from .metrics import Metrics
+from .metrics import Metrics, PlannedUtility
 from .plan_cache import CachedPlan, PlanCache
 from .refit import RefitElsewhere, RefitService
 from .sync import Follower
@@ -77,6 +78,7 @@ class Booster:
             else None
         )
         self.follower = Follower(engine, self)
+        self.metrics.plans.source = self.planned_utilities
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -151,9 +153,11 @@ class Booster:
 
     # -- agents ----------------------------------------------------------------------------
 
-    def validate_report(self, raw: bytes) -> ReportRow:
-        """Parse and check one serialized ReportRequest; raises DecodeError or InvalidReport."""
-        req = pb.ReportRequest.FromString(raw)
+    def validate_report(self, raw: bytes, req: pb.ReportRequest | None = None) -> ReportRow:
+        """Check one serialized ReportRequest (``req``: ``raw`` already parsed); raises
+        DecodeError or InvalidReport."""
+        if req is None:
+            req = pb.ReportRequest.FromString(raw)
         return report_row(
             raw, req, self.spec, self.policies, self.settings.max_aggregates_per_report
         )
@@ -201,3 +205,10 @@ class Booster:
 
     def plan_snapshot(self, policy_id: int) -> dict[ContextKey, CachedPlan]:
         return self.plans.snapshot(policy_id)
+
+    def planned_utilities(self) -> Iterator[PlannedUtility]:
+        """The incumbent's predicted utility for every context of every served policy's
+        current plan (the per-context gauge, drawn at each scrape)."""
+        for policy in list(self._by_id.values()):
+            for key, plan in self.plans.snapshot(policy.id).items():
+                yield PlannedUtility(policy.name, key.label, plan.incumbent_utility)

@@ -47,7 +47,7 @@ def _serve_front(
     engine = database.make_engine(url)
     core = Booster(engine, settings, refits=False)
     core.start()
-    auth = TokenAuthority(engine, settings.token_max_stale_s)
+    auth = TokenAuthority(engine, settings.token_max_stale_s, settings.allow_unbound_agent_tokens)
     core.on_tokens_changed(auth.invalidate)
     server = AgentServer(
         core,

@@ -21,7 +21,11 @@ Status codes say what the agent should do; no answer carries an exception's text
 * ALREADY_EXISTS: the report id was stored with other content.
 * UNAVAILABLE: storage or credentials cannot be reached, or anything unexpected happened
   (logged once per interval with the exception's class, never per call); retry, same id.
-* UNAUTHENTICATED / PERMISSION_DENIED: no usable agent token.
+* UNAUTHENTICATED: no usable token (missing, unknown, revoked, expired).
+* PERMISSION_DENIED: a token that may not do this: not an agent token, an agent token bound to
+  no host while ``allow_unbound_agent_tokens`` is off, or a host's token used for another host
+  (the message names both hosts and the token's name, never its value). The host check comes
+  after parsing (the host is in the message) and before validation or storage.
 
 Limits, applied before a handler does any work (``GrpcLimits``, from ``Settings`` by
 ``grpc_limits``), and what bounds what:
@@ -47,6 +51,18 @@ Limits, applied before a handler does any work (``GrpcLimits``, from ``Settings`
 * Keepalive: a client may ping every ``min_ping_interval_s`` at most, with or without a call in
   progress (agents behind NAT may keep idle connections open); ``max_ping_strikes`` pings more
   often and the connection is closed (GOAWAY "too_many_pings").
+
+Beside the agent service the port answers gRPC's standard health checking
+(``grpc.health.v1.Health``) and server reflection, both without credentials:
+
+* Health: ``""`` and ``gemini.booster.v1.Booster`` are SERVING while this process serves the
+  agent port, and NOT_SERVING from the moment it starts shutting down (so clients that watch it,
+  as the service config in ``gemini_api.service_config`` asks, move to another replica before
+  the port closes). They do not follow ``/readyz``: while the database is away this replica
+  still answers GetParameters from memory, which is what agents need most, and refuses reports
+  with UNAVAILABLE, which agents retry; a NOT_SERVING replica would be skipped for both.
+  ``/readyz`` (REST, operators) stays what says "serves current data".
+* Reflection: the agent, health and reflection services, for ``grpcurl`` and the like.
 """
 
 from __future__ import annotations
@@ -62,23 +78,31 @@ from typing import Any, TypeVar
 import grpc
 import uvloop
 from google.protobuf.message import DecodeError
+from grpc_health.v1 import _async as health_async  # type: ignore[import-untyped]
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
 from gemini_api.v1 import booster_pb2 as pb
 
 from ..config import Settings
-from .auth import AuthError, TokenAuthority
+from .auth import AuthError, Principal, TokenAuthority
 from .core import Booster
 from .ratelimit_log import RateLimitedLog
 from .validation import InvalidReport
 
 log = logging.getLogger(__name__)
 limited = RateLimitedLog(log, interval_s=30.0)
-SERVICE = "gemini.booster.v1.Booster"
+SERVICE = pb.DESCRIPTOR.services_by_name["Booster"].full_name
+REFLECTED = (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
+HEALTH_NAMES = (health.OVERALL_HEALTH, SERVICE)
 
 _AUTH_CODES = {
     "missing": grpc.StatusCode.UNAUTHENTICATED,
     "invalid": grpc.StatusCode.UNAUTHENTICATED,
+    "expired": grpc.StatusCode.UNAUTHENTICATED,
     "forbidden": grpc.StatusCode.PERMISSION_DENIED,
+    "unbound": grpc.StatusCode.PERMISSION_DENIED,
+    "host_mismatch": grpc.StatusCode.PERMISSION_DENIED,
     "unavailable": grpc.StatusCode.UNAVAILABLE,
 }
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -87,7 +111,7 @@ STORAGE_UNAVAILABLE = "storage unavailable; retry with the same id"
 ONE_MESSAGE = "one request message per call"
 QUOTA_METADATA = (("gemini-rejection", "quota"),)
 
-Handler = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
+Handler = Callable[[bytes, Principal, grpc.aio.ServicerContext], Awaitable[bytes]]
 T = TypeVar("T")
 
 
@@ -147,7 +171,7 @@ class AgentService:
         self.metrics = booster.metrics
         self.limits = limits or GrpcLimits()
 
-    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+    async def _authorize(self, context: grpc.aio.ServicerContext) -> Principal:
         credential = next(
             (v for k, v in context.invocation_metadata() or () if k == "authorization"), None
         )
@@ -155,10 +179,26 @@ class AgentService:
             # From the cached set on the loop; only a reload (every few seconds, after a token
             # change, or for an unknown token) goes to a thread, so a slow database never
             # stalls the calls of every other agent.
-            if self.auth.require_nowait(credential, "agent") is None:
-                await asyncio.to_thread(self.auth.require, credential, "agent")
+            principal = self.auth.require_nowait(credential, "agent")
+            if principal is None:
+                principal = await asyncio.to_thread(self.auth.require, credential, "agent")
+            return principal
         except AuthError as e:
             self.metrics.auth_failures.labels("grpc", e.reason).inc()
+            await context.abort(_AUTH_CODES[e.reason], str(e))
+            raise  # unreachable: abort raises
+
+    async def _speak_for(
+        self, principal: Principal, host_id: str, context: grpc.aio.ServicerContext, report: bool
+    ) -> None:
+        """PERMISSION_DENIED unless ``principal`` may act as ``host_id``; counted both as an
+        auth failure and, for a report, as a rejected report."""
+        try:
+            principal.speak_for(host_id)
+        except AuthError as e:
+            self.metrics.auth_failures.labels("grpc", e.reason).inc()
+            if report:
+                self.metrics.reports.labels("rejected", e.reason).inc()
             await context.abort(_AUTH_CODES[e.reason], str(e))
 
     async def _receive(self, context: grpc.aio.ServicerContext) -> bytes:
@@ -184,8 +224,8 @@ class AgentService:
         t0 = time.perf_counter()
         code = "OK"
         try:
-            await self._authorize(context)
-            return await fn(await self._receive(context), context)
+            principal = await self._authorize(context)
+            return await fn(await self._receive(context), principal, context)
         except grpc.aio.AbortError:
             code = _code_name(context)
             raise
@@ -221,11 +261,16 @@ class AgentService:
             self.metrics.reports.labels("rejected", e.reason).inc()
         await context.abort(code, message)
 
-    async def report(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def report(
+        self, raw: bytes, principal: Principal, context: grpc.aio.ServicerContext
+    ) -> bytes:
         try:
-            row = self.booster.validate_report(raw)
+            req = pb.ReportRequest.FromString(raw)
         except DecodeError:
             await self._reject(context, INVALID, "garbled", "request is not a ReportRequest")
+        await self._speak_for(principal, req.host_id, context, report=True)
+        try:
+            row = self.booster.validate_report(raw, req)
         except InvalidReport as e:
             await self._invalid(context, e, report=True)
         # The writer thread stores it with whatever else has queued up (group commit); this
@@ -251,12 +296,16 @@ class AgentService:
             duplicate=outcome.duplicate, aggregates_stored=outcome.stored
         ).SerializeToString()
 
-    async def get_parameters(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def get_parameters(
+        self, raw: bytes, principal: Principal, context: grpc.aio.ServicerContext
+    ) -> bytes:
         try:
             req = pb.GetParametersRequest.FromString(raw)
-            return self.booster.parameters(req).SerializeToString()
         except DecodeError:
             await context.abort(INVALID, "request is not a GetParametersRequest")
+        await self._speak_for(principal, req.host_id, context, report=False)
+        try:
+            return self.booster.parameters(req).SerializeToString()
         except InvalidReport as e:
             await self._invalid(context, e, report=False)
         raise AssertionError("unreachable: abort raises")
@@ -324,6 +373,7 @@ class AgentServer:
         self._loop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="grpc", daemon=True)
         self._server: grpc.aio.Server | None = None
+        self._health = health_async.HealthServicer()
         self.port = 0
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -334,6 +384,8 @@ class AgentServer:
             options=self._options, maximum_concurrent_rpcs=self.limits.max_concurrent_rpcs
         )
         self._server.add_generic_rpc_handlers((self._service.handler(),))
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        reflection.enable_server_reflection(REFLECTED, self._server)
         if self._tls is not None:
             port = self._server.add_secure_port(self._listen, self._tls)
         else:
@@ -341,6 +393,8 @@ class AgentServer:
         if port == 0:
             raise RuntimeError(f"cannot listen on {self._listen}")
         await self._server.start()
+        for name in HEALTH_NAMES:
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return port
 
     def start(self) -> int:
@@ -350,6 +404,8 @@ class AgentServer:
 
     def stop(self, grace: float = 2.0) -> None:
         if self._server is not None:
+            # NOT_SERVING first: watching clients leave while calls in progress finish.
+            self._run(self._health.enter_graceful_shutdown())
             self._run(self._server.stop(grace))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=grace + 5)

@@ -293,10 +293,7 @@ class RefitService:
             self.plans.update(policy.id, records, contexts, generation)
         else:  # the cache missed a publish (another owner's): take the whole policy from storage
             self.plans.reload(self.engine, policy.id)
-        for rec in records:
-            if rec.incumbent_utility is not None:
-                label = contexts[rec.context_id].label
-                self.metrics.best_utility.labels(policy.name, label).set(rec.incumbent_utility)
+        self.metrics.refit_published(policy.name)
         for cid in plans:
             planned_at[cid] = started
         elapsed = time.perf_counter() - t0

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, text
 
 import gemini_migrations
 
@@ -60,3 +61,37 @@ def migrate(engine: Engine, revision: str = "head") -> None:
         conn.exec_driver_sql("SELECT pg_advisory_xact_lock(727274)")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
+
+
+class SchemaNotAtHead(RuntimeError):
+    """The database's schema is not the one this Booster needs (older, newer, or none)."""
+
+
+def head_revision() -> str:
+    """The newest migration this Booster ships."""
+    head = ScriptDirectory.from_config(alembic_config("postgresql://")).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database's schema is at; None before the first migration."""
+    with engine.connect() as conn:
+        if conn.execute(text("SELECT to_regclass('alembic_version')")).scalar_one() is None:
+            return None
+        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one_or_none()
+
+
+def require_head(engine: Engine) -> None:
+    """SchemaNotAtHead unless the schema is at this Booster's newest migration.
+
+    Serving never migrates on its own: a schema change is a step an operator (or the Helm
+    chart's pre-upgrade hook Job) takes with ``booster migrate``, once, before new replicas
+    start, not a side effect of whichever replica happens to start first.
+    """
+    current, head = current_revision(engine), head_revision()
+    if current != head:
+        raise SchemaNotAtHead(
+            f"database schema is at revision {current or 'none'}, this Booster needs {head}: "
+            "run 'booster migrate' first"
+        )

@@ -12,9 +12,11 @@ from datetime import datetime
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
     Double,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     SmallInteger,
@@ -205,12 +207,20 @@ class ApiToken(Base):
     """A bearer credential; only its SHA-256 is stored."""
 
     __tablename__ = "api_tokens"
+    __table_args__ = (
+        CheckConstraint("host_id IS NULL OR role = 'agent'", name="api_tokens_host_agent_only"),
+        Index("api_tokens_host", "host_id"),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    name: Mapped[str] = mapped_column(String(160), unique=True, nullable=False)
     role: Mapped[str] = mapped_column(String(16), nullable=False)
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
     created_at: Mapped[datetime] = _now()
     revoked: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    # The one host an agent token speaks for (NULL: not bound; see service/auth.py).
+    host_id: Mapped[str | None] = mapped_column(String(128))
+    # Refused after this instant (NULL: never); set on a host's old token by a rotation.
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class AuditEntry(Base):

@@ -21,10 +21,11 @@ from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.base import RequestResponseEndpoint
 
+from ... import __version__
 from ...config import Settings
 from ..auth import TokenAuthority
 from ..core import Booster
-from . import credentials, health, plans, policies
+from . import credentials, docs, health, plans, policies
 from .deps import authorize
 from .errors import DATABASE_ERRORS, database_unavailable, validation_failed
 from .limits import RequestLimits, uvicorn_limits
@@ -46,8 +47,10 @@ def create_app(booster: Booster, auth: TokenAuthority, settings: Settings | None
     settings = settings or booster.settings
     app = FastAPI(
         title="Gemini Booster",
-        version="1",
+        version=__version__,
         description="Operator API of Booster, the contextual Bayesian optimiser for Fusion's θ.",
+        docs_url=None,  # served from the package by docs.install, not from a CDN
+        redoc_url=None,
     )
     app.state.booster = booster
     app.state.authority = auth
@@ -67,6 +70,8 @@ def create_app(booster: Booster, auth: TokenAuthority, settings: Settings | None
         response = await call_next(request)
         if request.url.path.startswith("/dashboard"):
             response.headers.update(DASHBOARD_HEADERS)
+        elif request.url.path.startswith("/docs"):
+            response.headers.update(docs.DOCS_HEADERS)
         return response
 
     @app.middleware("http")
@@ -86,5 +91,6 @@ def create_app(booster: Booster, auth: TokenAuthority, settings: Settings | None
     def root() -> RedirectResponse:
         return RedirectResponse("/dashboard/")
 
+    docs.install(app)
     app.mount("/dashboard", StaticFiles(directory=DASHBOARD_DIR, html=True), name="dashboard")
     return app

@@ -3,10 +3,11 @@ the service leaves an audit entry, and readers may see who changed what."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ...models import NAME_PATTERN
 from ...storage import repository as repo
@@ -18,10 +19,23 @@ Role = Literal["agent", "viewer", "operator"]
 router = APIRouter(prefix="/v1", tags=["credentials"], responses=AUTH_ERRORS)
 
 
+HostId = Annotated[str, Field(min_length=1, max_length=repo.MAX_HOST_ID_LEN, pattern=r"^\S+$")]
+MAX_GRACE_S = 30 * 86_400
+
+
 class TokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=NAME_PATTERN)
     role: Role
+    host_id: HostId | None = Field(
+        default=None, description="the one host an agent token may speak for"
+    )
+
+    @model_validator(mode="after")
+    def _host_for_agents_only(self) -> TokenCreate:
+        if self.host_id is not None and self.role != "agent":
+            raise ValueError("host_id binds agent tokens only")
+        return self
 
 
 class TokenOut(BaseModel):
@@ -29,7 +43,26 @@ class TokenOut(BaseModel):
 
     name: str
     role: Role
+    host_id: str | None = None
     token: str
+
+
+class TokenRotate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host_id: HostId
+    grace_s: float = Field(
+        default=86_400, ge=0, le=MAX_GRACE_S, description="how long the old token stays valid"
+    )
+
+
+class RotationOut(BaseModel):
+    """The host's new token (shown once) and the old ones that now expire."""
+
+    name: str
+    host_id: str
+    token: str
+    expiring: list[str]
+    expires_at: datetime
 
 
 @router.post(
@@ -41,11 +74,41 @@ def create_token(
     who: Writer, body: TokenCreate, booster: BoosterDep, authority: AuthorityDep
 ) -> TokenOut:
     try:
-        token = repo.create_token(booster.engine, body.name, body.role, who.name)
+        token = repo.create_token(
+            booster.engine, body.name, body.role, who.name, host_id=body.host_id
+        )
     except repo.Conflict as e:
         raise HTTPException(409, str(e)) from e
     authority.invalidate()
-    return TokenOut(name=body.name, role=body.role, token=token)
+    return TokenOut(name=body.name, role=body.role, host_id=body.host_id, token=token)
+
+
+@router.post(
+    "/tokens/rotate",
+    status_code=201,
+    responses=error(404, "the host has no live token") | error(409, "name taken") | TOO_LARGE,
+)
+def rotate_token(
+    who: Writer, body: TokenRotate, booster: BoosterDep, authority: AuthorityDep
+) -> RotationOut:
+    """A new token for the host; its other tokens expire after ``grace_s``, so the host
+    switches without a refused call."""
+    try:
+        r = repo.rotate_token(
+            booster.engine, body.host_id, who.name, timedelta(seconds=body.grace_s)
+        )
+    except repo.NotFound as e:
+        raise HTTPException(404, str(e)) from e
+    except repo.Conflict as e:
+        raise HTTPException(409, str(e)) from e
+    authority.invalidate()
+    return RotationOut(
+        name=r.name,
+        host_id=body.host_id,
+        token=r.token,
+        expiring=list(r.expiring),
+        expires_at=r.expires_at,
+    )
 
 
 @router.delete(

@@ -42,12 +42,17 @@ def error(status: int, description: str) -> Responses:
     return {status: {"model": ErrorOut, "description": description}}
 
 
-AUTH_ERRORS = error(401, "no credential, a malformed one, or an unknown or revoked token") | error(
-    403, "the token's role lacks the permission"
-)
 NOT_FOUND = error(404, "no policy of that name")
 TOO_LARGE = error(413, "request body above max_request_body_bytes (refused before it is read)")
-UNAVAILABLE = error(503, DATABASE_UNAVAILABLE)
+UNAVAILABLE = error(
+    503, f"{DATABASE_UNAVAILABLE}; or credentials cannot be checked now (retry later)"
+)
+# Every route that takes a credential: it may be refused, and may be unanswerable for now.
+AUTH_ERRORS = (
+    error(401, "no credential, a malformed one, or an unknown, revoked or expired token")
+    | error(403, "the token's role lacks the permission")
+    | UNAVAILABLE
+)
 
 
 def invalid_body(e: ValidationError, sent: dict[str, Any]) -> RequestValidationError:

@@ -1,0 +1,75 @@
+"""How a client should call Booster's agent port: gRPC's service config and channel options.
+
+One definition, for every client (the agent's reporter, the demo fleet, load generators):
+
+* **Retries.** Both methods are retried on UNAVAILABLE only, with exponential backoff, by gRPC
+  itself: a replica restarting, a connection recycled at its maximum age, or Booster's own
+  "storage unavailable; retry". Both are safe to repeat: GetParameters changes nothing, and a
+  report carries its idempotency key, so a retried report is stored once. Nothing else is
+  retried by the channel: INVALID_ARGUMENT can never succeed, RESOURCE_EXHAUSTED with
+  ``gemini-rejection: quota`` is the agent's to set aside, and UNAUTHENTICATED or
+  PERMISSION_DENIED need a new credential. ``retryThrottling`` stops retries when most calls
+  fail, so a fleet does not multiply its load on a Booster that is down.
+* **Health.** ``round_robin`` over every address the name resolves to (each Booster replica
+  behind a headless Service), skipping a replica whose health service says NOT_SERVING (it is
+  shutting down), so calls move before its port closes.
+* **Keepalive.** A ping after ``KEEPALIVE_TIME_S`` without traffic finds a dead connection
+  (a NAT that forgot it) before the next report does. The period respects Booster's
+  enforcement (``GrpcLimits.min_ping_interval_s``, 30 s: pinging more often gets the
+  connection closed with "too_many_pings").
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+SERVICE = "gemini.booster.v1.Booster"
+
+MAX_ATTEMPTS = 4  # the call and three retries
+INITIAL_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 10.0
+BACKOFF_MULTIPLIER = 2.0
+KEEPALIVE_TIME_S = 60  # ≥ the server's minimum ping interval of 30 s, with margin
+KEEPALIVE_TIMEOUT_S = 20
+RETRY_MAX_TOKENS = 10  # gRPC's retry throttling: retries stop while tokens < half of this
+RETRY_TOKEN_RATIO = 0.1  # each success earns back this much
+
+SERVICE_CONFIG: dict[str, Any] = {
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "healthCheckConfig": {"serviceName": SERVICE},
+    "methodConfig": [
+        {
+            "name": [
+                {"service": SERVICE, "method": "GetParameters"},
+                {"service": SERVICE, "method": "ReportAggregates"},
+            ],
+            "retryPolicy": {
+                "maxAttempts": MAX_ATTEMPTS,
+                "initialBackoff": f"{INITIAL_BACKOFF_S}s",
+                "maxBackoff": f"{MAX_BACKOFF_S}s",
+                "backoffMultiplier": BACKOFF_MULTIPLIER,
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }
+    ],
+    "retryThrottling": {"maxTokens": RETRY_MAX_TOKENS, "tokenRatio": RETRY_TOKEN_RATIO},
+}
+
+
+def service_config_json() -> str:
+    """The service config as gRPC takes it (also what a DNS TXT record would publish)."""
+    return json.dumps(SERVICE_CONFIG, separators=(",", ":"), sort_keys=True)
+
+
+def channel_options() -> list[tuple[str, str | int]]:
+    """Options for ``grpc.insecure_channel`` / ``grpc.secure_channel`` to Booster."""
+    return [
+        ("grpc.service_config", service_config_json()),
+        ("grpc.enable_retries", 1),
+        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_S * 1000),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # Pings without data are what keepalive is for; gRPC's own default allows only two.
+        ("grpc.http2.max_pings_without_data", 0),
+    ]

@@ -14,6 +14,7 @@
 #include <net/net_namespace.h>
 #include <net/sock.h>
 
+#include "fusion_lpm.h"
 #include "fusion_theta.h"
 #include "fusion_uapi.h"
 
@@ -41,7 +42,8 @@ struct fusion_table {
 	u32 n_profiles;
 	u32 n_rules;
 	struct fusion_profile profiles[FUSION_MAX_PROFILES];
-	struct fusion_rule rules[];	/* longest prefix first */
+	struct fusion_lpm lpm;		/* rules by longest prefix; its nodes follow rules[] */
+	struct fusion_rule rules[];	/* as installed */
 };
 
 struct fusion_net {

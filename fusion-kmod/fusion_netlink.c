@@ -5,16 +5,18 @@
  * flow on the "flows" group.
  *
  * A table write is validated as a whole before anything changes: every θ inside region Θ',
- * every prefix well formed (length within the family, no host bits), every rule naming a profile
- * of the same message, and no more than FUSION_MAX_PROFILES / FUSION_MAX_RULES. The first fault
- * is returned as an extack message naming it; the installed table is untouched.
+ * every prefix well formed (length within the family, no host bits) and given once, every rule
+ * naming a profile of the same message, and no more than FUSION_MAX_PROFILES / FUSION_MAX_RULES.
+ * The first fault is returned as an extack message naming it; the installed table is untouched.
+ * The table's longest-prefix-match trie (fusion_lpm.c) is built here, once, in the same
+ * allocation as the rules, before the table is published.
  *
  * Records are sent from softirq context with GFP_ATOMIC. When a listener's receive buffer is
  * full the kernel cannot wait: the record is counted in "dropped" (and the listener's socket
  * sees ENOBUFS), never silently lost.
  */
 #include <linux/inetdevice.h>
-#include <linux/sort.h>
+#include <linux/overflow.h>
 #include <net/genetlink.h>
 #include <net/ipv6.h>
 #include <net/tcp.h>
@@ -155,11 +157,43 @@ static int fusion_parse_rule(const struct nlattr *nla, struct fusion_table *t,
 	return 0;
 }
 
-static int fusion_rule_cmp(const void *a, const void *b)
+/* Index every rule in the table's trie; a prefix given twice is refused. */
+static int fusion_index_rules(struct fusion_table *t, struct netlink_ext_ack *extack)
 {
-	const struct fusion_rule *ra = a, *rb = b;
+	u32 key[FUSION_LPM_KEY_WORDS];
+	u32 i;
+	int err;
 
-	return (int)rb->prefix_len - (int)ra->prefix_len;
+	for (i = 0; i < t->n_rules; i++) {
+		const struct fusion_rule *r = &t->rules[i];
+
+		fusion_lpm_key_of(r->family, &r->addr, key);
+		err = fusion_lpm_insert(&t->lpm,
+					r->family == AF_INET6 ? FUSION_LPM_INET6 : FUSION_LPM_INET,
+					key, r->prefix_len, r->profile_idx);
+		if (err == -EEXIST) {
+			NL_SET_ERR_MSG(extack, "rule prefix given twice");
+			return -EINVAL;
+		}
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+/* The table and its trie's nodes, in one allocation: freed together, never resized. */
+static struct fusion_table *fusion_alloc_table(u32 n_rules)
+{
+	u32 max_nodes = fusion_lpm_nodes_for(n_rules);
+	struct fusion_table *t;
+	size_t rules_size = struct_size(t, rules, n_rules);
+
+	t = kvzalloc(size_add(rules_size, array_size(max_nodes, sizeof(struct fusion_lpm_node))),
+		     GFP_KERNEL);
+	if (t)
+		fusion_lpm_init(&t->lpm, (struct fusion_lpm_node *)((u8 *)t + rules_size),
+				max_nodes);
+	return t;
 }
 
 /* Count the rules, so the table is allocated once and never grows while parsing. */
@@ -188,7 +222,7 @@ static struct fusion_table *fusion_parse_table(struct genl_info *info)
 	n_rules = fusion_count_rules(info, extack);
 	if (n_rules < 0)
 		return ERR_PTR(n_rules);
-	t = kvzalloc(struct_size(t, rules, n_rules), GFP_KERNEL);
+	t = fusion_alloc_table(n_rules);
 	if (!t)
 		return ERR_PTR(-ENOMEM);
 	/* profiles first, so rules may come in any order relative to them */
@@ -204,7 +238,9 @@ static struct fusion_table *fusion_parse_table(struct genl_info *info)
 		if (err)
 			goto fail;
 	}
-	sort(t->rules, t->n_rules, sizeof(t->rules[0]), fusion_rule_cmp, NULL);
+	err = fusion_index_rules(t, extack);
+	if (err)
+		goto fail;
 	return t;
 fail:
 	kvfree(t);

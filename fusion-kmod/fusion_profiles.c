@@ -52,34 +52,37 @@ u32 fusion_next_version(struct fusion_net *fn)
 	return fn->version;
 }
 
-static bool fusion_rule_matches(const struct fusion_rule *r, const struct sock *sk)
+/* sk's destination as a trie key; an IPv4-mapped IPv6 peer is looked up as IPv4. */
+static enum fusion_lpm_family fusion_dest_key(const struct sock *sk,
+					      u32 key[FUSION_LPM_KEY_WORDS])
 {
 #if IS_ENABLED(CONFIG_IPV6)
-	if (sk->sk_family == AF_INET6 && !ipv6_addr_v4mapped(&sk->sk_v6_daddr))
-		return r->family == AF_INET6 &&
-		       ipv6_prefix_equal(&r->addr.a6, &sk->sk_v6_daddr, r->prefix_len);
+	if (sk->sk_family == AF_INET6 && !ipv6_addr_v4mapped(&sk->sk_v6_daddr)) {
+		fusion_lpm_key_of(AF_INET6, &sk->sk_v6_daddr, key);
+		return FUSION_LPM_INET6;
+	}
 #endif
-	return r->family == AF_INET &&
-	       !((r->addr.a4 ^ sk->sk_daddr) & inet_make_mask(r->prefix_len));
+	fusion_lpm_key_of(AF_INET, &sk->sk_daddr, key);
+	return FUSION_LPM_INET;
 }
 
-/* The θ a new flow to sk's destination runs: longest matching rule, else the default. */
+/*
+ * The θ a new flow to sk's destination runs: the longest matching rule's profile, else the
+ * default. One walk down the table's trie, never a scan of its rules.
+ */
 void fusion_profile_for(const struct sock *sk, struct fusion_profile *out)
 {
 	struct fusion_net *fn = fusion_pernet(sock_net(sk));
+	u32 key[FUSION_LPM_KEY_WORDS];
+	enum fusion_lpm_family family = fusion_dest_key(sk, key);
 	const struct fusion_table *t;
-	u32 i;
+	int idx = -1;
 
 	rcu_read_lock();
 	t = rcu_dereference(fn->table);
-	for (i = 0; t && i < t->n_rules; i++) {
-		if (fusion_rule_matches(&t->rules[i], sk)) {
-			*out = t->profiles[t->rules[i].profile_idx];
-			rcu_read_unlock();
-			return;
-		}
-	}
-	*out = *rcu_dereference(fn->dflt);
+	if (t)
+		idx = fusion_lpm_lookup(&t->lpm, family, key);
+	*out = idx >= 0 ? t->profiles[idx] : *rcu_dereference(fn->dflt);
 	rcu_read_unlock();
 }
 

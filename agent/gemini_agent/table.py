@@ -206,6 +206,9 @@ def compile_table(
     budget = limits.max_rules - len(CATCH_ALL)
     for place in order:
         key = _key(per_place[place])
+        if thetas.get(key) == DEFAULT_INDEX:  # runs what the catch-all runs: costs nothing
+            index_of[place] = DEFAULT_INDEX
+            continue
         if key not in thetas and len(thetas) == limits.max_profiles:
             left_out["profiles"] += 1
             continue

@@ -85,7 +85,7 @@ def stored(engine, host: str) -> int:
         return conn.execute(q, {"h": host}).scalar_one()
 
 
-def metric(running: Running, name: str, **labels: str) -> float:
+def metric(running: Running | BoosterServer, name: str, **labels: str) -> float:
     for family in running.booster.metrics.families():
         for s in family.samples:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
@@ -134,6 +134,8 @@ def test_an_unbound_agent_token_is_refused_unless_allowed(strict: Running, db_ur
         for host in ("host-a", "host-b"):
             stub.ReportAggregates(report(host), metadata=agent_md(fleet), timeout=10)
             assert stored(strict.engine, host) == 1
+        # Counted, so that an operator sees when the fleet has moved off it.
+        assert metric(lenient, "gemini_booster_unbound_agent_calls_total") == 2
     finally:
         lenient.stop()
 

@@ -182,6 +182,8 @@ class AgentService:
             principal = self.auth.require_nowait(credential, "agent")
             if principal is None:
                 principal = await asyncio.to_thread(self.auth.require, credential, "agent")
+            if principal.host_id is None:  # allowed, but the fleet should move off it
+                self.metrics.unbound_agent_calls.inc()
             return principal
         except AuthError as e:
             self.metrics.auth_failures.labels("grpc", e.reason).inc()

@@ -166,6 +166,13 @@ class Metrics:
             registry=r,
         )
 
+        self.unbound_agent_calls = Counter(
+            "gemini_booster_unbound_agent_calls",
+            "Agent calls accepted with a token bound to no host (allow_unbound_agent_tokens): "
+            "zero once every host has its own token",
+            registry=r,
+        )
+
     def refit_published(self, policy: str) -> None:
         self.refits.labels(policy).inc()
         self.last_refit.labels(policy).set(time.time())

@@ -14,8 +14,8 @@ cd "$(dirname "$0")/.."
 
 HELM_VERSION=v3.16.4
 KUBECONFORM_VERSION=v0.6.7
-# Prometheus' Go module numbers its releases v0.<major*100+minor>.<patch>: v0.316.0 is 3.16.0.
-PROMETHEUS_MODULE_VERSION=v0.316.0
+# Prometheus' Go module numbers its releases v0.<major*100+minor>.<patch>: v0.305.1 is 3.5.1 (an LTS release).
+PROMETHEUS_MODULE_VERSION=v0.305.1
 # The Kubernetes release whose OpenAPI document the schemas come from (same minor as the
 # client-go that deploy/tools/manifestcheck pins).
 KUBERNETES_VERSION=v1.31.3

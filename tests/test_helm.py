@@ -509,6 +509,12 @@ def test_network_policy_admits_agents_and_limits_egress() -> None:
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     ports = [rule["ports"][0]["port"] for rule in policy["spec"]["ingress"]]
     assert ports == ["grpc", "http"]
+    # REST (and /metrics) from this namespace and the monitoring namespace only.
+    rest_from = policy["spec"]["ingress"][1]["from"]
+    assert rest_from == [
+        {"podSelector": {}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+    ]
     egress_ports = sorted(p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"])
     assert egress_ports == [53, 53, 5432]
     db_rule = policy["spec"]["egress"][1]["to"][0]["podSelector"]["matchLabels"]

@@ -16,7 +16,6 @@ promtool and helm are built by deploy/install-tools.sh; without them those tests
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from collections.abc import Iterable
@@ -24,7 +23,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml  # type: ignore[import-untyped]
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
@@ -32,14 +30,10 @@ from prometheus_client.metrics_core import Metric
 from gemini_agent.metrics import AgentMetrics
 from gemini_booster.service.metrics import Metrics
 
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "deploy" / "helm" / "gemini"
+from .test_helm import CHART, KUBE_VERSION, NAMESPACE, RELEASE, tool
+
 DASHBOARD = CHART / "files" / "grafana-dashboard.json"
-BIN = ROOT / "var" / "tools" / "bin"
-KUBE_VERSION = "1.31.3"
-RELEASE, NAMESPACE = "rel", "gemini"
 MONITORING_VALUES = CHART / "ci" / "cnpg-monitoring-staged-values.yaml"
-INSTALL_HINT = "run deploy/install-tools.sh"
 
 # The alerts an SRE team must have, by name.
 REQUIRED_ALERTS = {
@@ -76,13 +70,6 @@ def exported() -> frozenset[str]:
     booster = series_names(Metrics().families())
     agent = series_names(AgentMetrics().registry.collect())
     return frozenset(booster | agent)
-
-
-def tool(name: str) -> Path:
-    path = BIN / name
-    if not path.is_file() or not os.access(path, os.X_OK):
-        pytest.skip(f"{name} is not built in {BIN}: {INSTALL_HINT}")
-    return path
 
 
 @cache

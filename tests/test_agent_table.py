@@ -42,7 +42,8 @@ from gemini_api.theta import load_spec
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
 from gemini_booster.storage import repository as repo
-from tests.conftest import AGENT, free_port, make_settings
+from tests.conftest import free_port, make_settings
+from tests.test_agent import NOW, _settings
 
 SPEC = load_spec()
 DEFAULT = SPEC.default()
@@ -299,6 +300,7 @@ class StandInKernel(Kernel):
 
 @pytest.fixture
 def sysctl_dir(tmp_path) -> Path:
+    """Where StandInKernel keeps the sysctls: a directory laid out like /proc/sys/net/fusion."""
     root = tmp_path / "net-fusion"
     root.mkdir()
     for name, value in DEFAULT.items():
@@ -338,18 +340,7 @@ def test_a_refused_table_leaves_every_destination_on_the_default_and_is_counted(
 
 
 def _agent_settings(tmp_path: Path, target: str, **kw) -> AgentSettings:
-    return AgentSettings(
-        host_id="host-1",
-        policy="default",
-        booster_address=target,
-        token=AGENT,
-        spool_dir=tmp_path / "spool",
-        retry_initial_s=0.01,
-        retry_max_s=0.02,
-        rpc_deadline_s=5,
-        metrics_listen=f"127.0.0.1:{free_port()}",
-        **kw,
-    )
+    return _settings(tmp_path, target, metrics_listen=f"127.0.0.1:{free_port()}", **kw)
 
 
 def test_the_daemon_keeps_running_when_the_module_refuses_every_table(
@@ -373,7 +364,7 @@ def test_the_daemon_keeps_running_when_the_module_refuses_every_table(
             FlowStats(2_000_000, 1_000_000, 60_000, 40_000),
             DEFAULT,
             1,
-            _yesterday(),
+            NOW,
         )
         agent.aggregator.add(flow)
         assert agent.ranked_places()[0] == busy  # the flows seen come first
@@ -389,17 +380,11 @@ def test_the_daemon_keeps_running_when_the_module_refuses_every_table(
         server.stop()
 
 
-def _yesterday():
-    import datetime as dt
-
-    return (dt.datetime.now(dt.UTC) - dt.timedelta(days=1)).replace(hour=12)
-
-
 def test_busiest_places_decay_each_interval():
     agg = Aggregator(ContextResolver(Place("s", "o"), None), "h", "p")
     stats = FlowStats(1_000_000, 1_000_000, 50_000, 40_000)
     for _ in range(3):
-        agg.add(Flow("10.0.0.1", stats, DEFAULT, 1, _yesterday()))
+        agg.add(Flow("10.0.0.1", stats, DEFAULT, 1, NOW))
     assert agg.busiest_places() == [Place("unknown", "unknown")]
     agg.close_interval(0, 1)
     assert agg.busiest_places() == [Place("unknown", "unknown")]  # 3 → 1
@@ -414,7 +399,7 @@ def test_spool_and_kernel_record_drops_are_counted(tmp_path, sysctl_dir):
     agg = Aggregator(ContextResolver(Place("s", "o"), None), "h", "p")
     stats = FlowStats(1_000_000, 1_000_000, 50_000, 40_000)
     for i in range(4):
-        agg.add(Flow("10.0.0.1", stats, DEFAULT, 1, _yesterday()))
+        agg.add(Flow("10.0.0.1", stats, DEFAULT, 1, NOW))
         reporter.submit(agg.close_interval(i, i + 1))
     dropped = _sample(metrics, "gemini_agent_spool_dropped_reports_total")
     assert dropped == reporter.spool.dropped > 0

@@ -7,7 +7,6 @@
  * every parameter against region Θ' first, and publish it with one pointer store. A rejected
  * write therefore changes nothing, and a flow sees either the old θ or the new one, never a mix.
  */
-#include <linux/inetdevice.h>
 #include <linux/slab.h>
 #include <linux/sysctl.h>
 #include <net/ipv6.h>
@@ -188,7 +187,7 @@ static void __net_exit fusion_net_exit(struct net *net)
 	kfree(fn->sysctl_tbl);
 	/* No flow of this namespace is left to read these: free at once. */
 	kfree(rcu_dereference_protected(fn->dflt, true));
-	kfree(rcu_dereference_protected(fn->table, true));
+	kvfree(rcu_dereference_protected(fn->table, true));	/* kvzalloc()ed */
 }
 
 static struct pernet_operations fusion_net_ops = {

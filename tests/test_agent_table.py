@@ -436,3 +436,17 @@ def test_metrics_follow_prometheus_conventions_with_bounded_cardinality(world, s
     assert series < 80, series
     (info,) = [f for f in families if f.name == "gemini_agent_build_info"]
     assert info.samples[0].value == 1 and info.samples[0].labels["version"]
+
+
+def test_the_same_table_is_not_written_twice(world, sysctl_dir):
+    """Each write bumps the kernel's θ version, which splits an interval's aggregates: an
+    unchanged plan leaves the module alone; a changed one is written."""
+    kernel = StandInKernel(sysctl_dir)
+    applier = ThetaApplier(kernel, AgentMetrics(), 60.0)
+    dest = Destinations(MmdbTable(world.mmdb, "region", "isp").networks())
+    plan = Plan(DEFAULT, world.per_place)
+    applier.apply(plan, dest, world.rank)
+    applier.apply(plan, dest, world.rank)
+    assert len(kernel.tables) == 1
+    applier.apply(Plan(DEFAULT | {"mult_decrease": 60}, world.per_place), dest, world.rank)
+    assert len(kernel.tables) == 2

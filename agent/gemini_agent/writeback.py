@@ -99,6 +99,7 @@ class ThetaApplier:
         self.safe_default = self.spec.default()
         self.last_ok = time.monotonic()
         self.applied: Plan | None = None
+        self.installed: CompiledTable | None = None  # what the module holds, as far as known
         self.fell_back = False
 
     def checked(self, theta: dict[str, int]) -> dict[str, int] | None:
@@ -132,7 +133,10 @@ class ThetaApplier:
             destinations = Destinations.from_prefixes(destinations)
         table = compile_table(destinations, plan.default, plan.per_place, rank, self.limits)
         try:
-            self.kernel.write_table(table.profiles, table.rules)
+            if not self._holds(table):
+                self.installed = None
+                self.kernel.write_table(table.profiles, table.rules)
+                self.installed = table
         except (FusionError, OSError) as exc:
             table = self._catch_all_only(plan, destinations, exc)
         self.kernel.write_default(plan.default)
@@ -143,6 +147,12 @@ class ThetaApplier:
         for reason, places in table.left_out.items():
             self.metrics.contexts_on_catch_all.labels(reason).set(places)
         return table
+
+    def _holds(self, table: CompiledTable) -> bool:
+        """Is `table` what the module holds already? Then writing it again would only bump
+        the θ version, which splits the interval's aggregates for nothing."""
+        held = self.installed
+        return held is not None and (held.profiles, held.rules) == (table.profiles, table.rules)
 
     def _catch_all_only(
         self, plan: Plan, destinations: Destinations, exc: Exception

@@ -154,12 +154,12 @@ def _guest_nested() -> dict:
     return _flows_to(list(NESTED_EXPECTED))
 
 
-def _lpm(rules: list[tuple[str, int]], addr: str) -> int:
+def _lpm(rules: list[tuple[ipaddress.IPv4Network, int]], addr: str) -> int:
+    """The brute-force answer: every rule tried, the longest match wins (0: none)."""
     ip = ipaddress.ip_address(addr)
     best, best_len = 0, -1
-    for prefix, pid in rules:
-        net = ipaddress.ip_network(prefix)
-        if net.version == ip.version and ip in net and net.prefixlen > best_len:
+    for net, pid in rules:
+        if ip in net and net.prefixlen > best_len:
             best, best_len = pid, net.prefixlen
     return best
 
@@ -189,10 +189,11 @@ def _guest_full_table() -> dict:
         version = nl.set_profiles(_thetas(8), [Rule(p, pid) for p, pid in table])
         _, _, installed = nl.get_profiles()
     flows = _flows_to(probes)
+    nets = [(ipaddress.IPv4Network(p), pid) for p, pid in table]
     return {
         "version": version,
         "rules_installed": len(installed),
-        "probes": {d: {"got": flows[d].get("profile_id"), "want": _lpm(table, d)} for d in probes},
+        "probes": {d: {"got": flows[d].get("profile_id"), "want": _lpm(nets, d)} for d in probes},
     }
 
 

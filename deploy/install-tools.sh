@@ -14,8 +14,6 @@ cd "$(dirname "$0")/.."
 
 HELM_VERSION=v3.16.4
 KUBECONFORM_VERSION=v0.6.7
-# Prometheus' Go module numbers its releases v0.<major*100+minor>.<patch>: v0.305.1 is 3.5.1 (an LTS release).
-PROMETHEUS_MODULE_VERSION=v0.305.1
 # The Kubernetes release whose OpenAPI document the schemas come from (same minor as the
 # client-go that deploy/tools/manifestcheck pins).
 KUBERNETES_VERSION=v1.31.3
@@ -52,16 +50,24 @@ build() { # name package@version
 
 build helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 build kubeconform "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION"
-build promtool "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
 
-# Our checker: its own module with go.mod/go.sum pinned in the repository.
-checker_sum=$(cat deploy/tools/manifestcheck/go.mod deploy/tools/manifestcheck/go.sum \
-	deploy/tools/manifestcheck/*.go | sha256sum | cut -d' ' -f1)
-if ! installed manifestcheck "$checker_sum"; then
-	echo "building manifestcheck" >&2
-	(cd deploy/tools/manifestcheck && heavy "$GO" build -mod=readonly -o "$GOBIN/manifestcheck" .)
-	echo "$checker_sum" >"$GOBIN/.manifestcheck.version"
-fi
+# Built in modules of their own whose go.mod/go.sum in the repository pin every dependency:
+# our checker, and promtool (Prometheus' go.mod has replace directives, which `go install
+# …@version` refuses; deploy/tools/promtool carries them). Prometheus' Go module numbers its
+# releases v0.<major*100+minor>.<patch>: v0.305.1 is Prometheus 3.5.1, a long-term release.
+build_in_module() { # name module-dir package
+	local name=$1 dir=$2 pkg=$3 sum
+	sum=$(find "$dir" -maxdepth 1 -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) \
+		-print0 | sort -z | xargs -0 cat | sha256sum | cut -d' ' -f1)
+	if installed "$name" "$sum"; then
+		return
+	fi
+	echo "building $name" >&2
+	(cd "$dir" && heavy "$GO" build -mod=readonly -o "$GOBIN/$name" "$pkg")
+	echo "$sum" >"$GOBIN/.$name.version"
+}
+build_in_module manifestcheck deploy/tools/manifestcheck .
+build_in_module promtool deploy/tools/promtool github.com/prometheus/prometheus/cmd/promtool
 
 # Schemas for kubeconform from the OpenAPI (v2) document that ships in the k8s.io/kubernetes
 # module at api/openapi-spec/swagger.json: one strict, self-contained schema per kind.

@@ -118,7 +118,8 @@ def test_metrics_parse_and_carry_the_service_metrics(booster):
         "gemini_booster_grpc_request_seconds",
         "gemini_booster_http_request_seconds",
         "gemini_booster_refit_seconds",
-        "gemini_booster_best_utility",
+        "gemini_booster_incumbent_utility",
+        "gemini_booster_build_info",
         "gemini_booster_auth_failures",
     ):
         assert name in families, name
@@ -128,7 +129,7 @@ def test_metrics_parse_and_carry_the_service_metrics(booster):
         for s in f.samples
     }
     assert samples[("gemini_booster_reports_total", (("outcome", "accepted"), ("reason", "")))] == 4
-    contexts = {s.labels["context"] for s in families["gemini_booster_best_utility"].samples}
+    contexts = {s.labels["context"] for s in families["gemini_booster_incumbent_utility"].samples}
     assert len(contexts) == len(sim.DEFAULT_CONTEXTS)
     assert any(
         s.labels.get("route") == "/v1/policies" and s.labels.get("status") == "422"

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench proto clean kmod kmod-theta lab-check lab-bench
+.PHONY: demo test lint bench proto clean kmod kmod-theta lab-check lab-bench images debs
 
 COMPONENTS := api agent booster lab
 
@@ -48,6 +48,12 @@ lab-check: $(STAMP)  ## the Fusion acceptance plan in the qemu lab, as a table
 
 lab-bench: $(STAMP)  ## Fusion vs cubic/bbr/vegas/reno on Table IV, CPU cost; writes benchmarks/results/
 	$(BIN)/gemini-lab bench
+
+images: $(STAMP)  ## OCI images gemini-booster and gemini-agent under var/packaging/oci (packaging/install-tools.sh first)
+	PYTHON=$(abspath $(BIN))/python packaging/images/build.sh booster agent
+
+debs: $(STAMP)  ## gemini-agent and gemini-fusion-dkms .debs under var/packaging/debs
+	PYTHON=$(abspath $(BIN))/python packaging/debian/build.sh
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

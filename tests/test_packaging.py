@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -118,6 +119,9 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
     built: dict[str, Path] = {}
     for folder, (dist, _) in COMPONENTS.items():
+        # setuptools copies into build/ and packs what is there: a module deleted since the last
+        # build would still be shipped
+        shutil.rmtree(ROOT / folder / "build", ignore_errors=True)
         subprocess.run(
             [*pip_wheel, "--no-build-isolation", "--wheel-dir", str(out), str(ROOT / folder)],
             check=True,

@@ -204,11 +204,11 @@ def _guest_duplicate() -> dict:
         before = nl.get_profiles()
         try:
             nl.set_profiles(_thetas(2), [Rule("10.20.0.0/16", 1), Rule("10.20.0.0/16", 2)])
-            error = None
+            refusal = None
         except FusionError as exc:
-            error = str(exc)
+            refusal = str(exc)
         after = nl.get_profiles()
-    return {"error": error, "kept": before == after}
+    return {"refusal": refusal, "kept": before == after}
 
 
 def _guest_agent() -> dict:
@@ -361,7 +361,7 @@ def test_a_full_size_table_matches_like_a_brute_force_scan(lab):
 
 def test_a_prefix_given_twice_is_refused_and_the_table_kept(lab):
     dup = _part(lab, "duplicate")
-    assert dup["error"] is not None and "rule prefix given twice" in dup["error"]
+    assert dup["refusal"] is not None and "rule prefix given twice" in dup["refusal"]
     assert dup["kept"]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -155,4 +156,17 @@ def test_host_tokens_from_the_command_line(db_url, tmp_path) -> None:
     assert revoked.returncode == 0 and revoked.stdout.count("h1@") == 2
     assert one_line_error(booster("token", "rotate", "--host", "h1", db=db_url, tmp=tmp_path)) == (
         "no live token for host 'h1'"
+    )
+
+
+def test_serve_on_a_port_in_use_is_one_line(db_url, tmp_path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = booster(
+            "serve", db=db_url, tmp=tmp_path, grpc_listen=f"127.0.0.1:{port}", http_port="0"
+        )
+    assert one_line_error(result) == (
+        f"gRPC: cannot listen on 127.0.0.1:{port} (in use, or not an address)"
     )

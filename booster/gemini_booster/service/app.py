@@ -15,7 +15,7 @@ from ..storage import repository as repo
 from .auth import TokenAuthority
 from .core import Booster
 from .fronts import Fronts
-from .grpc_server import AgentServer, tls_credentials
+from .grpc_server import AgentServer, ListenError, tls_credentials
 from .rest import create_app, uvicorn_limits
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,10 @@ class BoosterServer:
         self._http_thread.start()
         while not self._uvicorn.started:
             if not self._http_thread.is_alive():
-                raise RuntimeError(f"REST API could not start on {s.http_host}:{s.http_port}")
+                raise ListenError(
+                    f"REST: cannot listen on {s.http_host}:{s.http_port} (in use, or not an "
+                    "address)"
+                )
             threading.Event().wait(0.02)
         self.http_port = self._uvicorn.servers[0].sockets[0].getsockname()[1]
         log.info(

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -110,6 +111,11 @@ CANNOT_ANSWER = "Booster cannot answer now; retry"
 STORAGE_UNAVAILABLE = "storage unavailable; retry with the same id"
 ONE_MESSAGE = "one request message per call"
 QUOTA_METADATA = (("gemini-rejection", "quota"),)
+
+
+class ListenError(OSError):
+    """A port could not be opened: an operator's error (address in use or malformed)."""
+
 
 Handler = Callable[[bytes, Principal, grpc.aio.ServicerContext], Awaitable[bytes]]
 T = TypeVar("T")
@@ -360,6 +366,7 @@ class AgentServer:
         self.limits = limits
         self._service = AgentService(booster, auth, limits)
         self._listen = listen
+        self._share_port = share_port
         self._tls = tls
         self._options = [
             *limits.options(),
@@ -388,12 +395,18 @@ class AgentServer:
         self._server.add_generic_rpc_handlers((self._service.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(REFLECTED, self._server)
-        if self._tls is not None:
-            port = self._server.add_secure_port(self._listen, self._tls)
-        else:
-            port = self._server.add_insecure_port(self._listen)
+        failed = ListenError(f"gRPC: cannot listen on {self._listen} (in use, or not an address)")
+        if not self._share_port and not can_bind(self._listen):
+            raise failed  # said here, before gRPC's core logs its own lines about it
+        try:
+            if self._tls is not None:
+                port = self._server.add_secure_port(self._listen, self._tls)
+            else:
+                port = self._server.add_insecure_port(self._listen)
+        except RuntimeError as e:
+            raise failed from e
         if port == 0:
-            raise RuntimeError(f"cannot listen on {self._listen}")
+            raise failed
         await self._server.start()
         for name in HEALTH_NAMES:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -411,6 +424,27 @@ class AgentServer:
             self._run(self._server.stop(grace))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=grace + 5)
+
+
+def can_bind(listen: str) -> bool:
+    """Whether a ``host:port`` address can be bound now (True for forms this does not parse,
+    such as ``unix:``, which gRPC then judges itself)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        return True
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            # As gRPC binds: a port left in TIME_WAIT by a previous Booster is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError:
+                return False
+    return True
 
 
 def tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:

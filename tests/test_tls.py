@@ -7,17 +7,19 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import grpc
 import pytest
 from sqlalchemy import text
 
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.reporter import Reporter
 from gemini_agent.spool import Spool
+from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
 from gemini_booster.storage import repository as repo
 
-from .conftest import make_settings
+from .conftest import agent_md, make_settings
 from .test_agent import _report, _settings
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
@@ -129,3 +131,99 @@ def test_agent_reports_over_tls_and_untrusted_clients_are_refused(tmp_path, tls_
     trusted.submit(_report(2))
     assert trusted.drain() == 1 and len(trusted.spool) == 0
     assert _stored(server) == 1
+
+
+def make_client_cert(d: Path, ca: str, host: str) -> tuple[bytes, bytes]:
+    """A client certificate for ``host`` (its Common Name) signed by ``ca``: (cert, key) PEM."""
+    _openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{host}.key",
+        "-out",
+        f"{host}.csr",
+        "-subj",
+        f"/CN={host}",
+        cwd=d,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{host}.csr",
+        "-CA",
+        f"{ca}.pem",
+        "-CAkey",
+        f"{ca}.key",
+        "-CAcreateserial",
+        "-out",
+        f"{host}.pem",
+        "-days",
+        "1",
+        cwd=d,
+    )
+    return (d / f"{host}.pem").read_bytes(), (d / f"{host}.key").read_bytes()
+
+
+def test_mutual_tls_binds_the_host_to_the_client_certificate(tmp_path, db_url) -> None:
+    """With a client CA, the certificate's Common Name is the host an agent speaks for: a
+    fleet-wide (unbound) token plus host-a's certificate reports as host-a only; a token bound
+    to another host is refused with it; no certificate, no handshake."""
+    server_ca = make_ca(tmp_path, "booster-ca")
+    cert, key = make_server_cert(tmp_path, "booster-ca")
+    client_ca = make_ca(tmp_path, "hosts-ca")
+    settings = make_settings(
+        db_url,
+        bootstrap_agent_token=None,
+        allow_unbound_agent_tokens=False,
+        grpc_tls_cert_file=cert,
+        grpc_tls_key_file=key,
+        grpc_tls_client_ca_file=client_ca,
+    )
+    server = BoosterServer(settings).start()
+    try:
+        repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+        server.booster.reload_policies()
+        fleet = repo.create_token(server.engine, "fleet", "agent", "test")
+        bound_b = repo.create_token(server.engine, "b-1", "agent", "test", host_id="host-b")
+        chain, private = make_client_cert(tmp_path, "hosts-ca", "host-a")
+
+        def stub(with_cert: bool) -> pb_grpc.BoosterStub:
+            creds = grpc.ssl_channel_credentials(
+                server_ca.read_bytes(),
+                private_key=private if with_cert else None,
+                certificate_chain=chain if with_cert else None,
+            )
+            return pb_grpc.BoosterStub(grpc.secure_channel(f"127.0.0.1:{server.grpc_port}", creds))
+
+        def code(call, token: str) -> grpc.StatusCode:
+            try:
+                call(metadata=agent_md(token), timeout=10)
+            except grpc.RpcError as e:
+                return e.code()
+            return grpc.StatusCode.OK
+
+        a = stub(with_cert=True)
+        as_host = {h: _report(i) for i, h in enumerate(("host-a", "host-b"))}
+        for h, req in as_host.items():
+            req.host_id = h
+        assert code(lambda **kw: a.ReportAggregates(as_host["host-a"], **kw), fleet) == (
+            grpc.StatusCode.OK
+        )
+        assert code(lambda **kw: a.ReportAggregates(as_host["host-b"], **kw), fleet) == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+        assert code(lambda **kw: a.ReportAggregates(as_host["host-b"], **kw), bound_b) == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+        anonymous = stub(with_cert=False)
+        assert code(lambda **kw: anonymous.ReportAggregates(as_host["host-a"], **kw), fleet) == (
+            grpc.StatusCode.UNAVAILABLE
+        )
+        assert _stored(server) == 1
+    finally:
+        server.stop()

@@ -37,6 +37,11 @@ class Settings(BaseSettings):
         default=None, description="PEM certificate chain: the agent port speaks TLS when set"
     )
     grpc_tls_key_file: Path | None = Field(default=None, description="PEM private key for it")
+    grpc_tls_client_ca_file: Path | None = Field(
+        default=None,
+        description="PEM CA bundle: agents must then present a certificate it signed, whose "
+        "Common Name is the host id they may speak for (mutual TLS)",
+    )
     grpc_processes: int = Field(
         default=1,
         ge=1,

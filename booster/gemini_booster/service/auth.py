@@ -25,8 +25,10 @@ the gRPC adapter refuses a report or a parameter request whose ``host_id`` is an
 (``Principal.speak_for``), so a leaked token can neither poison another host's context quota
 nor read its exploration plan. An agent token bound to no host (the fleet-wide token of older
 installs, and ``bootstrap_agent_token``) is refused unless ``allow_unbound_agent_tokens`` is
-set. A token past its ``expires_at`` (set by a rotation on the host's old token) is refused by
-wall clock at each use, whatever the cache holds.
+set, or unless the call came with a verified client certificate (mutual TLS), whose Common
+Name is then the host the token speaks for (``cert_host``); a bound token and a certificate
+must name the same host. A token past its ``expires_at`` (set by a rotation on the host's old
+token) is refused by wall clock at each use, whatever the cache holds.
 
 Reloads never run under the lock and never twice at once: while one caller asks the database,
 others whose token the set in hand vouches for are answered from it, and ``require_nowait``
@@ -236,7 +238,9 @@ class TokenAuthority:
             raise AuthError("invalid", "malformed credential: expected 'Bearer <token>'")
         return repo.hash_token(token.strip())
 
-    def _principal(self, found: TokenRecord | None, permission: str | None) -> Principal:
+    def _principal(
+        self, found: TokenRecord | None, permission: str | None, cert_host: str | None = None
+    ) -> Principal:
         if found is None:
             raise AuthError("invalid", "unknown or revoked token")
         if found.expires_at is not None and time.time() >= found.expires_at:
@@ -249,6 +253,8 @@ class TokenAuthority:
                 "forbidden",
                 f"token {principal.name!r} (role {principal.role}) may not {permission}",
             )
+        if permission == "agent" and cert_host is not None:
+            return self._with_certificate(principal, cert_host)
         if permission == "agent" and principal.host_id is None and not self.allow_unbound_agents:
             raise AuthError(
                 "unbound",
@@ -258,23 +264,41 @@ class TokenAuthority:
             )
         return principal
 
+    @staticmethod
+    def _with_certificate(principal: Principal, cert_host: str) -> Principal:
+        """An agent whose verified client certificate names ``cert_host``: an unbound token
+        speaks for that host; a bound one must name the same host."""
+        if principal.host_id is None:
+            return Principal(principal.name, principal.role, cert_host)
+        if principal.host_id != cert_host:
+            raise AuthError(
+                "host_mismatch",
+                f"token {principal.name!r} speaks for host {principal.host_id!r}, the client "
+                f"certificate for {cert_host!r}",
+            )
+        return principal
+
     def authenticate(self, authorization: str | None) -> Principal:
         found = self._lookup(self._digest(authorization), block=True)
         assert not isinstance(found, _Step)
         return self._principal(found, None)
 
-    def require(self, authorization: str | None, permission: str) -> Principal:
+    def require(
+        self, authorization: str | None, permission: str, cert_host: str | None = None
+    ) -> Principal:
         """The caller, if it may ``permission``; else AuthError. May query the database (and
         wait for it), so call it off any event loop."""
         found = self._lookup(self._digest(authorization), block=True)
         assert not isinstance(found, _Step)
-        return self._principal(found, permission)
+        return self._principal(found, permission, cert_host)
 
-    def require_nowait(self, authorization: str | None, permission: str) -> Principal | None:
+    def require_nowait(
+        self, authorization: str | None, permission: str, cert_host: str | None = None
+    ) -> Principal | None:
         """As ``require``, from the set in hand only; None when the answer needs the database
         (then call ``require`` in a worker thread). Never blocks on the database."""
         found = self._lookup(self._digest(authorization), block=False)
         if found is _Step.LOAD:
             return None
         assert not isinstance(found, _Step)
-        return self._principal(found, permission)
+        return self._principal(found, permission, cert_host)

@@ -23,9 +23,14 @@ Status codes say what the agent should do; no answer carries an exception's text
   (logged once per interval with the exception's class, never per call); retry, same id.
 * UNAUTHENTICATED: no usable token (missing, unknown, revoked, expired).
 * PERMISSION_DENIED: a token that may not do this: not an agent token, an agent token bound to
-  no host while ``allow_unbound_agent_tokens`` is off, or a host's token used for another host
-  (the message names both hosts and the token's name, never its value). The host check comes
-  after parsing (the host is in the message) and before validation or storage.
+  no host while ``allow_unbound_agent_tokens`` is off and no client certificate names one, or
+  a host's credential used for another host (the message names both hosts and the token's
+  name, never its value). The host check comes after parsing (the host is in the message) and
+  before validation or storage.
+
+With mutual TLS (``grpc_tls_client_ca_file``) the client certificate's Common Name is a host
+identity too: an unbound agent token then speaks for the certificate's host, and a bound one
+only if both name the same host.
 
 Limits, applied before a handler does any work (``GrpcLimits``, from ``Settings`` by
 ``grpc_limits``), and what bounds what:
@@ -96,6 +101,7 @@ limited = RateLimitedLog(log, interval_s=30.0)
 SERVICE = pb.DESCRIPTOR.services_by_name["Booster"].full_name
 REFLECTED = (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
 HEALTH_NAMES = (health.OVERALL_HEALTH, SERVICE)
+CERT_HOST_PROPERTY = "x509_common_name"  # gRPC's auth context: the client certificate's CN
 
 _AUTH_CODES = {
     "missing": grpc.StatusCode.UNAUTHENTICATED,
@@ -185,9 +191,12 @@ class AgentService:
             # From the cached set on the loop; only a reload (every few seconds, after a token
             # change, or for an unknown token) goes to a thread, so a slow database never
             # stalls the calls of every other agent.
-            principal = self.auth.require_nowait(credential, "agent")
+            cert_host = certificate_host(context)
+            principal = self.auth.require_nowait(credential, "agent", cert_host)
             if principal is None:
-                principal = await asyncio.to_thread(self.auth.require, credential, "agent")
+                principal = await asyncio.to_thread(
+                    self.auth.require, credential, "agent", cert_host
+                )
             if principal.host_id is None:  # allowed, but the fleet should move off it
                 self.metrics.unbound_agent_calls.inc()
             return principal
@@ -448,10 +457,24 @@ def can_bind(listen: str) -> bool:
 
 
 def tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:
-    """TLS for the agent port when both files are configured; plaintext (loopback) otherwise."""
+    """TLS for the agent port when both files are configured; plaintext (loopback) otherwise.
+    With ``grpc_tls_client_ca_file`` too, mutual TLS: a client without a certificate signed by
+    that CA does not complete the handshake."""
     cert, key = settings.grpc_tls_cert_file, settings.grpc_tls_key_file
-    if cert is None and key is None:
+    client_ca = settings.grpc_tls_client_ca_file
+    if cert is None and key is None and client_ca is None:
         return None
     if cert is None or key is None:
         raise ValueError("TLS needs both grpc_tls_cert_file and grpc_tls_key_file")
-    return grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+    return grpc.ssl_server_credentials(
+        [(key.read_bytes(), cert.read_bytes())],
+        root_certificates=client_ca.read_bytes() if client_ca is not None else None,
+        require_client_auth=client_ca is not None,
+    )
+
+
+def certificate_host(context: grpc.aio.ServicerContext) -> str | None:
+    """The host id a verified client certificate names (its Common Name), or None when the
+    peer presented none (plaintext, or TLS without client certificates)."""
+    names = context.auth_context().get(CERT_HOST_PROPERTY) or ()
+    return names[0].decode() if names else None

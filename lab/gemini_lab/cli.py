@@ -2,10 +2,12 @@
 
 gemini-lab run [--scenario ethernet ...] [--cc fusion --cc cubic ...] [--theta k=v ...]
 gemini-lab bench        the Table IV comparison and CPU cost, written to benchmarks/results/
-gemini-lab check        the acceptance plan, printed as a table
+gemini-lab check        the acceptance plans (outcomes in UML, the module in qemu); exit 1
+                        if any experiment fails
 gemini-lab records      short fusion flows as fast as the guest makes them; records lost?
 gemini-lab loop         Booster here + agent in the guest: the closed loop, plot in PNG
 gemini-lab landscape    utility of fixed θ on the loop's paths (--theta k=v,k=v per cell)
+gemini-lab determinism  the same flows idle and with every host core busy, compared
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from gemini_api.theta import load_spec
 from gemini_lab import plans, report, scenario
-from gemini_lab.host import REPO, run_plan
+from gemini_lab.host import BACKENDS, REPO, run_plan
 from gemini_lab.vm import LabError
 
 DEFAULT_OUT = REPO / "var" / "lab"
@@ -50,7 +52,35 @@ def cmd_run(args: argparse.Namespace) -> dict:
         for i, p in enumerate(paths)
         for cc in args.cc
     ]
-    return run_plan({"paths": [p.to_dict() for p in paths], "experiments": experiments}, args.out)
+    return run_plan(
+        {"paths": [p.to_dict() for p in paths], "experiments": experiments},
+        args.out,
+        backend=args.backend,
+        progress=_progress,
+    )
+
+
+def _progress(label: str, result: dict) -> None:
+    print(report.progress_line(label, result), flush=True)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """The network outcomes on the UML lab's simulated clock, then the module in Debian's
+    stock kernel under qemu; a table each, then every failure, and 1 if there was one."""
+    failed: list[str] = []
+    for backend, plan in (("uml", plans.outcome_plan()), ("qemu", plans.module_plan())):
+        print(f"[{backend}] {len(plan['experiments'])} experiments", flush=True)
+        out = args.out / f"check-{backend}"
+        results = run_plan(plan, out, backend=backend, progress=_progress)
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        print(report.table(results), flush=True)
+        print(f"results: {out / 'results.json'}\n", flush=True)
+        failed += [f"[{backend}] {line}" for line in report.failures(plan, results)]
+    if failed:
+        print(f"FAILED ({len(failed)}):\n" + "\n".join(failed))
+        return 1
+    print("all experiments passed")
+    return 0
 
 
 def cmd_loop(args: argparse.Namespace) -> None:
@@ -98,7 +128,10 @@ def cmd_landscape(args: argparse.Namespace) -> None:
     from gemini_lab.loop import landscape_plan, landscape_table
 
     thetas = [_theta(cell.split(",")) for cell in args.theta or [""]]
-    results = run_plan(landscape_plan(thetas, args.flows, args.flow_bytes, args.sigma), args.out)
+    results = run_plan(
+        landscape_plan(thetas, args.flows, args.flow_bytes, args.sigma),
+        args.out,
+    )
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print(landscape_table(results))
 
@@ -149,8 +182,19 @@ def main(argv: list[str] | None = None) -> None:
     land.add_argument("--flows", type=int, default=6, help="flows per cell and path")
     land.add_argument("--flow-bytes", default="3M")
     land.add_argument("--sigma", type=float, default=0.1)
-    for p in (run, bench, records, loop, land, sub.choices["check"]):
+    det = sub.add_parser("determinism", help="the same flows idle and with the host busy")
+    det.add_argument("--repeats", type=int, default=2)
+    det.add_argument("--duration", type=int, default=20)
+    for p in (run, bench, records, loop, land, det, sub.choices["check"]):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    for p in (run, bench, records, det):
+        p.add_argument(
+            "--backend",
+            choices=BACKENDS,
+            default="uml",
+            help="uml: simulated clock, figures independent of host load (default); "
+            "qemu: Debian's stock kernel under emulation",
+        )
     args = ap.parse_args(argv)
     try:
         if args.cmd == "run":
@@ -158,17 +202,33 @@ def main(argv: list[str] | None = None) -> None:
             args.cc = args.cc or ["fusion", "cubic"]
             results = cmd_run(args)
         elif args.cmd == "bench":
-            results = run_plan(plans.benchmark_plan(args.duration), args.out)
+            results = run_plan(
+                plans.benchmark_plan(args.duration, cpu=args.backend == "qemu"),
+                args.out,
+                backend=args.backend,
+                progress=_progress,
+            )
             report.write_benchmark(results, " ".join(["gemini-lab", *sys.argv[1:]]))
         elif args.cmd == "loop":
             return cmd_loop(args)
         elif args.cmd == "landscape":
             return cmd_landscape(args)
+        elif args.cmd == "determinism":
+            from gemini_lab import determinism
+
+            command = " ".join(["gemini-lab", *sys.argv[1:]])
+            print(determinism.run(args.repeats, args.duration, args.backend, args.out, command))
+            return None
         elif args.cmd == "records":
-            results = run_plan(plans.records_plan(args.flows, args.workers, args.burst), args.out)
+            results = run_plan(
+                plans.records_plan(args.flows, args.workers, args.burst),
+                args.out,
+                backend=args.backend,
+                progress=_progress,
+            )
             report.write_records(results, " ".join(["gemini-lab", *sys.argv[1:]]))
         else:
-            results = run_plan(plans.acceptance_plan(), args.out)
+            sys.exit(cmd_check(args))
     except LabError as exc:
         raise SystemExit(f"gemini-lab: {exc}") from exc
     print(report.table(results))

@@ -1,9 +1,9 @@
 """Guest side: run real TCP flows over the lab's paths and measure them.
 
-Flows are iperf3 (sender in the sender namespace, a one-shot server per flow in the path's
-receiver namespace). θ for fusion flows is the sender namespace's default profile (sysctl) or a
-destination profile installed over netlink. The module's own flow records are collected by a
-listener started before the first flow.
+Flows are gemini_lab.bulk (blocking sockets; sender in the sender namespace, a one-shot
+receiver per flow in the path's namespace). θ for fusion flows is the sender namespace's
+default profile (sysctl) or a destination profile installed over netlink. The module's own
+flow records are collected by a listener started before the first flow.
 """
 
 from __future__ import annotations
@@ -79,73 +79,57 @@ def cpu_busy_seconds() -> float:
     return sum(int(fields[i]) for i in PROC_STAT_BUSY) / CLK_TCK
 
 
+def _bulk(ns: str, *args: object) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, "-m", "gemini_lab.bulk", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def start_flow(
     path: int, cc: str, duration_s: float, *, port: int, parallel: int = 1, omit_s: int = 0
 ) -> tuple[subprocess.Popen, subprocess.Popen]:
-    server = subprocess.Popen(
-        ["ip", "netns", "exec", receiver_ns(path), "iperf3", "-s", "-1", "-p", str(port), "-J"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(0.3)
-    client = subprocess.Popen(
-        [
-            "ip",
-            "netns",
-            "exec",
-            SENDER_NS,
-            "iperf3",
-            "-c",
-            receiver_addr(path),
-            "-p",
-            str(port),
-            "-t",
-            str(duration_s),
-            "-O",
-            str(omit_s),
-            "-P",
-            str(parallel),
-            "-C",
-            cc,
-            "-J",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """A receiver in the path's namespace, then ``parallel`` connections from the sender."""
+    server = _bulk(receiver_ns(path), "recv", port, parallel, omit_s, duration_s)
+    assert server.stdout is not None
+    ready = server.stdout.readline().strip()
+    if ready != "ready":
+        server.kill()
+        raise RuntimeError(f"flow receiver did not start: {ready!r} {server.stderr.read()[-500:]}")
+    client = _bulk(SENDER_NS, "send", receiver_addr(path), port, cc, parallel, duration_s)
     return server, client
 
 
 def finish_flow(server: subprocess.Popen, client: subprocess.Popen, duration_s: float) -> dict:
-    """iperf3's results; a flow that outlives its duration by a minute is killed and reported."""
+    """The flow's figures; a flow that outlives its duration by a minute is killed and reported."""
     try:
         c_out, c_err = client.communicate(timeout=duration_s + FLOW_GRACE_S)
-        s_out, _ = server.communicate(timeout=FLOW_GRACE_S)
+        s_out, s_err = server.communicate(timeout=FLOW_GRACE_S)
     except subprocess.TimeoutExpired as exc:
         client.kill()
         server.kill()
-        raise RuntimeError(f"iperf3 flow still running {FLOW_GRACE_S} s after its end") from exc
+        raise RuntimeError(f"flow still running {FLOW_GRACE_S} s after its end") from exc
     if client.returncode != 0:
-        raise RuntimeError(f"iperf3 client failed: {c_err.strip() or c_out[-500:]}")
+        raise RuntimeError(f"flow sender failed: {c_err.strip()[-500:] or c_out[-500:]}")
+    if server.returncode != 0:
+        raise RuntimeError(f"flow receiver failed: {s_err.strip()[-500:]}")
     return summarize(json.loads(c_out), json.loads(s_out))
 
 
-def summarize(client: dict, server: dict) -> dict:
-    """Throughput, RTT and retransmissions as the sender saw them; bytes as the receiver got."""
-    end = client["end"]
-    streams = [s["sender"] for s in end["streams"]]
-    n = len(streams)
-    mean_rtt = sum(s.get("mean_rtt", 0) for s in streams) / n
-    min_rtt = min(s.get("min_rtt", 0) for s in streams)
+def summarize(sender: dict, receiver: dict) -> dict:
+    """Throughput as the receiver got it after the omitted start; RTT and retransmissions as
+    the sender saw them; queueing delay = mean smoothed RTT − the kernel's minimum RTT."""
     return {
-        "throughput_mbps": end["sum_received"]["bits_per_second"] / 1e6,
-        "bytes_received": server["end"]["sum_received"]["bytes"],
-        "retransmits": end["sum_sent"].get("retransmits", 0),
-        "mean_rtt_ms": mean_rtt / 1000,
-        "min_rtt_ms": min_rtt / 1000,
-        "queue_delay_ms": (mean_rtt - min_rtt) / 1000,
-        "ports": sorted(c["local_port"] for c in client["start"]["connected"]),
+        "throughput_mbps": receiver["throughput_mbps"],
+        "bytes_received": receiver["bytes_received"],
+        "retransmits": sender["retransmits"],
+        "mean_rtt_ms": sender["mean_rtt_us"] / 1000,
+        "min_rtt_ms": sender["min_rtt_us"] / 1000,
+        "queue_delay_ms": (sender["mean_rtt_us"] - sender["min_rtt_us"]) / 1000,
+        "cwnd_end": sender["cwnd_end"],
+        "ports": sender["ports"],
     }
 
 

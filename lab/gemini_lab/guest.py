@@ -348,15 +348,9 @@ def _agent_metrics(port: int) -> dict[str, float]:
     return out
 
 
-def _iperf_servers(paths: list[int]) -> list[subprocess.Popen]:
-    return [
-        subprocess.Popen(
-            ["ip", "netns", "exec", receiver_ns(i), "iperf3", "-s", "-p", str(BASE_PORT)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for i in paths
-    ]
+def _flow_servers(paths: list[int]) -> list[subprocess.Popen]:
+    """A ``gemini_lab.flowgen serve`` receiver for bulk flows in each path's namespace."""
+    return [_flowgen_receiver(i, "serve", BASE_PORT) for i in paths]
 
 
 def _bulk_flows(
@@ -385,15 +379,14 @@ def _bulk_flows(
                     "netns",
                     "exec",
                     SENDER_NS,
-                    "iperf3",
-                    "-c",
+                    sys.executable,
+                    "-m",
+                    "gemini_lab.bulk",
+                    "put",
                     receiver_addr(i),
-                    "-p",
                     str(BASE_PORT),
-                    "-n",
-                    flow_bytes,
-                    "-C",
                     "fusion",
+                    flow_bytes,
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -415,7 +408,7 @@ def _bulk_flows(
 def exp_landscape(e: dict, out: Path) -> dict:
     """Utility (eq. 9) of fixed θ on each path: where a search over the loop's region has
     something to find. Each θ is installed for all paths; flows of each path run back to back."""
-    servers = _iperf_servers(e["paths"])
+    servers = _flow_servers(e["paths"])
     time.sleep(0.5)
     sigma, spec = e["sigma"], load_spec()
     with RecordCollector(out / "records-landscape.jsonl") as rc:
@@ -449,7 +442,7 @@ def exp_agent(e: dict, out: Path) -> dict:
     """The agent in the sender namespace, Booster on the host; bulk fusion flows to each path
     until the host writes {out}/stop (or the duration cap)."""
     _join_host_network()
-    servers = _iperf_servers(e["paths"])
+    servers = _flow_servers(e["paths"])
     config = out / "agent.toml"
     config.write_text(e["agent_toml"].replace("{out}", str(out)))  # the share's path in here
     log = (out / "agent.log").open("w")

@@ -1,4 +1,10 @@
-"""Host side: build the module for the guest kernel, boot the lab guest on a plan, read results."""
+"""Host side: build the module for the guest kernel, boot the lab guest on a plan, read results.
+
+Two backends run a plan. ``uml`` (the default) is User-Mode Linux on a simulated clock
+(gemini_lab.uml): figures that do not move with host load, for every network outcome. ``qemu``
+boots Debian's stock kernel (gemini_lab.vm), for what needs that kernel: the module's real
+build, loading and unloading it, other Debian releases' kernels.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,18 @@ import os
 import re
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
-from gemini_lab.vm import GuestKernel, LabError, find_kernel, run_in_guest
+from gemini_lab import uml
+from gemini_lab.vm import GuestKernel, GuestRun, LabError, find_kernel, run_in_guest
 
 REPO = Path(__file__).resolve().parents[2]
 KMOD_DIR = REPO / "fusion-kmod"
+Backend = Literal["uml", "qemu"]
+BACKENDS: tuple[Backend, ...] = ("uml", "qemu")
 # A tcp_fusion.ko built elsewhere (against the guest kernel) to load instead of building one.
 FUSION_KO_ENV = "GEMINI_LAB_FUSION_KO"
 # What a healthy kernel never prints.
@@ -58,23 +70,85 @@ def kernel_problems(log: str) -> list[str]:
     return [line for line in log.splitlines() if KERNEL_PROBLEMS.search(line)]
 
 
-def run_plan(plan: dict, out_dir: Path, *, timeout_s: float = 1800) -> dict:
-    """Build, boot, run the plan in the guest; the results plus the kernel log's problems."""
-    kernel = find_kernel()
-    module = module_for(kernel)
+Progress = Callable[[str, dict], None]
+PROGRESS_POLL_S = 2.0
+
+
+class _Watcher(threading.Thread):
+    """Reports each experiment once the guest has written its result (the guest rewrites
+    results.json after every experiment, and the host sees the output directory live)."""
+
+    def __init__(self, results_path: Path, report: Progress) -> None:
+        super().__init__(daemon=True)
+        self.results_path, self.report = results_path, report
+        self.seen: set[str] = set()
+        self.stopped = threading.Event()
+
+    def poll(self) -> None:
+        try:
+            experiments = json.loads(self.results_path.read_text())["experiments"]
+        except (OSError, ValueError, KeyError):
+            return  # not written yet, or caught half-written
+        for label, result in experiments.items():
+            if label not in self.seen:
+                self.seen.add(label)
+                self.report(label, result)
+
+    def run(self) -> None:
+        while not self.stopped.wait(PROGRESS_POLL_S):
+            self.poll()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+        self.poll()
+
+
+def _boot(
+    backend: Backend, plan: dict, plan_path: Path, command: str, out_dir: Path, timeout_s: float
+) -> GuestRun:
+    """Build the kernel and module the backend needs, write the plan naming that module, and
+    run the guest on it."""
+    if backend == "uml":
+        uml_kernel = uml.build_kernel()
+        module = uml.build_module(uml_kernel)
+        plan_path.write_text(json.dumps({**plan, "module": str(module)}, indent=1))
+        return uml.run_in_uml(command, out_dir, kernel=uml_kernel, timeout_s=timeout_s)
+    if backend == "qemu":
+        kernel = find_kernel()
+        module = module_for(kernel)
+        plan_path.write_text(json.dumps({**plan, "module": str(module)}, indent=1))
+        return run_in_guest(command, out_dir, kernel=kernel, timeout_s=timeout_s)
+    raise LabError(f"unknown lab backend {backend!r}: one of {', '.join(BACKENDS)}")
+
+
+def run_plan(
+    plan: dict,
+    out_dir: Path,
+    *,
+    timeout_s: float = 1800,
+    backend: Backend = "uml",
+    progress: Progress | None = None,
+) -> dict:
+    """Build, boot, run the plan in the guest; the results plus the kernel log's problems.
+    ``progress`` hears of each experiment (label, result) as soon as the guest finishes it."""
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     plan_path, results_path = out_dir / "plan.json", out_dir / "results.json"
-    plan_path.write_text(json.dumps({**plan, "module": str(module)}, indent=1))
     results_path.unlink(missing_ok=True)
-    run = run_in_guest(
-        # inside, the output directory is the share at $GEMINI_LAB_OUT
+    # inside, the output directory is at $GEMINI_LAB_OUT
+    command = (
         f'{sys.executable} -m gemini_lab.guest "$GEMINI_LAB_OUT/{plan_path.name}" '
-        f'"$GEMINI_LAB_OUT/{results_path.name}"',
-        out_dir,
-        kernel=kernel,
-        timeout_s=timeout_s,
+        f'"$GEMINI_LAB_OUT/{results_path.name}"'
     )
+    watcher = _Watcher(results_path, progress) if progress else None
+    if watcher:
+        watcher.start()
+    try:
+        run = _boot(backend, plan, plan_path, command, out_dir, timeout_s)
+    finally:
+        if watcher:
+            watcher.stop()
     if not results_path.exists():
         log = (out_dir / "job.log").read_text() if (out_dir / "job.log").exists() else ""
         raise LabError(
@@ -82,6 +156,7 @@ def run_plan(plan: dict, out_dir: Path, *, timeout_s: float = 1800) -> dict:
         )
     results = json.loads(results_path.read_text())
     results["guest_rc"] = run.returncode
+    results["backend"] = backend
     # an oops panics the guest before it can save dmesg: the console has it then
     results["kernel_problems"] = kernel_problems(run.dmesg + "\n" + run.console)
     results["fusion_dmesg"] = [line for line in run.dmesg.splitlines() if "fusion" in line]

@@ -38,6 +38,40 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def failures(plan: dict, results: dict) -> list[str]:
+    """What went wrong in one guest run, one line each: an experiment that raised or never ran,
+    the module not loading or unloading, the kernel complaining, the job's own exit status."""
+    out = []
+    if results.get("insmod", {}).get("rc") != 0:
+        out.append(f"insmod tcp_fusion failed: {results.get('insmod')}")
+    if results.get("rmmod", {}).get("rc") != 0:
+        out.append(f"rmmod tcp_fusion failed: {results.get('rmmod')}")
+    done = results.get("experiments", {})
+    for e in plan["experiments"]:
+        r = done.get(e["label"])
+        if r is None:
+            out.append(f"{e['label']}: did not run")
+        elif "error" in r:
+            last = r["error"].strip().splitlines()[-1]
+            out.append(f"{e['label']}: ERROR {last}")
+    out += [f"kernel: {line}" for line in results.get("kernel_problems", [])]
+    if results.get("guest_rc") != 0:
+        out.append(f"the guest's job exited with {results.get('guest_rc')}")
+    return out
+
+
+def progress_line(label: str, result: dict) -> str:
+    """One line per experiment as the guest finishes it."""
+    if "error" in result:
+        return f"  {label}: ERROR {result['error'].strip().splitlines()[-1]}"
+    figures = (
+        f", {result['throughput_mbps']:.2f} Mbit/s, {result['retransmits']} retransmits"
+        if "throughput_mbps" in result
+        else ""
+    )
+    return f"  {label}: done in {result.get('elapsed_s', '?')} s (guest clock){figures}"
+
+
 def _cpu_per_gb(rows: list[dict]) -> tuple[float, float, int] | None:
     """All runs of one CC at one flow count: busy seconds per GB over them, mean Mbit/s."""
     gbytes = sum(r.get("gbytes") or 0 for r in rows)
@@ -65,33 +99,56 @@ def cpu_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+BACKEND_WORDS = {
+    "uml": "User-Mode Linux on a simulated clock (time-travel=inf-cpu), one host core",
+    "qemu": "Debian's stock kernel under qemu software emulation",
+}
+
+
+def _setting(results: dict) -> str:
+    backend = results.get("backend", "qemu")
+    return (
+        f"guest kernel {results.get('kernel')}, {BACKEND_WORDS.get(backend, backend)}, "
+        "on this 2-core machine"
+    )
+
+
 def write_benchmark(results: dict, command: str) -> None:
+    cpu = "cpu" in results["experiments"]
     text = "\n".join(
         [
-            "# Fusion in the lab: Table IV scenarios and CPU cost",
+            "# Fusion in the lab: Table IV scenarios" + (" and CPU cost" if cpu else ""),
             "",
-            f"Command: `{command}` (recorded {dt.date.today().isoformat()}, guest kernel "
-            f"{results.get('kernel')}, qemu software emulation on this 2-core machine).",
+            f"Command: `{command}` (recorded {dt.date.today().isoformat()}, {_setting(results)}).",
             "",
-            "Queueing delay is mean RTT − min RTT as iperf3 reads them from tcp_info. Each run is "
-            "one flow from a cold start (satellite runs twice as long as the others); hand-set θ: "
+            "Queueing delay is the mean smoothed RTT (the sender's tcp_info, sampled every "
+            "100 ms) − the kernel's minimum RTT. Each run is one flow from a cold start "
+            "(satellite runs twice as long as the others); hand-set θ: "
             + "; ".join(f"{k} = {v}" for k, v in HAND_THETAS.items())
             + ".",
             "",
             table(results),
             "",
-            "## CPU cost, guest CPU seconds per GB delivered (same boot, same path)",
-            "",
-            "The guest's whole busy time (user, system, irq, softirq) over 10 s runs on a 2 ms, "
-            "150 Mbit/s path, divided by the bytes delivered; cubic and Fusion take turns, twice "
-            "each. The rate is one both fill, so both deliver about the same bytes: on the "
-            "earlier 500 Mbit/s path Fusion read the emulator's RTT jitter as queueing, delivered "
-            "half of cubic's bytes, and the guest's fixed busy time divided by fewer bytes showed "
-            "as 1.5× the cost at one flow. Target: ≤ 1.05×.",
-            "",
-            cpu_table(results),
-            "",
         ]
+        + (
+            [
+                "## CPU cost, guest CPU seconds per GB delivered (same boot, same path)",
+                "",
+                "The guest's whole busy time (user, system, irq, softirq) over 10 s runs on a "
+                "2 ms, 150 Mbit/s path, divided by the bytes delivered; cubic and Fusion take "
+                "turns, twice each. The rate is one both fill, so both deliver about the same "
+                "bytes. Target: ≤ 1.05×.",
+                "",
+                cpu_table(results),
+                "",
+            ]
+            if cpu
+            else [
+                "CPU cost is measured under qemu (`gemini-lab bench --backend qemu`): on the "
+                "simulated clock CPU work takes no guest time.",
+                "",
+            ]
+        )
     )
     BENCH_PATH.write_text(text)
 
@@ -116,10 +173,9 @@ def write_records(results: dict, command: str) -> None:
         [
             "# Fusion flow records under many short flows",
             "",
-            f"Command: `{command}` (recorded {dt.date.today().isoformat()}, guest kernel "
-            f"{results.get('kernel')}, qemu software emulation on this 2-core machine). "
-            "Each flow is one connection carrying 1 KB under fusion over a 2 ms path; "
-            "the listener is gemini_lab.records (32 MB receive buffer).",
+            f"Command: `{command}` (recorded {dt.date.today().isoformat()}, "
+            f"{_setting(results)}). Each flow is one connection carrying 1 KB under fusion "
+            "over a 2 ms path; the listener is gemini_lab.records (32 MB receive buffer).",
             "",
             "- *One flow after another*: workers open, send, close and open the next; the rate is "
             "what the emulated guest reaches for whole connections (setup dominates).",

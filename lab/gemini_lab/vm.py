@@ -221,11 +221,7 @@ def run_in_guest(
     qemu = shutil.which("qemu-system-x86_64")
     if qemu is None:
         raise LabError("qemu-system-x86_64 is missing: install Debian's qemu-system-x86")
-    out_dir = out_dir.resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("rc", "dmesg.txt"):
-        (out_dir / stale).unlink(missing_ok=True)
-    (out_dir / "job.sh").write_text(f"cd {shlex.quote(os.getcwd())}\n{command}\n")
+    out_dir = prepare_job(command, out_dir)
     initrd = build_initramfs(kernel, out_dir / "initramfs.cpio")
     # an unpacked kernel's modules replace the host's /lib/modules inside the guest
     modroot = f" gemini.modroot={kernel.root}" if kernel.root != Path("/") else ""
@@ -263,6 +259,22 @@ def run_in_guest(
         raise LabError(
             f"guest did not finish within {timeout_s:.0f} s; console:\n{console[-4000:]}"
         ) from exc
+    return collect_run(out_dir, console)
+
+
+def prepare_job(command: str, out_dir: Path) -> Path:
+    """The output directory, absolute, with the job script PID 1 runs and no stale results."""
+    out_dir = out_dir.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("rc", "dmesg.txt"):
+        (out_dir / stale).unlink(missing_ok=True)
+    (out_dir / "job.sh").write_text(f"cd {shlex.quote(os.getcwd())}\n{command}\n")
+    return out_dir
+
+
+def collect_run(out_dir: Path, console: str) -> GuestRun:
+    """What the guest left in the output directory (exit status, kernel log), plus the
+    console; a guest that died before writing its status reads as -1."""
     (out_dir / "console.txt").write_text(console)
     rc_file = out_dir / "rc"
     rc = int(rc_file.read_text().strip()) if rc_file.exists() else -1

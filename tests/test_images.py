@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import httpx
 import pytest
@@ -112,6 +113,14 @@ class Unpacked:
             *(self.args if args is None else args),
         ]
 
+    def run(self, args: list[str], env: dict[str, str] | None = None) -> CompletedProcess:
+        return subprocess.run(self.command(args, env), capture_output=True, text=True, timeout=120)
+
+    def assert_version(self, prog: str, folder: str) -> None:
+        out = self.run([self.args[0], "--version"])
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == [prog, _version(folder)]
+
 
 def _unpack(image: str, tag: str, dest: Path) -> Unpacked:
     subprocess.run(
@@ -150,15 +159,19 @@ def _site_packages(image: Unpacked, prefix: str) -> set[str]:
 
 
 def test_agent_image_entry_point_answers_version(agent_image) -> None:
-    assert agent_image.args[0] == "/opt/gemini-agent/bin/gemini-agent"
-    out = subprocess.run(
-        agent_image.command([agent_image.args[0], "--version"]),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    assert agent_image.args == ["/opt/gemini-agent/bin/gemini-agent", "run"]
+    agent_image.assert_version("gemini-agent", "agent")
+
+
+def test_agent_image_reads_its_settings_and_masks_the_token(agent_image) -> None:
+    out = agent_image.run(
+        [agent_image.args[0], "show-config"],
+        {"GEMINI_AGENT_TOKEN": "s3cret-token", "GEMINI_AGENT_POLICY": "cdn"},
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["gemini-agent", _version("agent")]
+    shown = json.loads(out.stdout)
+    assert shown["policy"] == "cdn" and shown["token"] == "**********"
+    assert "s3cret-token" not in out.stdout + out.stderr
 
 
 def test_agent_image_holds_the_agent_and_nothing_heavy(agent_image) -> None:
@@ -173,12 +186,7 @@ def test_agent_image_holds_the_agent_and_nothing_heavy(agent_image) -> None:
         "for m in pkgutil.walk_packages(gemini_agent.__path__, 'gemini_agent.'):\n"
         "    importlib.import_module(m.name)\n"
     )
-    out = subprocess.run(
-        agent_image.command(["/opt/gemini-agent/bin/python", "-c", walk]),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = agent_image.run(["/opt/gemini-agent/bin/python", "-c", walk])
     assert out.returncode == 0, out.stderr
 
 
@@ -203,14 +211,8 @@ def test_booster_image_runs_as_an_unprivileged_user(booster_image) -> None:
 
 
 def test_booster_image_entry_point_answers_version(booster_image) -> None:
-    out = subprocess.run(
-        booster_image.command([booster_image.args[0], "--version"]),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["booster", _version("booster")]
+    assert booster_image.args == ["/opt/gemini-booster/bin/booster", "serve"]
+    booster_image.assert_version("booster", "booster")
 
 
 def _free_port() -> int:
@@ -357,7 +359,7 @@ def test_agent_deb_installs_and_runs_in_a_debian_root(debs, tmp_path) -> None:
         # the unit as installed, its ExecStart included, checked against systemd's own units
         # (the minimal root has no systemd; the host's stand in for the targets it orders after)
         units = rootfs / "usr/lib/systemd/system"
-        shutil.copytree("/usr/lib/systemd/system", units, dirs_exist_ok=True)
+        shutil.copytree("/usr/lib/systemd/system", units, symlinks=True, dirs_exist_ok=True)
         unit = "/lib/systemd/system/gemini-agent.service"
         verify = subprocess.run(
             ["systemd-analyze", "verify", "--man=no", f"--root={rootfs}", unit],

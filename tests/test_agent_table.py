@@ -367,9 +367,9 @@ def test_the_daemon_keeps_running_when_the_module_refuses_every_table(
             NOW,
         )
         agent.aggregator.add(flow)
+        agent.tick()  # closes, reports, asks for θ, has the table refused: no exception
         assert agent.ranked_places()[0] == busy  # the flows seen come first
-        for _ in range(2):
-            agent.tick()  # closes, reports, asks for θ, has the table refused: no exception
+        agent.tick()  # and the next interval goes the same way
         metrics = agent.metrics
         assert _sample(metrics, "gemini_agent_tables_refused_total") == 2
         assert _sample(metrics, "gemini_agent_reports_total", outcome="sent") == 1
@@ -380,16 +380,18 @@ def test_the_daemon_keeps_running_when_the_module_refuses_every_table(
         server.stop()
 
 
-def test_busiest_places_decay_each_interval():
+def test_busiest_places_are_ranked_per_interval_and_decay():
     agg = Aggregator(ContextResolver(Place("s", "o"), None), "h", "p")
     stats = FlowStats(1_000_000, 1_000_000, 50_000, 40_000)
     for _ in range(3):
         agg.add(Flow("10.0.0.1", stats, DEFAULT, 1, NOW))
-    assert agg.busiest_places() == [Place("unknown", "unknown")]
+    assert agg.busiest_places() == []  # ranked when the interval closes
     agg.close_interval(0, 1)
-    assert agg.busiest_places() == [Place("unknown", "unknown")]  # 3 → 1
+    assert agg.busiest_places() == [Place("unknown", "unknown")]  # 3, then halved to 1
     agg.close_interval(1, 2)
-    assert agg.busiest_places() == []  # 1 → 0: forgotten
+    assert agg.busiest_places() == [Place("unknown", "unknown")]  # 1, then halved to 0
+    agg.close_interval(2, 3)
+    assert agg.busiest_places() == []  # forgotten
 
 
 def test_spool_and_kernel_record_drops_are_counted(tmp_path, sysctl_dir):
@@ -445,8 +447,8 @@ def test_the_same_table_is_not_written_twice(world, sysctl_dir):
     applier = ThetaApplier(kernel, AgentMetrics(), 60.0)
     dest = Destinations(MmdbTable(world.mmdb, "region", "isp").networks())
     plan = Plan(DEFAULT, world.per_place)
-    applier.apply(plan, dest, world.rank)
-    applier.apply(plan, dest, world.rank)
+    first = applier.apply(plan, dest, world.rank)
+    assert applier.apply(plan, dest, world.rank) is first  # not even compiled again
     assert len(kernel.tables) == 1
     applier.apply(Plan(DEFAULT | {"mult_decrease": 60}, world.per_place), dest, world.rank)
     assert len(kernel.tables) == 2

@@ -42,8 +42,10 @@ class Aggregator:
         self._lock = threading.Lock()
         self.skipped = 0
         # Flows per destination place, halved every interval: which places matter most now,
-        # for choosing what the kernel's table holds when not every place fits.
+        # for choosing what the kernel's table holds when not every place fits. The ranking
+        # is taken when an interval closes, so it holds still until the next one.
         self._recent_flows: Counter[Place] = Counter()
+        self._ranking: list[Place] = []
 
     def add(self, flow: Flow) -> None:
         if not flow.stats.usable:
@@ -61,15 +63,17 @@ class Aggregator:
             self._recent_flows[place] += 1
 
     def busiest_places(self) -> list[Place]:
-        """Places by recent flows, most first (places never seen are not listed)."""
+        """Places by recent flows as of the last closed interval, most first (places without
+        flows are not listed)."""
         with self._lock:
-            return [place for place, _ in self._recent_flows.most_common()]
+            return list(self._ranking)
 
     def close_interval(self, start_ms: int, end_ms: int) -> pb.ReportRequest | None:
         """The interval's report, or None when no flow finished. Its id is fixed by host,
         policy and interval, so a report retried after a restart is the same report."""
         with self._lock:
             slots, self._slots = self._slots, {}
+            self._ranking = [place for place, _ in self._recent_flows.most_common()]
             self._recent_flows = Counter(
                 {p: n // 2 for p, n in self._recent_flows.items() if n > 1}
             )

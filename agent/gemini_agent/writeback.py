@@ -100,6 +100,7 @@ class ThetaApplier:
         self.last_ok = time.monotonic()
         self.applied: Plan | None = None
         self.installed: CompiledTable | None = None  # what the module holds, as far as known
+        self._compiled: tuple[tuple, CompiledTable] | None = None  # the last compile, by input
         self.fell_back = False
 
     def checked(self, theta: dict[str, int]) -> dict[str, int] | None:
@@ -131,7 +132,7 @@ class ThetaApplier:
         """Install `plan`: places in `rank` order until the module's limits are reached."""
         if not isinstance(destinations, Destinations):
             destinations = Destinations.from_prefixes(destinations)
-        table = compile_table(destinations, plan.default, plan.per_place, rank, self.limits)
+        table = self._compile(plan, destinations, rank)
         try:
             if not self._holds(table):
                 self.installed = None
@@ -146,6 +147,18 @@ class ThetaApplier:
         self.metrics.table_profiles.set(len(table.profiles))
         for reason, places in table.left_out.items():
             self.metrics.contexts_on_catch_all.labels(reason).set(places)
+        return table
+
+    def _compile(
+        self, plan: Plan, destinations: Destinations, rank: Sequence[Place]
+    ) -> CompiledTable:
+        """Compiling a large database takes seconds: the same plan, places and ranking as
+        last time give the same table, so it is compiled once."""
+        inputs = (plan, tuple(rank), id(destinations), self.limits)
+        if self._compiled is not None and self._compiled[0] == inputs:
+            return self._compiled[1]
+        table = compile_table(destinations, plan.default, plan.per_place, rank, self.limits)
+        self._compiled = (inputs, table)
         return table
 
     def _holds(self, table: CompiledTable) -> bool:

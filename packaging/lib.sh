@@ -21,8 +21,9 @@ version() {
     "$ROOT/$1/pyproject.toml"
 }
 
-# key FILE...: one hash over the names and contents of the given files.
-key() { sha256sum "$@" | sha256sum | cut -c1-16; }
+# key FILE...: one hash over the contents of the given files, in order (not their paths, which
+# differ between callers).
+key() { cat "$@" | sha256sum | cut -c1-16; }
 
 # wheelhouse: gemini-api, gemini-agent and gemini-booster built from this checkout, and every
 # dependency as a wheel, into $VAR/wheelhouse. Our own wheels are rebuilt every time, from a

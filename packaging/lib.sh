@@ -36,6 +36,7 @@ wheelhouse() {
   for c in api agent booster; do rm -rf "${ROOT:?}/$c/build"; done
   SOURCE_DATE_EPOCH=315532800 "$PYTHON" -m pip wheel --quiet --wheel-dir "$wh" \
     "$ROOT/api" "$ROOT/agent" "$ROOT/booster" >&2
+  for c in api agent booster; do rm -rf "${ROOT:?}/$c/build"; done
   echo "$wh"
 }
 

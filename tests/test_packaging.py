@@ -127,6 +127,7 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
             check=True,
             capture_output=True,
         )
+        shutil.rmtree(ROOT / folder / "build", ignore_errors=True)
         stem = dist.replace("-", "_")
         built[dist] = next(out.glob(f"{stem}-*.whl"))
     return built

@@ -214,7 +214,7 @@ def test_alerts_fire_on_the_failures_they_name(tmp_path: Path) -> None:
                                     "instance": "node-1",
                                 },
                                 "exp_annotations": alert_annotations(
-                                    "GeminiAgentStale", instance="node-1", value="24m 0s"
+                                    "GeminiAgentStale", instance="node-1", value="25m 0s"
                                 ),
                             }
                         ],

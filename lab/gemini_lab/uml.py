@@ -29,6 +29,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,23 +174,29 @@ def run_in_uml(
     out_dir = prepare_job(command, out_dir)
     # UML backs the guest's memory with a file in $TMPDIR: keep it in memory
     env = {**os.environ, "TMPDIR": "/dev/shm" if os.access("/dev/shm", os.W_OK) else "/tmp"}
+    # its own session: UML runs every guest process as a host process, and on a timeout (or
+    # our own exit) the whole group goes, not only the kernel's main process
+    proc = subprocess.Popen(
+        uml_command(kernel, out_dir, memory_mb),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        env=env,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            uml_command(kernel, out_dir, memory_mb),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout_s,
-            env=env,
-        )
-        console = proc.stdout + proc.stderr
+        console, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
-        raw = exc.stdout or b""
-        console = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        os.killpg(proc.pid, signal.SIGKILL)
+        console, _ = proc.communicate()
         raise LabError(
             f"UML guest did not finish within {timeout_s:.0f} s; console:\n{console[-4000:]}"
         ) from exc
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     finally:
         shutil.rmtree(out_dir / "lab", ignore_errors=True)  # UML's mconsole socket directory
     return collect_run(out_dir, console)

@@ -4,7 +4,8 @@
 #   lab/uml/build-kernel.sh            build if needed; print the kernel tree's path
 #
 # The tree lands in var/uml/linux-<key>/, where <key> hashes what decides the result: the
-# source package's version, config.fragment and this script. A tree whose inputs have not
+# source package's version, config.fragment, the patches beside this script (*.patch, applied
+# in name order) and this script. A tree whose inputs have not
 # changed is reused as is (the `linux` binary at its top, Module.symvers from `make modules`
 # for building tcp_fusion.ko against it); a changed input builds a new tree beside it and the
 # old ones are removed. Debian's own user-mode-linux package has neither time travel nor a
@@ -22,7 +23,8 @@ for tool in gcc make flex bison bc xz; do
   command -v "$tool" >/dev/null || die "$tool is missing (lab/install-deps.sh installs it)"
 done
 VERSION="$(dpkg-query -W -f='${Version}' linux-source-6.1 2>/dev/null || stat -c %Y "$TARBALL")"
-KEY="$( { echo "$VERSION"; cat "$FRAGMENT" "$HERE/build-kernel.sh"; } | sha256sum | cut -c1-16)"
+PATCHES=("$HERE"/*.patch)
+KEY="$( { echo "$VERSION"; cat "$FRAGMENT" "${PATCHES[@]}" "$HERE/build-kernel.sh"; } | sha256sum | cut -c1-16)"
 TREE="$CACHE/linux-$KEY"
 
 mkdir -p "$CACHE"
@@ -39,6 +41,9 @@ mkdir -p "$TREE.partial"
 echo "build-kernel.sh: extracting $TARBALL ($VERSION)" >&2
 tar -xJf "$TARBALL" -C "$TREE.partial" --strip-components=1
 cd "$TREE.partial"
+for p in "${PATCHES[@]}"; do
+  patch -p1 --quiet --forward <"$p" >&2 || die "$p does not apply to linux-source-6.1 $VERSION"
+done
 make -s ARCH=um defconfig >&2
 scripts/kconfig/merge_config.sh -m -O . .config "$FRAGMENT" >&2
 make -s ARCH=um olddefconfig >&2

@@ -114,7 +114,7 @@ def render(m: dict, command: str, backend: Backend) -> str:
             f"Each run boots the guest once and runs one flow of {' and '.join(CCS)} on each "
             f"Table IV path ({', '.join(TABLE_IV)}). Runs alternate: idle, then loaded (this "
             f"command keeps all {os.cpu_count()} cores busy with spinning processes of its own "
-            f"for the whole boot), {n} times each. Columns list the runs in the order idle 1.."
+            f"for the whole boot); {n} of each. Columns list the runs in the order idle 1.."
             f"{n}, loaded 1..{n}; deviation is the largest difference from idle run 1.",
             "",
             "| flow | bytes received | throughput Mbit/s | retransmits | "

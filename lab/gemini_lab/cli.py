@@ -72,6 +72,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"[{backend}] {len(plan['experiments'])} experiments", flush=True)
         out = args.out / f"check-{backend}"
         results = run_plan(plan, out, backend=backend, progress=_progress)
+        out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(results, indent=1))
         print(report.table(results), flush=True)
         print(f"results: {out / 'results.json'}\n", flush=True)

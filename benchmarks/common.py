@@ -26,6 +26,7 @@ def start_booster(**overrides) -> BoosterServer:
         http_port=0,
         bootstrap_operator_token=OPERATOR,
         bootstrap_agent_token=AGENT,
+        allow_unbound_agent_tokens=True,  # one shared agent token for the benchmark fleet
         refit_interval_s=3600,
         log_level="WARNING",
     )

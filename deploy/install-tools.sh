@@ -24,15 +24,6 @@ TOOLS=$ROOT/var/tools
 export GOBIN=$TOOLS/bin GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
 mkdir -p "$GOBIN"
 
-# Go builds take both cores for minutes: serialise them with the other heavy jobs when the
-# shared lock exists (a plain CI machine has none).
-heavy() {
-	if command -v flock >/dev/null && [ -w /tmp ]; then
-		flock /tmp/gemini-heavy.lock "$@"
-	else
-		"$@"
-	fi
-}
 
 installed() { # name version-marker
 	[ -x "$GOBIN/$1" ] && [ "$(cat "$GOBIN/.$1.version" 2>/dev/null)" = "$2" ]
@@ -44,7 +35,7 @@ build() { # name package@version
 		return
 	fi
 	echo "building $name $version" >&2
-	heavy "$GO" install "$pkg"
+	"$GO" install "$pkg"
 	echo "$version" >"$GOBIN/.$name.version"
 }
 
@@ -63,7 +54,7 @@ build_in_module() { # name module-dir package
 		return
 	fi
 	echo "building $name" >&2
-	(cd "$dir" && heavy "$GO" build -mod=readonly -o "$GOBIN/$name" "$pkg")
+	(cd "$dir" && "$GO" build -mod=readonly -o "$GOBIN/$name" "$pkg")
 	echo "$sum" >"$GOBIN/.$name.version"
 }
 build_in_module manifestcheck deploy/tools/manifestcheck .

@@ -400,30 +400,18 @@ def agent_env_names(docs: list[Doc]) -> set[str]:
     }
 
 
-SYSCTL_ROOT_MISSING = "sysctl_root" not in AgentSettings.model_fields
-
-
 def test_agent_environment_names_real_settings(value_set: str) -> None:
     fields = set(AgentSettings.model_fields)
     names = agent_env_names(objects(value_set))
     unknown = {n for n in names if n.removeprefix("GEMINI_AGENT_").lower() not in fields}
-    if SYSCTL_ROOT_MISSING:  # asserted on its own below
-        unknown.discard("GEMINI_AGENT_SYSCTL_ROOT")
     assert names and not unknown
 
 
-@pytest.mark.xfail(
-    SYSCTL_ROOT_MISSING,
-    strict=True,
-    reason="the agent hard-codes /proc/sys/net/fusion, read-only in an unprivileged container; "
-    "the chart sets GEMINI_AGENT_SYSCTL_ROOT for a setting the agent does not have yet",
-)
 def test_agent_takes_the_sysctl_root_the_chart_mounts() -> None:
-    assert "sysctl_root" in AgentSettings.model_fields
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GEMINI_AGENT_SYSCTL_ROOT", "/host/proc/sys/net/fusion")
         settings = AgentSettings()
-    assert str(settings.sysctl_root) == "/host/proc/sys/net/fusion"  # type: ignore[attr-defined]
+    assert str(settings.sysctl_root) == "/host/proc/sys/net/fusion"
 
 
 def test_module_loader_matches_its_mode() -> None:

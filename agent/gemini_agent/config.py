@@ -11,6 +11,10 @@ from typing import Any
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+# Where tcp_fusion's sysctls are. A container sees the host's /proc/sys read-only, so the Helm
+# chart mounts the host's /proc/sys/net writable elsewhere and points sysctl_root there.
+SYSCTL_ROOT = Path("/proc/sys/net/fusion")
+
 
 class _TomlSource(PydanticBaseSettingsSource):
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
@@ -50,6 +54,7 @@ class AgentSettings(BaseSettings):
     spool_max_bytes: int = 64 * 1024 * 1024
     staleness_s: float = 1800.0  # after this without Booster, fall back to the safe default
     apply_to_kernel: bool = True  # False: ask and log, never write θ (dry run)
+    sysctl_root: Path = SYSCTL_ROOT  # net.fusion.* as files (the chart mounts the host's)
     metrics_listen: str = "127.0.0.1:9465"
     sockdiag: bool = False  # also watch flows of other CCs (socket diagnostics)
     sockdiag_dump_s: float = 5.0  # dump of open sockets: counters an abortive close erases

@@ -66,7 +66,7 @@ class Agent:
         self.aggregator = Aggregator(self.resolver, settings.host_id, settings.policy)
         self.spool = Spool(settings.spool_dir, settings.spool_max_bytes)
         self.reporter = Reporter(settings, self.spool, self.metrics)
-        self.kernel = kernel or Kernel()
+        self.kernel = kernel or Kernel(sysctl_root=settings.sysctl_root)
         self.applier = ThetaApplier(self.kernel, self.metrics, settings.staleness_s)
         self.destinations = Destinations(self.resolver.networks())
         # without flows seen yet, the places holding the most prefixes first

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gemini_agent.config import SYSCTL_ROOT
 from gemini_agent.context import Place
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.table import (
@@ -36,7 +37,6 @@ from gemini_api.theta import ThetaError, ThetaSpec, load_spec
 from gemini_api.v1 import booster_pb2 as pb
 
 log = logging.getLogger(__name__)
-SYSCTL_ROOT = Path("/proc/sys/net/fusion")
 CATCH_ALL_PROFILE = 1
 
 

@@ -9,6 +9,7 @@
  */
 #include <linux/slab.h>
 #include <linux/sysctl.h>
+#include <linux/version.h>
 #include <net/ipv6.h>
 #include <net/netns/generic.h>
 
@@ -85,11 +86,18 @@ void fusion_profile_for(const struct sock *sk, struct fusion_profile *out)
 	rcu_read_unlock();
 }
 
+/* Linux 6.11 passes sysctl handlers their table as const. */
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 11, 0)
+#define FUSION_CTL_TABLE const struct ctl_table
+#else
+#define FUSION_CTL_TABLE struct ctl_table
+#endif
+
 /*
  * A write to net.fusion.<param>: bounds checked by proc_dointvec_minmax against Θ' (EINVAL and
  * no change when outside), then a new default profile is published with a new version.
  */
-static int fusion_sysctl_theta(struct ctl_table *table, int write, void *buffer,
+static int fusion_sysctl_theta(FUSION_CTL_TABLE *table, int write, void *buffer,
 			       size_t *lenp, loff_t *ppos)
 {
 	int idx = (int *)table->extra1 - fusion_sysctl_min;
@@ -168,7 +176,13 @@ static int __net_init fusion_net_init(struct net *net)
 	}
 	fn->sysctl_tbl[FUSION_THETA_NPARAMS].data = &fn->sysctl_version;
 	RCU_INIT_POINTER(fn->dflt, dflt);
+	/* since 6.6 a table reached through a pointer is registered with its size */
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 6, 0)
+	fn->sysctl_hdr = register_net_sysctl_sz(net, "net/fusion", fn->sysctl_tbl,
+						FUSION_THETA_NPARAMS + 1);
+#else
 	fn->sysctl_hdr = register_net_sysctl(net, "net/fusion", fn->sysctl_tbl);
+#endif
 	if (!fn->sysctl_hdr)
 		goto fail;
 	return 0;

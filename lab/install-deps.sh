@@ -10,4 +10,5 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   linux-image-amd64 linux-headers-amd64 qemu-system-x86 busybox-static cpio kmod \
   iproute2 iperf3 ethtool make gcc openssl \
-  linux-source-6.1 flex bison bc xz-utils patch libelf-dev util-linux >/dev/null
+  linux-source-6.1 flex bison bc xz-utils patch libelf-dev util-linux \
+  debootstrap dkms >/dev/null

@@ -38,7 +38,19 @@ def twice(tmp_path_factory) -> list[dict]:
     return runs
 
 
-LABELS = ["ethernet/cubic", "ethernet/fusion", "lossy-short/cubic", "lossy-short/fusion"]
+# Lossy flows do not repeat yet: with the host's randomness patched out, two boots still draw
+# different netem losses (measured: 3.9 MB against 3.7 MB for cubic, 22.5 against 21.8 MB for
+# fusion), so some other source still seeds the guest. Strict: the day they repeat, this fails
+# and the mark goes.
+LOSSY_DO_NOT_REPEAT = pytest.mark.xfail(
+    strict=True, reason="netem's loss draws still differ between two boots of the UML guest"
+)
+LABELS = [
+    "ethernet/cubic",
+    "ethernet/fusion",
+    pytest.param("lossy-short/cubic", marks=LOSSY_DO_NOT_REPEAT),
+    pytest.param("lossy-short/fusion", marks=LOSSY_DO_NOT_REPEAT),
+]
 
 
 @pytest.mark.parametrize("label", LABELS)

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench proto clean kmod kmod-theta uml lab-check lab-bench images debs
+.PHONY: demo test lint bench proto clean kmod kmod-theta uml lab-check lab-6.12 lab-bench images debs
 
 COMPONENTS := api agent booster lab
 
@@ -49,6 +49,11 @@ kmod-theta: $(STAMP)  ## regenerate fusion-kmod/fusion_theta.h after editing the
 
 lab-check: $(STAMP)  ## the acceptance plans: outcomes in UML, the module in qemu; exit 1 on any failure
 	$(BIN)/gemini-lab check
+
+lab-6.12: $(STAMP)  ## the module's lab tests booted on Debian 13's 6.12 under qemu (fusion-kmod/build-in-trixie.sh setup first)
+	fusion-kmod/build-in-trixie.sh build
+	GEMINI_LAB_KERNEL_ROOT=$(CURDIR)/var/trixie/kernel GEMINI_LAB_FUSION_KO=$(CURDIR)/var/trixie/out/tcp_fusion.ko \
+	  $(BIN)/python -m pytest -q tests/test_lab_fusion.py -k "not outcomes and not warning_free"
 
 lab-bench: $(STAMP)  ## Fusion vs cubic/bbr/vegas/reno on Table IV, CPU cost; writes benchmarks/results/
 	$(BIN)/gemini-lab bench

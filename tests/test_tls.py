@@ -51,8 +51,8 @@ def make_ca(d: Path, name: str) -> Path:
     return d / f"{name}.pem"
 
 
-def make_server_cert(d: Path, ca: str) -> tuple[Path, Path]:
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+def _signed_cert(d: Path, ca: str, name: str, *extra: str) -> tuple[Path, Path]:
+    """A key and a certificate with Common Name ``name`` signed by ``ca``: (cert, key) paths."""
     _openssl(
         "req",
         "-newkey",
@@ -61,32 +61,36 @@ def make_server_cert(d: Path, ca: str) -> tuple[Path, Path]:
         "ec_paramgen_curve:prime256v1",
         "-nodes",
         "-keyout",
-        "server.key",
+        f"{name}.key",
         "-out",
-        "server.csr",
+        f"{name}.csr",
         "-subj",
-        "/CN=booster",
+        f"/CN={name}",
         cwd=d,
     )
     _openssl(
         "x509",
         "-req",
         "-in",
-        "server.csr",
+        f"{name}.csr",
         "-CA",
         f"{ca}.pem",
         "-CAkey",
         f"{ca}.key",
         "-CAcreateserial",
         "-out",
-        "server.pem",
+        f"{name}.pem",
         "-days",
         "1",
-        "-extfile",
-        "san.ext",
+        *extra,
         cwd=d,
     )
-    return d / "server.pem", d / "server.key"
+    return d / f"{name}.pem", d / f"{name}.key"
+
+
+def make_server_cert(d: Path, ca: str) -> tuple[Path, Path]:
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    return _signed_cert(d, ca, "booster", "-extfile", "san.ext")
 
 
 @pytest.fixture
@@ -135,38 +139,8 @@ def test_agent_reports_over_tls_and_untrusted_clients_are_refused(tmp_path, tls_
 
 def make_client_cert(d: Path, ca: str, host: str) -> tuple[bytes, bytes]:
     """A client certificate for ``host`` (its Common Name) signed by ``ca``: (cert, key) PEM."""
-    _openssl(
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        f"{host}.key",
-        "-out",
-        f"{host}.csr",
-        "-subj",
-        f"/CN={host}",
-        cwd=d,
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        f"{host}.csr",
-        "-CA",
-        f"{ca}.pem",
-        "-CAkey",
-        f"{ca}.key",
-        "-CAcreateserial",
-        "-out",
-        f"{host}.pem",
-        "-days",
-        "1",
-        cwd=d,
-    )
-    return (d / f"{host}.pem").read_bytes(), (d / f"{host}.key").read_bytes()
+    cert, key = _signed_cert(d, ca, host)
+    return cert.read_bytes(), key.read_bytes()
 
 
 def test_mutual_tls_binds_the_host_to_the_client_certificate(tmp_path, db_url) -> None:

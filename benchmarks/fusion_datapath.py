@@ -30,13 +30,6 @@ SIGMAS = (0.1, 1.0)
 SHORT_S = 20
 # an 800 ms path needs about ten round trips of slow start alone
 LONG_S = 40
-DEEP_BUFFER = scenario.Scenario(
-    name="deep-buffer",
-    description="access link with a deep buffer: 12 Mbit/s, 50 ms RTT, 10 BDP of queue",
-    rtt_ms=50,
-    rate_mbit=12,
-    queue_bdp=10.0,
-)
 # l = 1.0 % tolerates satellite's 0.74 % random loss (l is in tenths of a percent)
 TOLERANT = {"loss_threshold": 10}
 ARMS: dict[str, list[tuple[str, str, dict[str, int]]]] = {
@@ -73,7 +66,7 @@ NOTES = [
 
 
 def paths() -> list[scenario.Scenario]:
-    return [scenario.load(n) for n in ("ethernet", "satellite", "cellular")] + [DEEP_BUFFER]
+    return [scenario.load(n) for n in ("ethernet", "satellite", "cellular", "deep-buffer")]
 
 
 def plan(fusion_only: bool = False) -> dict:

@@ -9,7 +9,6 @@ database outage the last plans keep being served.
 from __future__ import annotations
 
 import threading
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from gemini_api.v1 import booster_pb2 as pb
 
 from ..domain import ContextKey
 from ..models import Policy
+from ..policy.assignment import assign
 from ..storage import repository as repo
 from ..storage.repository import PlanRecord
 
@@ -35,11 +35,6 @@ class CachedPlan:
     incumbent: pb.Theta
     incumbent_utility: float
     candidates: tuple[pb.Theta, ...]
-
-
-def exploration_position(host: str, key: ContextKey, version: int) -> float:
-    """A host's fixed position in [0, 1) for one plan: the lowest ``share`` explore."""
-    return zlib.crc32(f"{host}|{tuple(key)}|{version}".encode()) / 2**32
 
 
 class PlanCache:
@@ -118,11 +113,9 @@ class PlanCache:
         plan = self._plans.get(policy.id, {}).get(key)
         if plan is None:
             return pb.ContextParameters(context=msg, theta=default)
-        pos = exploration_position(host, key, plan.version)
-        explore = bool(plan.candidates) and pos < policy.exploration_share
-        theta = plan.incumbent
-        if explore:
-            theta = plan.candidates[zlib.crc32(host.encode()) % len(plan.candidates)]
+        theta, explore = assign(
+            host, key, plan.incumbent, plan.candidates, policy.exploration_share
+        )
         return pb.ContextParameters(
             context=msg,
             theta=theta,

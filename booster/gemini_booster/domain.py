@@ -49,7 +49,9 @@ class ContextKey(NamedTuple):
 
 @dataclass(frozen=True)
 class Trial:
-    """Everything seen of one θ (or one baseline CC) in one context of one policy."""
+    """Everything seen of one θ (or one baseline CC) in one context of one policy, in one time
+    bucket: the sums of flows that ran from ``bucket`` for the policy's bucket width (None: not
+    split by time). Buckets let the history window drop old flows of a θ that keeps running."""
 
     context_id: int
     theta_key: str
@@ -57,6 +59,7 @@ class Trial:
     slow_flows: int
     report_count: int
     last_seen: datetime
+    bucket: datetime | None = None
 
     @property
     def flow_count(self) -> int:

@@ -23,6 +23,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import numpy as np
 from skopt.acquisition import gaussian_ei, gaussian_lcb, gaussian_pi
@@ -201,6 +202,8 @@ class Planner:
         contexts: Mapping[int, ContextKey],
         targets: Iterable[int],
         state: PolicyState,
+        now: datetime | None = None,
+        incumbents: Mapping[int, str] | None = None,
     ) -> dict[int, ContextPlan]:
         bounds = policy.resolved_bounds()
         space = ThetaSpace(self.spec, bounds)

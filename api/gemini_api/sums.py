@@ -55,6 +55,17 @@ class FlowSums:
             self.tpt_delay_sum + other.tpt_delay_sum,
         )
 
+    def __sub__(self, other: FlowSums) -> FlowSums:
+        """The flows of ``self`` that are not in ``other`` (a part taken out of a total)."""
+        return FlowSums(
+            self.flow_count - other.flow_count,
+            self.tpt_sum - other.tpt_sum,
+            self.tpt_sq_sum - other.tpt_sq_sum,
+            self.delay_sum - other.delay_sum,
+            self.delay_sq_sum - other.delay_sq_sum,
+            self.tpt_delay_sum - other.tpt_delay_sum,
+        )
+
     @classmethod
     def of_flow(cls, throughput_mbps: float, queue_delay_ms: float) -> FlowSums:
         x, d = throughput_mbps, queue_delay_ms

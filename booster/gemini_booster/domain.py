@@ -11,6 +11,7 @@ same sums from their flows; it is re-exported here as part of Booster's domain.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple
@@ -24,6 +25,7 @@ __all__ = [
     "FlowSums",
     "Trial",
     "Utility",
+    "merge_buckets",
 ]
 
 CONTEXT_FIELDS = ("src_region", "src_isp", "dst_region", "dst_isp", "hour")
@@ -68,3 +70,22 @@ class Trial:
     @property
     def slow_flow_share(self) -> float:
         return self.slow_flows / self.sums.flow_count if self.sums.flow_count else 0.0
+
+
+def merge_buckets(trials: Iterable[Trial]) -> list[Trial]:
+    """One trial per (context, θ): the sums of its time buckets added, which is exact because
+    eq. 9 is linear in them; ``last_seen`` is the newest bucket's, ``bucket`` None."""
+    groups: dict[tuple[int, str], list[Trial]] = {}
+    for t in trials:
+        groups.setdefault((t.context_id, t.theta_key), []).append(t)
+    return [
+        Trial(
+            context_id,
+            theta_key,
+            FlowSums.total(t.sums for t in group),
+            sum(t.slow_flows for t in group),
+            sum(t.report_count for t in group),
+            max(t.last_seen for t in group),
+        )
+        for (context_id, theta_key), group in groups.items()
+    ]

@@ -18,7 +18,7 @@ from gemini_api.theta import ThetaError, load_spec
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 HOURS_PER_YEAR = 8766  # 365.25 days
-Mode = Literal["contextual", "standard"]
+Mode = Literal["contextual", "independent", "standard"]
 AcqFunc = Literal["gp_hedge", "EI", "PI", "LCB"]
 Region = Literal["production", "wide", "custom"]
 Bounds = dict[str, tuple[int, int]]
@@ -43,6 +43,16 @@ InitialPoints = Annotated[
     int, Field(ge=1, le=1000, description="space-filling θ before the model leads")
 ]
 TimeBuckets = Annotated[int, Field(ge=1, le=24, description="the day split into this many blocks")]
+# Trials are running sums per time bucket so that the history window can drop old flows. An hour
+# keeps a fortnight's window at 336 rows per running θ; a week is the coarsest that still ages.
+TrialBucketHours = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=168,
+        description="flows are summed per this many hours; the window drops whole buckets",
+    ),
+]
 # At least an hour: agents report every few minutes, so a shorter window leaves the model almost
 # no trials. At most ten years: far beyond any drift worth modelling, and well inside what a
 # timedelta (and PostgreSQL's interval arithmetic) can hold.
@@ -84,10 +94,15 @@ class PolicyFields(BaseModel):
     )
     target_cc: TargetCC = "fusion"
     exploration_share: ExplorationShare = 0.5
-    mode: Mode = Field("contextual", description="contextual (eq. 8) or context-blind standard BO")
+    mode: Mode = Field(
+        "contextual",
+        description="contextual (eq. 8, contexts pooled), independent (one model per context, "
+        "no pooling) or standard (the paper's context-blind BO)",
+    )
     acq_func: AcqFunc = "gp_hedge"
     n_initial_points: InitialPoints = 8
     time_buckets: TimeBuckets = 1
+    trial_bucket_hours: TrialBucketHours = 1
     history_hours: HistoryHours = 24.0 * 14
     max_model_points: ModelPoints = 200
     min_flows: MinFlows = 1
@@ -132,6 +147,7 @@ class PolicyUpdate(BaseModel):
     acq_func: AcqFunc | None = None
     n_initial_points: InitialPoints | None = None
     time_buckets: TimeBuckets | None = None
+    trial_bucket_hours: TrialBucketHours | None = None
     history_hours: HistoryHours | None = None
     max_model_points: ModelPoints | None = None
     min_flows: MinFlows | None = None

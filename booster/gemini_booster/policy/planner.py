@@ -6,15 +6,37 @@ For every context h' Booster serves, the planner answers two things:
   - exploration candidates: argmax over θ of an acquisition function evaluated at h = h',
     handed to the share of hosts that explore, several distinct θ so that hosts which share a
     context explore in parallel.
-Until a policy has ``n_initial_points`` distinct θ, candidates come from a space-filling
-initial design per context (a maximin Latin hypercube, ordered farthest point first). The
-acquisition is chosen per refit by GP-Hedge (Hoffman et al.), as scikit-optimize's ``Optimizer``
-does: each of EI, PI and LCB proposes, one is picked with probability
-softmax(η·gains), and every proposer is credited with the model's later estimate of its pick.
 
-The model is kept bounded: trials older than the policy's history window are dropped (drift),
-trials with the same θ in the same context are already one point, and past
-``max_model_points`` the planner keeps each context's best trials and the most recent rest.
+**Data.** ``history.py`` turns stored trials (sums per context, θ and time bucket) into
+observations: buckets outside the history window dropped, each context's data before a detected
+change of its path dropped (drift), buckets of one θ added.
+
+**Model, by mode.**
+  - ``contextual`` (eq. 8, contexts pooled): the surrogate c·Matérn(θ)·k_h(h) has its
+    hyperparameters fitted by marginal likelihood on a *fit set* of at most
+    ``max_model_points`` observations, drawn round-robin over contexts, most-measured first.
+    Each planned context then gets its own exact GP with those hyperparameters, conditioned on
+    all of its own observations (up to ``LOCAL_OWN_MAX``) plus the fit set, which carries what
+    the other contexts learned; the context kernel decides how much of it applies. Every trial
+    of every planned context informs its plan, at the cost of one small Cholesky per context,
+    instead of a single GP capped at a few hundred points.
+  - ``independent``: one GP per context on its own observations, hyperparameters fitted per
+    context; nothing is pooled. The baseline that measures what pooling is worth.
+  - ``standard``: the paper's context-blind BO; one GP over θ for all contexts, one plan.
+
+**Incumbent.** A challenger replaces the published incumbent only when its posterior mean is
+higher with confidence (``SWITCH_Z`` standard deviations of the difference, their covariance
+included); a change of path found by ``history.py`` lifts that protection. Hosts keep their
+exploration role (``assignment.py``), and a published candidate not yet run keeps its slot
+while the acquisition still rates it, so that a refit moves few hosts.
+
+**Acquisition.** Chosen per refit by GP-Hedge (Hoffman et al.), as scikit-optimize's
+``Optimizer`` does: each of EI, PI and LCB proposes, one is picked with probability
+softmax(η·gains), and every proposer is credited with the model's later estimate of its pick.
+It is maximised over the whole region by ``acquisition.py``: a pool, then batched polish.
+
+Until a context (``independent``) or the policy (otherwise) has ``n_initial_points`` distinct
+θ, candidates come from a space-filling initial design (a maximin Latin hypercube).
 """
 
 from __future__ import annotations
@@ -26,23 +48,23 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
-from skopt.acquisition import gaussian_ei, gaussian_lcb, gaussian_pi
 
 from gemini_api.theta import ThetaSpec
 
-from ..domain import SINGLE_FLOW_STD, ContextKey, Trial, Utility
+from ..domain import ContextKey, Trial
 from ..models import Policy
-from .surrogate import CONTEXT_ATTRIBUTES, FittedSurrogate, ThetaSpace, fit_surrogate
+from . import acquisition, history
+from .acquisition import ACQUISITIONS
+from .history import Observation
+from .surrogate import CONTEXT_ATTRIBUTES, ThetaSpace, condition, fit_surrogate
 
 N_CANDIDATES = 8
-POOL_RANDOM = 500
-POOL_LOCAL_PER_ANCHOR = 60
-LOCAL_STEP = 0.08  # std of local perturbations, in normalised θ units
-MIN_CANDIDATE_DISTANCE = 0.05  # normalised L∞ distance between parallel candidates
-BEST_PER_CONTEXT = 5
-PRIOR_FLOWS = 4  # weight, in flows, of a context's pooled per-flow variance in a trial's noise
+ANCHORS = 5  # the best observed θ of a context whose neighbourhoods are searched
+LOCAL_OWN_MAX = 400  # a context's own observations in its local model, most-measured first
+SWITCH_Z = 2.0  # a challenger must beat the incumbent by this many std of the difference
+KEEP_SCORE_SHARE = 0.1  # an unrun candidate keeps its slot above this share of the best score
 HEDGE_ETA = 1.0
-ACQUISITIONS = ("EI", "PI", "LCB")
+DESIGN_CACHE_MAX = 20_000  # contexts' initial designs kept between refits
 
 
 @dataclass(frozen=True)
@@ -55,34 +77,16 @@ class ContextPlan:
 
 @dataclass
 class PolicyState:
-    """What the planner remembers between refits of one policy (in memory only)."""
+    """What the planner remembers between refits of one policy (in memory only; a takeover
+    starts afresh and loses nothing it cannot find again in the data and the plans)."""
 
     gains: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ACQUISITIONS, 0.0))
     last_picks: dict[int, dict[str, dict[str, int]]] = field(default_factory=dict)
     warm_kernel: object | None = None
     warm_key: tuple | None = None
-
-
-@dataclass(frozen=True)
-class Observation:
-    context_id: int
-    theta: dict[str, int]
-    utility: float
-    noise_var: float
-    flows: int
-    last_seen: float
-
-
-@dataclass(frozen=True)
-class _Posterior:
-    """The GP's posterior at one candidate pool, computed once and handed to all of
-    scikit-optimize's acquisition functions (which would otherwise each predict again)."""
-
-    loss: np.ndarray
-    std: np.ndarray
-
-    def predict(self, X, return_std: bool = True):
-        return self.loss, self.std
+    context_kernels: dict[int, object] = field(default_factory=dict)  # independent mode
+    changes: dict[int, datetime] = field(default_factory=dict)  # drift: regime starts
+    model_points: int = 0  # observations that informed the last refit's plans
 
 
 def context_features(key: ContextKey, time_buckets: int) -> tuple:
@@ -106,75 +110,66 @@ class ContextEncoder:
         return np.asarray([self.codes[j][v] for j, v in enumerate(feats)], dtype=float)
 
 
-def _pooled_flow_var(per_trial: list[tuple[int, Utility]]) -> dict[int, float]:
-    """Per context, the per-flow variance of utility pooled over its trials of 2+ flows."""
-    num: dict[int, float] = defaultdict(float)
-    dof: dict[int, int] = defaultdict(int)
-    for context_id, u in per_trial:
-        if u.flows >= 2:
-            num[context_id] += u.var_of_mean * u.flows * (u.flows - 1)
-            dof[context_id] += u.flows - 1
-    return {c: num[c] / dof[c] for c in dof if num[c] > 0}
+def most_measured(obs: Iterable[Observation]) -> list[Observation]:
+    """Most flows first (the least noisy means), then the most recent."""
+    return sorted(obs, key=lambda o: (-o.flows, -o.last_seen, o.theta_key))
 
 
-def shrunk_noise(u: Utility, pooled: float | None) -> float:
-    """Variance of a trial's mean, its per-flow variance shrunk toward the context's pooled one
-    with the weight of PRIOR_FLOWS flows. Two flows that happen to agree say little about the
-    spread: taken at face value they would pin the model to a lucky mean."""
-    prior = SINGLE_FLOW_STD**2 if pooled is None else pooled
-    sample = u.var_of_mean * u.flows if u.flows >= 2 else 0.0
-    dof = max(u.flows - 1, 0)
-    return (dof * sample + PRIOR_FLOWS * prior) / (dof + PRIOR_FLOWS) / u.flows
-
-
-def observations(
-    trials: Iterable[Trial], sigma: float, spec: ThetaSpec, bounds: Mapping
-) -> list[Observation]:
-    per_trial = []
-    for t in trials:
-        if t.flow_count <= 0:
-            continue
-        theta = spec.from_key(t.theta_key)
-        if spec.violations(theta, bounds):
-            continue  # measured under an earlier, wider region: not a point of this space
-        u = t.sums.utility(sigma)
-        per_trial.append((t, theta, u))
-    pooled = _pooled_flow_var([(t.context_id, u) for t, _, u in per_trial])
-    return [
-        Observation(
-            t.context_id,
-            theta,
-            u.mean,
-            shrunk_noise(u, pooled.get(t.context_id)),
-            t.flow_count,
-            t.last_seen.timestamp(),
-        )
-        for t, theta, u in per_trial
-    ]
-
-
-def bound_points(obs: list[Observation], max_points: int) -> list[Observation]:
-    """Each context's best trials, then the most recent others, up to ``max_points``."""
+def fit_set(obs: list[Observation], max_points: int) -> list[Observation]:
+    """Up to ``max_points`` observations for the hyperparameter fit: round-robin over contexts,
+    each context's most-measured first, so every context is represented and none dominates.
+    (Keeping each context's *best* means instead would keep mostly lucky noise.)"""
     if len(obs) <= max_points:
         return obs
-    by_ctx: dict[int, list[int]] = defaultdict(list)
-    for i, o in enumerate(obs):
-        by_ctx[o.context_id].append(i)
-    keep: set[int] = set()
-    for idx in by_ctx.values():
-        keep.update(sorted(idx, key=lambda i: -obs[i].utility)[:BEST_PER_CONTEXT])
-    for i in sorted(range(len(obs)), key=lambda i: -obs[i].last_seen):
-        if len(keep) >= max_points:
-            break
-        keep.add(i)
-    return [obs[i] for i in sorted(keep)][:max_points]
+    queues = [most_measured(group) for group in _by_context(obs).values()]
+    out: list[Observation] = []
+    depth = 0
+    while len(out) < max_points:
+        for q in queues:
+            if depth < len(q):
+                out.append(q[depth])
+                if len(out) == max_points:
+                    break
+        depth += 1
+    return out
+
+
+def _by_context(obs: Iterable[Observation]) -> dict[int, list[Observation]]:
+    out: dict[int, list[Observation]] = defaultdict(list)
+    for o in obs:
+        out[o.context_id].append(o)
+    return out
 
 
 def _seed(*parts: object) -> int:
     return zlib.crc32(repr(parts).encode())
 
 
-DESIGN_CACHE_MAX = 20_000  # contexts' initial designs kept between refits
+@dataclass
+class _Model:
+    """One context's posterior over θ, in loss units (−(utility − mean)/std)."""
+
+    gp: object
+    context_row: np.ndarray | None
+    y_mean: float
+    y_std: float
+
+    def inputs(self, Xt: np.ndarray) -> np.ndarray:
+        if self.context_row is None:
+            return Xt
+        return np.hstack([Xt, np.tile(self.context_row, (len(Xt), 1))])
+
+    def posterior(self, Xt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.gp.predict(self.inputs(Xt), return_std=True)  # type: ignore[attr-defined]
+
+    def joint(self, Xt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.gp.predict(self.inputs(Xt), return_cov=True)  # type: ignore[attr-defined]
+
+    def utility(self, loss: np.ndarray | float) -> np.ndarray | float:
+        return self.y_mean - loss * self.y_std
+
+    def loss(self, utility: float) -> float:
+        return (self.y_mean - utility) / self.y_std
 
 
 class Planner:
@@ -183,17 +178,6 @@ class Planner:
         # A context's initial design depends only on (region, size, seed) and costs a maximin
         # search: computed once, not at every refit of every cold context.
         self._designs: dict[tuple, list[dict[str, int]]] = {}
-
-    def _initial_design(
-        self, space: ThetaSpace, bounds: Mapping, n: int, seed: int
-    ) -> list[dict[str, int]]:
-        key = (tuple(sorted(bounds.items())), n, seed)
-        design = self._designs.get(key)
-        if design is None:
-            if len(self._designs) >= DESIGN_CACHE_MAX:
-                self._designs.clear()
-            design = self._designs[key] = space.design(n, seed)
-        return design
 
     def plan(
         self,
@@ -204,160 +188,306 @@ class Planner:
         state: PolicyState,
         now: datetime | None = None,
         incumbents: Mapping[int, str] | None = None,
+        candidates: Mapping[int, tuple[str, ...]] | None = None,
     ) -> dict[int, ContextPlan]:
+        incumbents = dict(incumbents or {})
+        candidates = candidates or {}
         bounds = policy.resolved_bounds()
         space = ThetaSpace(self.spec, bounds)
         targets = sorted(set(targets))
-        obs = observations(trials, policy.sigma, self.spec, bounds)
+        obs = self._observations(policy, trials, state, now, incumbents)
         rng = np.random.default_rng(
             _seed(policy.id, policy.revision, len(trials), sum(o.flows for o in obs))
         )
-        distinct = {self.spec.key(o.theta) for o in obs}
-        if len(distinct) < max(policy.n_initial_points, 2) or space.dims == 0:
-            return {c: self._initial_plan(policy, space, obs, c, rng) for c in targets}
-        contextual = policy.mode == "contextual"
-        points = bound_points(obs, policy.max_model_points)
-        encoder = ContextEncoder(contexts, policy.time_buckets) if contextual else None
-        X = self._design(space, points, encoder)
-        model = self._fit(policy, state, X, points, contextual, rng)
-        self._credit_hedge(state, space, encoder, model)
-        plans = {}
-        shared = None
-        for c in targets:
-            if not contextual and shared is not None:
-                plans[c] = shared
-                continue
-            plans[c] = self._context_plan(policy, space, points, encoder, model, c, state, rng)
-            shared = plans[c]
+        plan = _Refit(self, policy, space, obs, contexts, state, incumbents, candidates, rng)
+        plans = plan.run(targets)
+        state.model_points = plan.points_used
         return plans
 
-    # -- building blocks -------------------------------------------------------------------
+    def _observations(
+        self,
+        policy: Policy,
+        trials: list[Trial],
+        state: PolicyState,
+        now: datetime | None,
+        incumbents: dict[int, str],
+    ) -> list[Observation]:
+        """Observations of each context's current regime; a context whose path changed loses
+        its incumbent's protection."""
+        recent = history.in_window(trials, now, policy.history_hours)
+        for c, start in history.change_points(recent, policy.sigma, incumbents).items():
+            known = state.changes.get(c)
+            if known is None or start > known:  # a change not answered yet
+                state.changes[c] = start
+                incumbents.pop(c, None)  # the path changed: no θ keeps its place on old merit
+        current = history.since_change(recent, state.changes)
+        return history.observations(current, policy.sigma, self.spec, policy.resolved_bounds())
 
-    def _design(self, space: ThetaSpace, points: list[Observation], encoder) -> np.ndarray:
-        Xt = space.encode([o.theta for o in points])
-        if encoder is None:
-            return Xt
-        return np.hstack([Xt, np.vstack([encoder.row(o.context_id) for o in points])])
-
-    def _fit(self, policy, state, X, points, contextual, rng) -> FittedSurrogate:
-        key = (policy.revision, X.shape[1])
-        warm = state.warm_kernel if state.warm_key == key else None
-        if warm is None:
-            state.last_picks = {}  # picks from another region or mode cannot be credited
-        model = fit_surrogate(
-            X,
-            np.asarray([o.utility for o in points]),
-            np.asarray([o.noise_var for o in points]),
-            context_dims=len(CONTEXT_ATTRIBUTES) if contextual else 0,
-            seed=int(rng.integers(2**31 - 1)),
-            warm_kernel=warm,
-        )
-        state.warm_kernel, state.warm_key = model.gp.kernel_, key
-        return model
-
-    def _with_context(self, Xt: np.ndarray, encoder, context_id: int) -> np.ndarray:
-        if encoder is None:
-            return Xt
-        return np.hstack([Xt, np.tile(encoder.row(context_id), (len(Xt), 1))])
-
-    def _credit_hedge(self, state: PolicyState, space, encoder, model) -> None:
-        """Credit each acquisition with the refitted model's estimate of what it proposed."""
-        credit = defaultdict(list)
-        for c, picks in state.last_picks.items():
-            if encoder is not None and c not in encoder.contexts:
-                continue
-            for acq, theta in picks.items():
-                X = self._with_context(space.encode([theta]), encoder, c)
-                mu, _ = model.predict(X)
-                credit[acq].append(-model.to_loss(mu[0]))
-        for acq, values in credit.items():
-            state.gains[acq] += float(np.mean(values))
-        state.last_picks = {}
-
-    def _choose_acquisition(self, policy: Policy, state: PolicyState, rng) -> str:
-        if policy.acq_func != "gp_hedge":
-            return policy.acq_func
-        g = np.asarray([state.gains[a] for a in ACQUISITIONS])
-        p = np.exp(HEDGE_ETA * (g - g.max()))
-        return ACQUISITIONS[int(rng.choice(len(ACQUISITIONS), p=p / p.sum()))]
-
-    def _pool(self, space: ThetaSpace, anchors: np.ndarray, rng) -> np.ndarray:
-        random_pts = space.encode(space.sample(POOL_RANDOM, rng))
-        if len(anchors) == 0:
-            return random_pts
-        local = anchors[:, None, :] + rng.normal(
-            0.0, LOCAL_STEP, size=(len(anchors), POOL_LOCAL_PER_ANCHOR, space.dims)
-        )
-        local = space.encode(space.decode(local.reshape(-1, space.dims)))  # onto the grid
-        return np.unique(np.vstack([anchors, local, random_pts]), axis=0)
-
-    def _context_plan(self, policy, space, points, encoder, model, context_id, state, rng):
-        in_ctx = [o for o in points if encoder is None or o.context_id == context_id]
-        eligible = [o for o in in_ctx if o.flows >= policy.min_flows]
-        anchors = (
-            space.encode([o.theta for o in eligible]) if eligible else np.empty((0, space.dims))
-        )
-        if len(anchors):
-            mu_a, _ = model.predict(self._with_context(anchors, encoder, context_id))
-            order = np.argsort(-mu_a)
-            anchors, mu_a = anchors[order], mu_a[order]
-            incumbent, inc_mu = space.decode(anchors[:1])[0], float(mu_a[0])
-            anchors = anchors[:BEST_PER_CONTEXT]
-        pool = self._pool(space, anchors, rng)
-        posterior = _Posterior(
-            *model.gp.predict(self._with_context(pool, encoder, context_id), return_std=True)
-        )
-        if not len(anchors):
-            best = int(np.argmin(posterior.loss))
-            incumbent = space.decode(pool[best : best + 1])[0]
-            inc_mu = float(model.y_mean - posterior.loss[best] * model.y_std)
-        loss_opt = float(model.to_loss(inc_mu))
-        scores = {
-            "EI": gaussian_ei(pool, posterior, y_opt=loss_opt, xi=0.01),
-            "PI": gaussian_pi(pool, posterior, y_opt=loss_opt, xi=0.01),
-            "LCB": -gaussian_lcb(pool, posterior, kappa=1.96),
-        }
-        chosen = self._choose_acquisition(policy, state, rng)
-        state.last_picks[context_id] = {
-            a: space.decode(pool[int(np.argmax(s)) : int(np.argmax(s)) + 1])[0]
-            for a, s in scores.items()
-        }
-        picks = self._diverse_top(pool, scores[chosen], N_CANDIDATES)
-        candidates = tuple(space.decode(pool[picks]))
-        return ContextPlan(incumbent, inc_mu, candidates, chosen)
-
-    @staticmethod
-    def _diverse_top(pool: np.ndarray, score: np.ndarray, k: int) -> list[int]:
-        chosen: list[int] = []
-        for i in np.argsort(-score):
-            if all(np.max(np.abs(pool[i] - pool[j])) > MIN_CANDIDATE_DISTANCE for j in chosen):
-                chosen.append(int(i))
-                if len(chosen) == k:
-                    break
-        return chosen
-
-    def _initial_plan(self, policy, space, obs, context_id, rng) -> ContextPlan:
-        contextual = policy.mode == "contextual"
-        scope = [o for o in obs if o.context_id == context_id] if contextual else obs
-        eligible = [o for o in scope if o.flows >= policy.min_flows]
-        if eligible:
-            best = max(eligible, key=lambda o: o.utility)
-            incumbent, inc_u = best.theta, best.utility
-        else:
-            incumbent, inc_u = self.clip_default(policy), None
-        seen = {self.spec.key(o.theta) for o in scope}
-        design = self._initial_design(
-            space,
-            policy.resolved_bounds(),
-            policy.n_initial_points,
-            _seed("design", policy.id, policy.revision, context_id if contextual else 0),
-        )
-        todo = tuple(t for t in design if self.spec.key(t) not in seen)[:N_CANDIDATES]
-        if not todo:  # the design is done but too few distinct θ overall: random ones
-            return ContextPlan(incumbent, inc_u, tuple(space.sample(N_CANDIDATES, rng)), "random")
-        return ContextPlan(incumbent, inc_u, todo, "initial design")
+    def initial_design(
+        self, space: ThetaSpace, bounds: Mapping, n: int, seed: int
+    ) -> list[dict[str, int]]:
+        key = (tuple(sorted(bounds.items())), n, seed)
+        design = self._designs.get(key)
+        if design is None:
+            if len(self._designs) >= DESIGN_CACHE_MAX:
+                self._designs.clear()
+            design = self._designs[key] = space.design(n, seed)
+        return design
 
     def clip_default(self, policy: Policy) -> dict[str, int]:
         """The spec's safe default θ, moved into the policy's region where it lies outside."""
         bounds = policy.resolved_bounds()
         return {n: min(max(v, bounds[n][0]), bounds[n][1]) for n, v in self.spec.default().items()}
+
+
+class _Refit:
+    """One refit of one policy: the shared fit, then a plan per target context."""
+
+    def __init__(
+        self,
+        planner: Planner,
+        policy: Policy,
+        space: ThetaSpace,
+        obs: list[Observation],
+        contexts: Mapping[int, ContextKey],
+        state: PolicyState,
+        incumbents: Mapping[int, str],
+        candidates: Mapping[int, tuple[str, ...]],
+        rng: np.random.Generator,
+    ):
+        self.planner, self.policy, self.space, self.obs = planner, policy, space, obs
+        self.state, self.incumbents, self.candidates, self.rng = state, incumbents, candidates, rng
+        self.by_context = _by_context(obs)
+        self.mode = policy.mode
+        self.encoder = (
+            ContextEncoder(contexts, policy.time_buckets) if self.mode == "contextual" else None
+        )
+        self.used: set[tuple[int, str]] = set()
+        self.credits: dict[str, list[float]] = defaultdict(list)
+        self.shared: _Model | None = None
+        self.fit_points: list[Observation] = []
+
+    @property
+    def points_used(self) -> int:
+        return len(self.used)
+
+    def run(self, targets: list[int]) -> dict[int, ContextPlan]:
+        if self.space.dims == 0 or (self.mode != "independent" and self._cold(self.obs)):
+            return {c: self._initial(c) for c in targets}
+        if self.mode != "independent":
+            self._fit_shared()
+        plans: dict[int, ContextPlan] = {}
+        standard_plan: ContextPlan | None = None
+        for c in targets:
+            if self.mode == "standard" and standard_plan is not None:
+                plans[c] = standard_plan
+                continue
+            plans[c] = self._plan_context(c)
+            standard_plan = plans[c]
+        for acq, values in self.credits.items():
+            self.state.gains[acq] += float(np.mean(values))
+        return plans
+
+    def _cold(self, obs: list[Observation]) -> bool:
+        return len({o.theta_key for o in obs}) < max(self.policy.n_initial_points, 2)
+
+    # -- models ------------------------------------------------------------------------------
+
+    def _X(self, points: list[Observation]) -> np.ndarray:
+        Xt = self.space.encode([o.theta for o in points])
+        if self.encoder is None:
+            return Xt
+        return np.hstack([Xt, np.vstack([self.encoder.row(o.context_id) for o in points])])
+
+    def _fit_shared(self) -> None:
+        """Hyperparameters by marginal likelihood on the fit set (warm from the last refit)."""
+        self.fit_points = fit_set(self.obs, self.policy.max_model_points)
+        X = self._X(self.fit_points)
+        key = (self.policy.revision, self.mode, X.shape[1])
+        warm = self.state.warm_kernel if self.state.warm_key == key else None
+        if warm is None:
+            self.state.last_picks = {}  # picks from another region or mode cannot be credited
+        fitted = fit_surrogate(
+            X,
+            np.asarray([o.utility for o in self.fit_points]),
+            np.asarray([o.noise_var for o in self.fit_points]),
+            context_dims=len(CONTEXT_ATTRIBUTES) if self.encoder is not None else 0,
+            seed=int(self.rng.integers(2**31 - 1)),
+            warm_kernel=warm,
+        )
+        self.state.warm_kernel, self.state.warm_key = fitted.gp.kernel_, key
+        self.shared = _Model(fitted.gp, None, fitted.y_mean, fitted.y_std)
+        self.used.update((o.context_id, o.theta_key) for o in self.fit_points)
+
+    def _model(self, context_id: int, own: list[Observation]) -> _Model:
+        if self.mode == "standard":
+            assert self.shared is not None
+            return self.shared
+        if self.mode == "independent":
+            return self._independent_model(context_id, own)
+        assert self.shared is not None and self.encoder is not None
+        local = most_measured(own)[:LOCAL_OWN_MAX]
+        fit_keys = {(o.context_id, o.theta_key) for o in self.fit_points}
+        points = self.fit_points + [o for o in local if (o.context_id, o.theta_key) not in fit_keys]
+        self.used.update((o.context_id, o.theta_key) for o in points)
+        s = self.shared
+        gp = condition(
+            s.gp.kernel_,  # type: ignore[attr-defined]
+            self._X(points),
+            np.asarray([s.loss(o.utility) for o in points]),
+            np.asarray([o.noise_var for o in points]) / (s.y_std * s.y_std),
+        )
+        return _Model(gp, self.encoder.row(context_id), s.y_mean, s.y_std)
+
+    def _independent_model(self, context_id: int, own: list[Observation]) -> _Model:
+        points = most_measured(own)[:LOCAL_OWN_MAX]
+        self.used.update((o.context_id, o.theta_key) for o in points)
+        fitted = fit_surrogate(
+            self.space.encode([o.theta for o in points]),
+            np.asarray([o.utility for o in points]),
+            np.asarray([o.noise_var for o in points]),
+            context_dims=0,
+            seed=int(self.rng.integers(2**31 - 1)),
+            warm_kernel=self.state.context_kernels.get(context_id),
+        )
+        self.state.context_kernels[context_id] = fitted.gp.kernel_
+        return _Model(fitted.gp, None, fitted.y_mean, fitted.y_std)
+
+    # -- one context ---------------------------------------------------------------------------
+
+    def _plan_context(self, context_id: int) -> ContextPlan:
+        own = self.by_context.get(context_id, [])
+        scope = self.obs if self.mode == "standard" else own
+        if self.mode == "independent" and self._cold(own):
+            return self._initial(context_id)
+        model = self._model(context_id, own)
+        self._credit(context_id, model)
+        eligible = [o for o in scope if o.flows >= self.policy.min_flows]
+        incumbent, inc_loss, anchors = self._incumbent(context_id, model, eligible)
+        chosen = self._choose_acquisition()
+        current = self._current_candidates(context_id)
+        X, score = acquisition.maximise(
+            self.space, model.posterior, inc_loss, chosen, anchors, current, self.rng
+        )
+        self.state.last_picks[context_id] = {
+            a: self.space.decode(X[int(np.argmax(s)) : int(np.argmax(s)) + 1])[0]
+            for a, s in score.items()
+        }
+        picks = self._slots(context_id, own, X, score[chosen])
+        return ContextPlan(incumbent, float(model.utility(inc_loss)), picks, chosen)
+
+    def _incumbent(
+        self, context_id: int, model: _Model, eligible: list[Observation]
+    ) -> tuple[dict[str, int], float, np.ndarray]:
+        """(θ, its posterior loss, the best observed points as search anchors)."""
+        if not eligible:
+            X = self.space.encode(self.space.sample(acquisition.POOL_RANDOM, self.rng))
+            loss, _ = model.posterior(X)
+            best = int(np.argmin(loss))
+            return self.space.decode(X[best : best + 1])[0], float(loss[best]), X[:0]
+        uniq = {o.theta_key: o for o in eligible}
+        keys = list(uniq)
+        X = self.space.encode([uniq[k].theta for k in keys])
+        loss, _ = model.posterior(X)
+        order = np.argsort(loss)
+        best = int(order[0])
+        previous = self.incumbents.get(context_id)
+        if previous in uniq and keys[best] != previous:
+            p = keys.index(previous)
+            mu, cov = model.joint(X[[best, p]])
+            sd_diff = float(np.sqrt(max(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1], 1e-12)))
+            if mu[1] - mu[0] < SWITCH_Z * sd_diff:  # not better with confidence: keep it
+                best = p
+        return uniq[keys[best]].theta, float(loss[best]), X[order[:ANCHORS]]
+
+    def _current_candidates(self, context_id: int) -> np.ndarray:
+        keys = self.candidates.get(context_id, ())
+        thetas = [self.planner.spec.from_key(k) for k in keys]
+        inside = [t for t in thetas if not self.planner.spec.violations(t, self.space_bounds)]
+        return self.space.encode(inside) if inside else np.empty((0, self.space.dims), dtype=float)
+
+    @property
+    def space_bounds(self) -> Mapping:
+        return self.policy.resolved_bounds()
+
+    def _slots(
+        self, context_id: int, own: list[Observation], X: np.ndarray, score: np.ndarray
+    ) -> tuple[dict[str, int], ...]:
+        """N_CANDIDATES candidates; a published one that no host has run yet stays in its slot
+        while it scores at least KEEP_SCORE_SHARE of the best (hosts keep their θ), the rest
+        are the best-scoring points far enough from those kept and each other."""
+        run = {o.theta_key for o in own}
+        top = float(np.max(score))
+        slots: list[dict[str, int] | None] = [None] * N_CANDIDATES
+        kept: list[np.ndarray] = []
+        for i, key in enumerate(self.candidates.get(context_id, ())[:N_CANDIDATES]):
+            theta = self.planner.spec.from_key(key)
+            if key in run or self.planner.spec.violations(theta, self.space_bounds):
+                continue
+            x = self.space.encode([theta])[0]
+            j = int(np.argmin(np.max(np.abs(X - x), axis=1)))
+            if np.max(np.abs(X[j] - x)) < 1e-9 and score[j] >= KEEP_SCORE_SHARE * top:
+                slots[i] = theta
+                kept.append(x)
+        free = [i for i, s in enumerate(slots) if s is None]
+        if run:  # a θ already run here is known to the model: hosts explore new ones
+            ran = self.space.encode([self.planner.spec.from_key(k) for k in run])
+            seen = np.min([np.max(np.abs(X - r), axis=1) for r in ran], axis=0) < 1e-9
+            score = np.where(seen, -np.inf, score)
+        if kept:
+            far = (
+                np.min([np.max(np.abs(X - k), axis=1) for k in kept], axis=0)
+                > acquisition.MIN_CANDIDATE_DISTANCE
+            )
+            score = np.where(far, score, -np.inf)
+        fresh = [
+            self.space.decode(X[j : j + 1])[0] for j in acquisition.diverse_top(X, score, len(free))
+        ]
+        fresh += self.space.sample(len(free) - len(fresh), self.rng)  # a crowded pool: random
+        for i, theta in zip(free, fresh, strict=True):
+            slots[i] = theta
+        return tuple(s for s in slots if s is not None)
+
+    # -- GP-Hedge ------------------------------------------------------------------------------
+
+    def _credit(self, context_id: int, model: _Model) -> None:
+        """Credit each acquisition with this refit's estimate of what it proposed last time."""
+        picks = self.state.last_picks.pop(context_id, None)
+        if not picks:
+            return
+        for acq, theta in picks.items():
+            loss, _ = model.posterior(self.space.encode([theta]))
+            self.credits[acq].append(-float(loss[0]))
+
+    def _choose_acquisition(self) -> str:
+        if self.policy.acq_func != "gp_hedge":
+            return self.policy.acq_func
+        g = np.asarray([self.state.gains[a] for a in ACQUISITIONS])
+        p = np.exp(HEDGE_ETA * (g - g.max()))
+        return ACQUISITIONS[int(self.rng.choice(len(ACQUISITIONS), p=p / p.sum()))]
+
+    # -- cold start ----------------------------------------------------------------------------
+
+    def _initial(self, context_id: int) -> ContextPlan:
+        per_context = self.mode != "standard"
+        scope = self.by_context.get(context_id, []) if per_context else self.obs
+        eligible = [o for o in scope if o.flows >= self.policy.min_flows]
+        if eligible:
+            best = max(eligible, key=lambda o: o.utility)
+            incumbent, inc_u = best.theta, best.utility
+        else:
+            incumbent, inc_u = self.planner.clip_default(self.policy), None
+        seen = {o.theta_key for o in scope}
+        design = self.planner.initial_design(
+            self.space,
+            self.policy.resolved_bounds(),
+            self.policy.n_initial_points,
+            _seed("design", self.policy.id, self.policy.revision, context_id if per_context else 0),
+        )
+        spec = self.planner.spec
+        todo = tuple(t for t in design if spec.key(t) not in seen)[:N_CANDIDATES]
+        if not todo:  # the design is done but too few distinct θ overall: random ones
+            return ContextPlan(
+                incumbent, inc_u, tuple(self.space.sample(N_CANDIDATES, self.rng)), "random"
+            )
+        return ContextPlan(incumbent, inc_u, todo, "initial design")

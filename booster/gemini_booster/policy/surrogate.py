@@ -136,3 +136,14 @@ def fit_surrogate(
         warnings.simplefilter("ignore", ConvergenceWarning)
         gp.fit(X, loss)
     return FittedSurrogate(gp=gp, y_mean=y_mean, y_std=y_std)
+
+
+def condition(
+    kernel, X: np.ndarray, loss: np.ndarray, noise_var: np.ndarray
+) -> GaussianProcessRegressor:
+    """A GP with ``kernel``'s hyperparameters as they are (no marginal-likelihood search),
+    conditioned on (X, loss): one Cholesky factorisation, so a context's local model costs
+    milliseconds while the hyperparameters come from the shared fit."""
+    gp = GaussianProcessRegressor(kernel=kernel, alpha=noise_var + JITTER, optimizer=None)
+    gp.fit(X, loss)
+    return gp

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict
 
 from sqlalchemy import Engine, text
 
@@ -59,12 +60,21 @@ _BEHIND = text(
 _WORKER_PLANNER: Planner | None = None
 
 
+# What the planner is told of the published plans: the clock, and per context the incumbent
+# and candidates hosts run now (so it keeps a stable incumbent and candidates in their slots).
+class Published(TypedDict):
+    now: datetime
+    incumbents: dict[int, str]
+    candidates: dict[int, tuple[str, ...]]
+
+
 def plan_in_worker(
     policy: Policy,
     trials: list[Trial],
     contexts: Mapping[int, ContextKey],
     targets: list[int],
     state: PolicyState,
+    published: Published,
 ) -> tuple[dict[int, ContextPlan], PolicyState]:
     """A refit's CPU part, in a worker process: the plans and the planner's updated state."""
     global _WORKER_PLANNER
@@ -72,7 +82,7 @@ def plan_in_worker(
         from gemini_api.theta import load_spec
 
         _WORKER_PLANNER = Planner(load_spec())
-    plans = _WORKER_PLANNER.plan(policy, trials, contexts, targets, state)
+    plans = _WORKER_PLANNER.plan(policy, trials, contexts, targets, state, **published)
     return plans, state
 
 
@@ -280,7 +290,7 @@ class RefitService:
         planned_at = self._planned_at.setdefault(policy.id, {})
         targets = plan_order(admitted & contexts.keys(), trials, planned_at)
         targets = targets[: self.settings.max_contexts_per_refit]
-        plans = self._plan(policy, trials, contexts, targets)
+        plans = self._plan(policy, trials, contexts, targets, self._published(policy, started))
         records = self._records(policy, plans, contexts)
         previous = self.plans.generation(policy.id)
         generation = self.leases.publish(
@@ -298,7 +308,7 @@ class RefitService:
             planned_at[cid] = started
         elapsed = time.perf_counter() - t0
         self.metrics.refit_seconds.labels(policy.name).observe(elapsed)
-        self.metrics.model_points.labels(policy.name).set(min(len(trials), policy.max_model_points))
+        self.metrics.model_points.labels(policy.name).set(self._states[policy.id].model_points)
         log.info(
             "refit %s: %d trials, %d of %d contexts, %.2fs",
             policy.name,
@@ -309,16 +319,27 @@ class RefitService:
         )
         return {contexts[c]: p for c, p in plans.items()}
 
+    def _published(self, policy: Policy, now: datetime) -> Published:
+        """The clock and what hosts run now, from the published plans (so the planner's
+        incumbent hysteresis survives a takeover: it reads the plans, not its own memory)."""
+        snapshot = self.plans.snapshot(policy.id)
+        return {
+            "now": now,
+            "incumbents": {p.context_id: p.incumbent_key for p in snapshot.values()},
+            "candidates": {p.context_id: p.candidate_keys for p in snapshot.values()},
+        }
+
     def _plan(
         self,
         policy: Policy,
         trials: list[Trial],
         contexts: dict[int, ContextKey],
         targets: list[int],
+        published: Published,
     ) -> dict[int, ContextPlan]:
         state = self._states.setdefault(policy.id, PolicyState())
         if self.settings.refit_processes == 0:
-            return self.planner.plan(policy, trials, contexts, targets, state)
+            return self.planner.plan(policy, trials, contexts, targets, state, **published)
         with self._lock:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
@@ -329,7 +350,7 @@ class RefitService:
             pool = self._pool
         try:
             plans, self._states[policy.id] = pool.submit(
-                plan_in_worker, policy, trials, contexts, targets, state
+                plan_in_worker, policy, trials, contexts, targets, state, published
             ).result()
         except BrokenProcessPool:
             with self._lock:  # a worker died (out of memory?): a new pool for the next refit

@@ -293,6 +293,7 @@ def report_row(
         policy_id=policy.id,
         policy_name=policy.name,
         max_contexts=policy.max_contexts,
+        trial_bucket_hours=policy.trial_bucket_hours,
         interval_start=datetime.fromtimestamp(req.interval_start_unix_ms / 1000, UTC),
         interval_end=datetime.fromtimestamp(req.interval_end_unix_ms / 1000, UTC),
         aggregates=tuple(r for r in rows if r is not None),

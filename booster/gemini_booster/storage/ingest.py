@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import psycopg
@@ -73,9 +73,18 @@ class ReportRow:
     interval_start: datetime
     interval_end: datetime
     aggregates: tuple[AggregateRow, ...]
+    trial_bucket_hours: int = 1
 
     def contexts(self) -> set[ContextKey]:
         return {a.context for a in self.aggregates}
+
+    @property
+    def bucket(self) -> datetime:
+        """The trial bucket its flows sum into: the interval's end, floored to the policy's
+        bucket width (whole hours from the Unix epoch, so every replica floors alike)."""
+        width = self.trial_bucket_hours * 3600
+        end = int(self.interval_end.timestamp())
+        return datetime.fromtimestamp(end - end % width, UTC)
 
 
 class ReportConflict(Exception):
@@ -181,10 +190,13 @@ def _trial_deltas(
     reports: Sequence[ReportRow], context_ids: dict[ContextKey, int]
 ) -> list[dict[str, Any]]:
     """Sum a batch per trial key first: one upsert may not touch the same row twice."""
-    sums: dict[tuple[int, int, str, str], list[float]] = defaultdict(lambda: [0] * len(TRIAL_SUMS))
+    sums: dict[tuple[int, int, str, str, datetime], list[float]] = defaultdict(
+        lambda: [0] * len(TRIAL_SUMS)
+    )
     for r in reports:
+        bucket = r.bucket
         for a in r.aggregates:
-            s = sums[(r.policy_id, context_ids[a.context], a.cc, a.theta_key)]
+            s = sums[(r.policy_id, context_ids[a.context], a.cc, a.theta_key, bucket)]
             for i, v in enumerate((*a.sums.astuple(), a.slow_flows, 1)):
                 s[i] += v
     return [
@@ -193,17 +205,20 @@ def _trial_deltas(
             "context_id": c,
             "cc": cc,
             "theta_key": k,
+            "bucket": b,
             **dict(zip(TRIAL_SUMS, v, strict=True)),
         }
-        for (p, c, cc, k), v in sums.items()
+        for (p, c, cc, k, b), v in sums.items()
     ]
 
 
 _UPSERT_TRIALS = """
-INSERT INTO trials (policy_id, context_id, cc, theta_key, {cols}, first_seen, last_seen)
-SELECT p, c, cc, k, {unnest_cols}, now(), now()
-FROM unnest(%s::int[], %s::int[], %s::text[], %s::text[], {arrays}) AS u(p, c, cc, k, {ucols})
-ON CONFLICT (policy_id, context_id, cc, theta_key) DO UPDATE SET {updates}, last_seen = now()
+INSERT INTO trials (policy_id, context_id, cc, theta_key, bucket, {cols}, first_seen, last_seen)
+SELECT p, c, cc, k, b, {unnest_cols}, now(), now()
+FROM unnest(%s::int[], %s::int[], %s::text[], %s::text[], %s::timestamptz[], {arrays})
+  AS u(p, c, cc, k, b, {ucols})
+ON CONFLICT (policy_id, context_id, cc, theta_key, bucket)
+  DO UPDATE SET {updates}, last_seen = now()
 """.format(
     cols=", ".join(TRIAL_SUMS),
     unnest_cols=", ".join(f"u_{c}" for c in TRIAL_SUMS),
@@ -251,7 +266,7 @@ def _upsert_trials(cur: Cursor, deltas: list[dict[str, Any]]) -> None:
     if not deltas:
         return
     # Sorted, so concurrent replicas lock trial rows in one order and cannot deadlock.
-    key = ("policy_id", "context_id", "cc", "theta_key")
+    key = ("policy_id", "context_id", "cc", "theta_key", "bucket")
     deltas = sorted(deltas, key=lambda d: tuple(d[k] for k in key))
     cur.execute(_UPSERT_TRIALS, _columns(deltas, (*key, *TRIAL_SUMS)))
 

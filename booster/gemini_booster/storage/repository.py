@@ -133,20 +133,23 @@ _TRIAL_COLUMNS = (
     TrialRow.slow_flows,
     TrialRow.report_count,
     TrialRow.last_seen,
+    TrialRow.bucket,
 )
 
 
 def _trial(row) -> Trial:
-    context_id, theta_key, *sums, slow, reports, last_seen = row
-    return Trial(context_id, theta_key, FlowSums(*sums), slow, reports, last_seen)
+    context_id, theta_key, *sums, slow, reports, last_seen, bucket = row
+    return Trial(context_id, theta_key, FlowSums(*sums), slow, reports, last_seen, bucket)
 
 
 def _recent(q, history: timedelta | None):
-    return q if history is None else q.where(TrialRow.last_seen >= func.now() - history)
+    """Trials of buckets that started within ``history``: old flows age out bucket by bucket."""
+    return q if history is None else q.where(TrialRow.bucket >= func.now() - history)
 
 
 def load_trials(engine: Engine, policy_id: int, history: timedelta | None = None) -> list[Trial]:
-    """The model's points: Fusion trials only (a baseline CC's flows have no θ to learn)."""
+    """The model's points, one per (context, θ, bucket): Fusion trials only (a baseline CC's
+    flows have no θ to learn)."""
     q = select(*_TRIAL_COLUMNS).where(TrialRow.policy_id == policy_id, TrialRow.cc == "")
     with engine.connect() as conn:
         return [_trial(r) for r in conn.execute(_recent(q, history).order_by(TrialRow.id))]

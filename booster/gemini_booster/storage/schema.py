@@ -1,8 +1,8 @@
 """Booster's PostgreSQL schema (SQLAlchemy 2). Alembic migrations in ``migrations/`` create it.
 
 Raw aggregates are kept exactly as agents sent them; ``trials`` folds them into running sums per
-(policy, context, θ). Because eq. 9 is linear in the sums, a change of σ recomputes utilities
-from ``trials`` without collecting anything again.
+(policy, context, θ, time bucket). Because eq. 9 is linear in the sums, a change of σ
+recomputes utilities from ``trials`` without collecting anything again.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class Policy(Base):
     acq_func: Mapped[str] = mapped_column(String(16), nullable=False)
     n_initial_points: Mapped[int] = mapped_column(Integer, nullable=False)
     time_buckets: Mapped[int] = mapped_column(SmallInteger, nullable=False)
+    trial_bucket_hours: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
     history_hours: Mapped[float] = mapped_column(Double, nullable=False)
     max_model_points: Mapped[int] = mapped_column(Integer, nullable=False)
     min_flows: Mapped[int] = mapped_column(Integer, nullable=False)
@@ -143,8 +144,10 @@ class Trial(Base):
             "context_id",
             "cc",
             "theta_key",
-            name="trials_policy_id_context_id_cc_theta_key_key",
+            "bucket",
+            name="trials_policy_id_context_id_cc_theta_key_bucket_key",
         ),
+        Index("trials_policy_bucket", "policy_id", "bucket"),
     )
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), nullable=False)
@@ -159,6 +162,10 @@ class Trial(Base):
     tpt_delay_sum: Mapped[float] = mapped_column(Double, nullable=False)
     slow_flows: Mapped[int] = mapped_column(BigInteger, nullable=False)
     report_count: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    # The start of the time bucket the flows ran in (the reports' interval ends, floored to the
+    # policy's trial_bucket_hours): the history window drops whole buckets, so the old flows of
+    # a θ that keeps running age out instead of pinning its mean.
+    bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     first_seen: Mapped[datetime] = _now()
     last_seen: Mapped[datetime] = _now()
 

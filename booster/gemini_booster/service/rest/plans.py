@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from ...domain import ContextKey
+from ...domain import ContextKey, merge_buckets
 from ...models import Sigma
 from ...storage import repository as repo
 from ..comparison import ContextComparison, compare
@@ -85,7 +85,7 @@ def trials(
 ) -> list[TrialOut]:
     """Every Fusion trial of the policy, best first at ``sigma`` (the policy's by default)."""
     s = policy.sigma if sigma is None else sigma
-    found = repo.load_trials(booster.engine, policy.id)
+    found = merge_buckets(repo.load_trials(booster.engine, policy.id))
     contexts = repo.load_contexts(booster.engine, {t.context_id for t in found})
     rows = []
     for t in found:

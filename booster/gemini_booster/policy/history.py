@@ -1,0 +1,161 @@
+"""From stored trials to the model's observations: the history window, drift, and noise.
+
+Trials arrive as running sums per (context, θ, time bucket). Three things happen here before any
+model sees them:
+
+1. **The window.** Buckets that started before ``now − history_hours`` are dropped, so the old
+   flows of a θ that keeps running age out instead of pinning its mean forever.
+
+2. **Drift.** A path can change under a context (a new peering, a re-routed link) long before the
+   window forgets the old regime. For the θ a context has run most (its incumbent, first of all),
+   the bucket sequence is split at every point and the two sides' mean utilities compared
+   (Welch's z on the exact sums). When the best split is far beyond chance (``DRIFT_Z``) and
+   large (``DRIFT_MIN_SHIFT`` of the utility), every trial of that context before the split is
+   dropped: the model then sees the context as new and re-explores it. The split is recomputed
+   from the data at every refit (so a takeover finds it again) and also remembered by the
+   caller, so that a change found once is not forgotten when the θ that showed it stops running.
+
+3. **Noise.** Buckets of one θ are added into one observation; the variance of its mean is the
+   sample variance shrunk toward the context's pooled per-flow variance (``PRIOR_FLOWS``), so two
+   flows that happen to agree do not pin the model to a lucky mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from gemini_api.theta import ThetaSpec
+
+from ..domain import SINGLE_FLOW_STD, FlowSums, Trial, Utility
+
+PRIOR_FLOWS = 4  # weight, in flows, of a context's pooled per-flow variance in a trial's noise
+DRIFT_Z = 5.0  # |z| of the best split, far beyond what scanning every split finds by chance
+DRIFT_MIN_SHIFT = 0.03  # and the mean utility moved by at least this share of its magnitude
+DRIFT_MIN_FLOWS = 30  # flows needed on each side of a split before it is judged
+DRIFT_THETAS = 3  # θ per context tested for a change: the incumbent and the most-run others
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One θ in one context, all its buckets since the context's last change, at σ."""
+
+    context_id: int
+    theta: dict[str, int]
+    theta_key: str
+    utility: float
+    noise_var: float
+    flows: int
+    last_seen: float
+
+
+def in_window(trials: Iterable[Trial], now: datetime | None, history_hours: float) -> list[Trial]:
+    """Trials whose bucket started within the history window (all of them without a clock)."""
+    if now is None:
+        return list(trials)
+    start = now - timedelta(hours=history_hours)
+    return [t for t in trials if t.bucket is None or t.bucket >= start]
+
+
+def _time(t: Trial) -> datetime:
+    return t.bucket if t.bucket is not None else t.last_seen
+
+
+def best_split(buckets: list[Trial], sigma: float) -> tuple[datetime, float] | None:
+    """The split of one θ's time-ordered buckets with the largest |z| between the mean
+    utilities before and after it, as (first bucket after, z); None with too few flows."""
+    buckets = sorted(buckets, key=_time)
+    total = FlowSums.total(b.sums for b in buckets)
+    before = FlowSums()
+    best: tuple[datetime, float] | None = None
+    for i in range(1, len(buckets)):
+        before = before + buckets[i - 1].sums
+        after = total - before
+        if before.flow_count < DRIFT_MIN_FLOWS or after.flow_count < DRIFT_MIN_FLOWS:
+            continue
+        z = _shift_z(before.utility(sigma), after.utility(sigma))
+        if z is not None and (best is None or abs(z) > abs(best[1])):
+            best = (_time(buckets[i]), z)
+    return best
+
+
+def _shift_z(old: Utility, new: Utility) -> float | None:
+    """Welch's z for new − old, or None when the shift is too small to matter."""
+    shift = new.mean - old.mean
+    if abs(shift) < DRIFT_MIN_SHIFT * max(abs(old.mean), abs(new.mean), 1e-9):
+        return None
+    se = math.sqrt(old.var_of_mean + new.var_of_mean)
+    return shift / se if se > 0 else math.copysign(math.inf, shift)
+
+
+def change_points(
+    trials: Iterable[Trial], sigma: float, incumbents: Mapping[int, str]
+) -> dict[int, datetime]:
+    """Per context, the start of its current regime when a change is evident in the θ it ran
+    most (the published incumbent first)."""
+    by_theta: dict[int, dict[str, list[Trial]]] = defaultdict(lambda: defaultdict(list))
+    for t in trials:
+        by_theta[t.context_id][t.theta_key].append(t)
+    found: dict[int, datetime] = {}
+    for context_id, thetas in by_theta.items():
+        order = sorted(thetas, key=lambda k: -sum(b.flow_count for b in thetas[k]))
+        incumbent = incumbents.get(context_id)
+        if incumbent in thetas:
+            order.remove(incumbent)
+            order.insert(0, incumbent)
+        for key in order[:DRIFT_THETAS]:
+            split = best_split(thetas[key], sigma)
+            if split is not None and abs(split[1]) >= DRIFT_Z:
+                found[context_id] = max(found.get(context_id, split[0]), split[0])
+    return found
+
+
+def since_change(trials: Iterable[Trial], changes: Mapping[int, datetime]) -> list[Trial]:
+    """Trials of each context's current regime only."""
+    return [t for t in trials if t.context_id not in changes or _time(t) >= changes[t.context_id]]
+
+
+def _pooled_flow_var(per_trial: list[tuple[int, Utility]]) -> dict[int, float]:
+    """Per context, the per-flow variance of utility pooled over its trials of 2+ flows."""
+    num: dict[int, float] = defaultdict(float)
+    dof: dict[int, int] = defaultdict(int)
+    for context_id, u in per_trial:
+        if u.flows >= 2:
+            num[context_id] += u.var_of_mean * u.flows * (u.flows - 1)
+            dof[context_id] += u.flows - 1
+    return {c: num[c] / dof[c] for c in dof if num[c] > 0}
+
+
+def shrunk_noise(u: Utility, pooled: float | None) -> float:
+    """Variance of a trial's mean, its per-flow variance shrunk toward the context's pooled one
+    with the weight of PRIOR_FLOWS flows."""
+    prior = SINGLE_FLOW_STD**2 if pooled is None else pooled
+    sample = u.var_of_mean * u.flows if u.flows >= 2 else 0.0
+    dof = max(u.flows - 1, 0)
+    return (dof * sample + PRIOR_FLOWS * prior) / (dof + PRIOR_FLOWS) / u.flows
+
+
+def observations(
+    trials: Iterable[Trial], sigma: float, spec: ThetaSpec, bounds: Mapping
+) -> list[Observation]:
+    """One observation per (context, θ) inside the policy's region, buckets added."""
+    groups: dict[tuple[int, str], list[Trial]] = defaultdict(list)
+    for t in trials:
+        if t.flow_count > 0:
+            groups[(t.context_id, t.theta_key)].append(t)
+    per_trial = []
+    for (context_id, key), group in groups.items():
+        theta = spec.from_key(key)
+        if spec.violations(theta, bounds):
+            continue  # measured under an earlier, wider region: not a point of this space
+        sums = FlowSums.total(t.sums for t in group)
+        newest = max(t.last_seen for t in group).timestamp()
+        per_trial.append((context_id, key, theta, sums.utility(sigma), newest))
+    pooled = _pooled_flow_var([(c, u) for c, _, _, u, _ in per_trial])
+    return [
+        Observation(c, theta, key, u.mean, shrunk_noise(u, pooled.get(c)), u.flows, newest)
+        for c, key, theta, u, newest in per_trial
+    ]

@@ -1,0 +1,191 @@
+"""The planner under fleet conditions: time in the trials, drift, a stable incumbent, candidates
+that keep their slots, a model that uses every context's data, and a search that polishes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from gemini_api.theta import load_spec
+from gemini_booster.domain import ContextKey, FlowSums, Trial
+from gemini_booster.models import Policy
+from gemini_booster.policy import acquisition, history
+from gemini_booster.policy.planner import Planner, PolicyState
+
+SPEC = load_spec()
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+FREE = ("mult_decrease", "loss_threshold")  # the two parameters these tests search
+BOUNDS = {p.name: (p.default, p.default) for p in SPEC.params} | {
+    "mult_decrease": (10, 99),
+    "loss_threshold": (0, 10),
+}
+
+
+def policy(**kw) -> Policy:
+    return Policy(id=1, revision=1, name="p", region="custom", bounds=BOUNDS, **kw)
+
+
+def theta(a: int, b: int) -> dict[str, int]:
+    return {p.name: p.default for p in SPEC.params} | {"mult_decrease": a, "loss_threshold": b}
+
+
+def flows(mean: float, n: int, rng: np.random.Generator, spread: float = 2.0) -> FlowSums:
+    return FlowSums.total(FlowSums.of_flow(x, 0.0) for x in mean + spread * rng.standard_normal(n))
+
+
+def trial(c: int, th: dict, sums: FlowSums, hour: int) -> Trial:
+    when = T0 + timedelta(hours=hour)
+    return Trial(c, SPEC.key(th), sums, 0, 1, when, when)
+
+
+def surface(th: dict, peak: tuple[float, float] = (0.7, 0.3)) -> float:
+    x = (th["mult_decrease"] - 10) / 89, th["loss_threshold"] / 10
+    return 100.0 - 60.0 * ((x[0] - peak[0]) ** 2 + (x[1] - peak[1]) ** 2)
+
+
+def grid_trials(c: int, hour: int, rng, peak=(0.7, 0.3), n: int = 40) -> list[Trial]:
+    return [
+        trial(c, theta(a, b), flows(surface(theta(a, b), peak), n, rng), hour)
+        for a in (10, 40, 70, 99)
+        for b in (0, 3, 7, 10)
+    ]
+
+
+def test_the_window_drops_old_buckets_of_a_theta_that_keeps_running():
+    rng = np.random.default_rng(0)
+    th = theta(50, 5)
+    old = [trial(1, th, flows(90.0, 100, rng), h) for h in range(0, 48)]
+    new = [trial(1, th, flows(60.0, 100, rng), h) for h in range(48, 60)]
+    now = T0 + timedelta(hours=60)
+    kept = history.in_window(old + new, now, history_hours=12)
+    obs = history.observations(kept, 1.0, SPEC, BOUNDS)
+    assert len(obs) == 1 and abs(obs[0].utility - 60.0) < 1.0
+    everything = history.observations(old + new, 1.0, SPEC, BOUNDS)
+    assert everything[0].utility > 80.0  # what a window on last_seen alone would have kept
+
+
+def test_drift_is_found_in_the_incumbents_buckets_and_old_data_is_dropped():
+    rng = np.random.default_rng(1)
+    inc = theta(50, 5)
+    before = [trial(1, inc, flows(90.0, 80, rng), h) for h in range(15)]
+    after = [trial(1, inc, flows(75.0, 80, rng), h) for h in range(15, 18)]
+    found = history.change_points(before + after, 1.0, {1: SPEC.key(inc)})
+    assert found == {1: T0 + timedelta(hours=15)}
+    assert all(t.bucket >= found[1] for t in history.since_change(before + after, found))
+
+
+def test_no_drift_is_found_in_noise_alone():
+    false_alarms = 0
+    for seed in range(40):
+        rng = np.random.default_rng(100 + seed)
+        inc = theta(50, 5)
+        stable = [trial(1, inc, flows(90.0, 80, rng, spread=15.0), h) for h in range(30)]
+        false_alarms += bool(history.change_points(stable, 1.0, {1: SPEC.key(inc)}))
+    assert false_alarms == 0
+
+
+def test_after_drift_the_context_re_explores_and_its_incumbent_loses_protection():
+    rng = np.random.default_rng(2)
+    planner, state, pol = Planner(SPEC), PolicyState(), policy(n_initial_points=4)
+    contexts = {1: ContextKey("a", "b", "c", "d", 0)}
+    data = grid_trials(1, 0, rng, peak=(0.9, 0.9))
+    inc = theta(99, 10)
+    data += [trial(1, inc, flows(surface(inc, (0.9, 0.9)), 80, rng), h) for h in range(1, 15)]
+    now = T0 + timedelta(hours=15)
+    first = planner.plan(pol, data, contexts, [1], state, now=now)[1]
+    assert first.incumbent == inc
+    # the optimum moves to the opposite corner: the incumbent's buckets now show it
+    data += [trial(1, inc, flows(surface(inc, (0.1, 0.1)), 80, rng), h) for h in range(15, 18)]
+    later = planner.plan(
+        pol, data, contexts, [1], state, now=now + timedelta(hours=3), incumbents={1: SPEC.key(inc)}
+    )[1]
+    assert state.changes == {1: T0 + timedelta(hours=15)}
+    # only the new regime's data is left (one θ): the context starts over with its design
+    assert later.acquisition == "initial design"
+    assert later.candidates and all(c != inc for c in later.candidates)
+
+
+def _flat(rng, n: int, bumped: dict | None = None, gap: float = 0.0) -> list[Trial]:
+    """Sixteen θ of equal true utility (plus ``gap`` for ``bumped``), measured with noise."""
+    out = []
+    for a in (10, 40, 70, 99):
+        for b in (0, 3, 7, 10):
+            th = theta(a, b)
+            mean = 95.0 + (gap if th == bumped else 0.0)
+            out.append(trial(1, th, flows(mean, n, rng, spread=20.0), 0))
+    return out
+
+
+def test_a_challenger_replaces_the_incumbent_only_when_better_with_confidence():
+    planner, pol = Planner(SPEC), policy(n_initial_points=4)
+    contexts = {1: ContextKey("a", "b", "c", "d", 0)}
+    now = T0 + timedelta(hours=1)
+    inc, better = theta(40, 3), theta(99, 10)
+    unprotected = 0
+    for seed in range(6):  # equal θ: noise alone never unseats the incumbent
+        data = _flat(np.random.default_rng(10 + seed), n=20)
+        kept = planner.plan(
+            pol, data, contexts, [1], PolicyState(), now=now, incumbents={1: SPEC.key(inc)}
+        )[1]
+        assert kept.incumbent == inc
+        free = planner.plan(pol, data, contexts, [1], PolicyState(), now=now)[1]
+        unprotected += free.incumbent != inc
+    assert unprotected >= 3  # without the published incumbent, noise picks another θ
+    data = _flat(np.random.default_rng(20), n=400, bumped=better, gap=15.0)
+    taken = planner.plan(
+        pol, data, contexts, [1], PolicyState(), now=now, incumbents={1: SPEC.key(inc)}
+    )[1]
+    assert taken.incumbent == better
+
+
+def test_a_candidate_no_host_has_run_keeps_its_slot():
+    rng = np.random.default_rng(5)
+    planner, pol = Planner(SPEC), policy(n_initial_points=4, acq_func="EI")
+    contexts = {1: ContextKey("a", "b", "c", "d", 0)}
+    data = grid_trials(1, 0, rng)
+    now = T0 + timedelta(hours=1)
+    first = planner.plan(pol, data, contexts, [1], PolicyState(), now=now)[1]
+    keys = tuple(SPEC.key(c) for c in first.candidates)
+    ran = first.candidates[0]
+    data.append(trial(1, ran, flows(surface(ran), 40, rng), 1))
+    second = planner.plan(pol, data, contexts, [1], PolicyState(), now=now, candidates={1: keys})[1]
+    assert second.candidates[0] != ran  # retired: it has been run
+    kept = sum(a == b for a, b in zip(first.candidates[1:], second.candidates[1:], strict=True))
+    assert kept >= 3, (first.candidates, second.candidates)
+
+
+def test_contextual_plans_use_more_points_than_the_fit_set():
+    rng = np.random.default_rng(6)
+    planner, state = Planner(SPEC), PolicyState()
+    pol = policy(max_model_points=20)
+    contexts = {c: ContextKey("a", f"isp{c}", "c", "d", 0) for c in range(1, 5)}
+    data = [t for c in contexts for t in grid_trials(c, 0, rng)]  # 64 points
+    plans = planner.plan(pol, data, contexts, list(contexts), state, now=T0 + timedelta(hours=1))
+    assert len(plans) == 4
+    assert state.model_points == 64  # every context's own 16 plus the shared fit set
+
+
+def test_independent_mode_pools_nothing_between_contexts():
+    rng = np.random.default_rng(7)
+    pol = policy(mode="independent", n_initial_points=4)
+    contexts = {1: ContextKey("a", "b", "c", "d", 0), 2: ContextKey("x", "y", "z", "w", 0)}
+    mine = grid_trials(1, 0, rng, peak=(0.2, 0.2))
+    theirs = grid_trials(2, 0, rng, peak=(0.9, 0.9))
+    now = T0 + timedelta(hours=1)
+    alone = Planner(SPEC).plan(pol, mine, contexts, [1], PolicyState(), now=now)[1]
+    beside = Planner(SPEC).plan(pol, mine + theirs, contexts, [1], PolicyState(), now=now)[1]
+    assert alone.incumbent == beside.incumbent
+    assert alone.incumbent_utility == pytest.approx(beside.incumbent_utility, rel=1e-6)
+
+
+def test_polish_climbs_to_the_maximum_from_poor_starts():
+    peak = np.array([0.83, 0.17, 0.5])
+
+    def score(X: np.ndarray) -> np.ndarray:
+        return -np.sum((X - peak) ** 2, axis=1)
+
+    starts = np.array([[0.1, 0.9, 0.1], [0.5, 0.5, 0.9]])
+    out = acquisition.polish(score, starts, 3)
+    assert np.allclose(out, peak, atol=0.02), out

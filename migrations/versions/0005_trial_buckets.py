@@ -53,11 +53,12 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     """Buckets folded back into one row per trial: the sums are exact, only time is lost."""
-    sums = ", ".join(f"sum({c})" for c in SUMS)
+    sums = ", ".join(f"sum({c}) AS {c}" for c in SUMS)
     cols = ", ".join(SUMS)
     key = "policy_id, context_id, cc, theta_key"
     op.execute(
-        f"CREATE TEMPORARY TABLE folded AS SELECT {key}, {sums}, min(first_seen), max(last_seen) "
+        f"CREATE TEMPORARY TABLE folded AS SELECT {key}, {sums}, min(first_seen) AS first_seen, "
+        f"max(last_seen) AS last_seen "
         f"FROM trials GROUP BY {key}"
     )
     op.execute("DELETE FROM trials")

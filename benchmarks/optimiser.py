@@ -1,0 +1,441 @@
+"""Optimiser benchmark: Booster's planner against per-context baselines on known landscapes.
+
+Each method drives the same simulated fleet (``optimiser_landscapes``): per context 8 hosts,
+half of them exploring, 20 flows per host per round, one simulated hour per round, per-flow
+utility noise of 15 % (relative std) drawn identically for every method (the same draw for the
+same seed, round, context and host). Methods (``optimiser_methods``): Booster in its modes,
+per-context scikit-optimize, Optuna TPE and random search, in this process, on the same seeds.
+
+Figures, as % of the context's optimum utility (at that round, for the drifting landscape):
+  - incumbent regret @k: the incumbent after k rounds of data, mean and worst context;
+  - rounds to 2 %: the first round after which the incumbent stays within 2 % (median and
+    worst context; "> R" when it is not within 2 % at the end);
+  - fleet regret: flow-weighted mean regret of every θ hosts ran, exploration included;
+  - changes: incumbent changes per context in the last 10 rounds (median context);
+  - drift recovery: rounds of data on the moved surface until the incumbent stays within 5 %;
+  - plan s/round: the method's own time per round (plan or ask, plus tell).
+Every figure is the median over seeds. ``--timing`` also times one Booster refit at 1,000 /
+10,000 / 100,000 aggregated trials over 1,000 contexts.
+
+    python -m benchmarks.optimiser [--seeds 5] [--rounds 30] [--landscapes lab shared24 drift]
+        [--methods ...] [--timing] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+
+from gemini_api.theta import load_spec
+from gemini_booster.policy import planner as planner_module
+from gemini_booster.policy.planner import Planner, PolicyState
+
+from .common import write_result
+from .optimiser_landscapes import (
+    DRIFT_ROUND,
+    FLOWS_PER_HOST,
+    LANDSCAPES,
+    Landscape,
+    bucket_time,
+    flow_factors,
+    make_trial,
+    run_flows,
+    shared_landscape,
+)
+from .optimiser_methods import METHODS, HostRun, make_method, make_policy
+
+CHECKPOINTS = (10, 20, 30)
+CONVERGED_PCT = 2.0
+RECOVERED_PCT = 5.0
+LAST_ROUNDS = 10
+BASELINES = ("booster-standard", "skopt", "tpe", "random")  # what contextual must match
+TIMING_CONTEXTS = (20, 25, 2)  # regions × ISPs × time blocks = 1,000 contexts
+TIMING_SIZES = (1_000, 10_000, 100_000)
+TIMING_TARGETS = 200  # the service's default max_contexts_per_refit
+TIMING_HOURS = 300  # trials spread over this many hourly buckets (inside the history window)
+REPO = Path(__file__).resolve().parent.parent
+
+
+# -- metrics (pure functions of a history) -----------------------------------------------------
+
+
+def regret_pct(optimum: float, utility: float) -> float:
+    return 100.0 * (optimum - utility) / optimum
+
+
+def rounds_to(regrets: Sequence[float], threshold: float) -> int | None:
+    """The first k after which regrets[k:] all stay ≤ threshold; None if the last is above."""
+    k = None
+    for i in range(len(regrets) - 1, -1, -1):
+        if regrets[i] > threshold:
+            break
+        k = i
+    return k
+
+
+def changes_in_last(keys: Sequence[str], window: int = LAST_ROUNDS) -> int:
+    """How often the incumbent changed over the last ``window`` plans."""
+    start = max(1, len(keys) - window)
+    return sum(keys[i] != keys[i - 1] for i in range(start, len(keys)))
+
+
+def fleet_regret(runs: Sequence[tuple[int, float]]) -> float:
+    """Flow-weighted mean regret of (flows, regret %) pairs."""
+    flows = sum(n for n, _ in runs)
+    return sum(n * r for n, r in runs) / flows if flows else float("nan")
+
+
+@dataclass
+class History:
+    """One method on one landscape and seed: per context the incumbent after k = 0..R rounds."""
+
+    keys: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
+    regrets: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    runs: list[tuple[int, float]] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    model_points: int | None = None
+
+
+def simulate(landscape: Landscape, method_name: str, seed: int, rounds: int) -> History:
+    spec = load_spec()
+    method = make_method(method_name, landscape, seed)
+    hist = History()
+
+    def record(plans, k: int) -> None:
+        for c, p in plans.items():
+            opt = landscape.optimum_utility(c, k)
+            hist.keys[c].append(spec.key(p.incumbent))
+            hist.regrets[c].append(regret_pct(opt, landscape.true_utility(c, k, p.incumbent)))
+
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        plans = method.plan(r, bucket_time(r))
+        spent = time.perf_counter() - t0
+        record(plans, r)
+        runs: dict[int, list[HostRun]] = defaultdict(list)
+        for c, p in plans.items():
+            surface = landscape.surface(c, r)
+            opt = surface.peak
+            for host, theta in p.runs.items():
+                x = landscape.normalise([theta])
+                sums, slow = run_flows(surface, x, flow_factors(seed, landscape.name, r, c, host))
+                runs[c].append(HostRun(host, theta, sums, slow))
+                hist.runs.append((FLOWS_PER_HOST, regret_pct(opt, float(surface.utility(x)[0]))))
+        t0 = time.perf_counter()
+        method.observe(r, runs)
+        hist.seconds.append(spent + time.perf_counter() - t0)
+    record(method.plan(rounds, bucket_time(rounds)), rounds)
+    hist.model_points = method.model_points
+    return hist
+
+
+@dataclass(frozen=True)
+class Summary:
+    at: dict[int, tuple[float, float]]  # k → (mean, worst context) regret %
+    to_2pct: tuple[float, float]  # median, worst context (inf: not reached)
+    fleet: float
+    changes: float
+    recovery: float | None
+    seconds: float
+    model_points: int | None
+
+
+def summarise(hist: History, checkpoints: Sequence[int], drift: bool) -> Summary:
+    ctxs = sorted(hist.regrets)
+    at = {
+        k: (
+            float(np.mean([hist.regrets[c][k] for c in ctxs])),
+            max(hist.regrets[c][k] for c in ctxs),
+        )
+        for k in checkpoints
+    }
+    to = [rounds_to(hist.regrets[c], CONVERGED_PCT) for c in ctxs]
+    to_f = [float("inf") if v is None else float(v) for v in to]
+    recovery = None
+    if drift and len(hist.regrets[ctxs[0]]) > DRIFT_ROUND:
+        rec = [rounds_to(hist.regrets[c][DRIFT_ROUND:], RECOVERED_PCT) for c in ctxs]
+        recovery = max(float("inf") if v is None else float(v) for v in rec)
+    return Summary(
+        at,
+        (float(np.median(to_f)), max(to_f)),
+        fleet_regret(hist.runs),
+        float(np.median([changes_in_last(hist.keys[c]) for c in ctxs])),
+        recovery,
+        float(np.mean(hist.seconds)),
+        hist.model_points,
+    )
+
+
+def median_summary(sums: list[Summary]) -> Summary:
+    med = statistics.median
+    return Summary(
+        {k: (med(s.at[k][0] for s in sums), med(s.at[k][1] for s in sums)) for k in sums[0].at},
+        (med(s.to_2pct[0] for s in sums), med(s.to_2pct[1] for s in sums)),
+        med(s.fleet for s in sums),
+        med(s.changes for s in sums),
+        None if sums[0].recovery is None else med(s.recovery or 0.0 for s in sums),
+        med(s.seconds for s in sums),
+        sums[-1].model_points,
+    )
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+def _rounds(v: float, total: int) -> str:
+    return f"> {total}" if v == float("inf") else f"{v:g}"
+
+
+def table(name: str, rows: dict[str, Summary], rounds: int, drift: bool) -> list[str]:
+    ks = list(next(iter(rows.values())).at)
+    head = [f"regret @{k} mean / worst" for k in ks]
+    head += ["rounds to 2 % median / worst", "fleet regret", f"changes last {LAST_ROUNDS}"]
+    head += ["recovery ≤ 5 %"] if drift else []
+    head += ["plan s/round", "model points"]
+    out = [f"### {name}", "", "| method | " + " | ".join(head) + " |"]
+    out.append("| --- |" + " ---: |" * len(head))
+    for m, s in rows.items():
+        cells = [f"{s.at[k][0]:.2f} / {s.at[k][1]:.2f}" for k in ks]
+        cells.append(f"{_rounds(s.to_2pct[0], rounds)} / {_rounds(s.to_2pct[1], rounds)}")
+        cells += [f"{s.fleet:.2f}", f"{s.changes:g}"]
+        if drift:
+            cells.append("n/a" if s.recovery is None else _rounds(s.recovery, rounds))
+        pts = "n/a" if s.model_points is None else str(s.model_points)
+        cells += [f"{s.seconds:.3f}", pts]
+        out.append(f"| {m} | " + " | ".join(cells) + " |")
+    return [*out, ""]
+
+
+def acceptance(name: str, rows: dict[str, Summary], drift: bool) -> list[str]:
+    """The issue's acceptance, checked on these medians (PASS/FAIL lines)."""
+    b = rows.get("booster-contextual")
+    if b is None:
+        return []
+    lines = []
+    others = [m for m in BASELINES if m in rows]
+    for k in (20, 30):
+        if k in b.at:
+            better = [m for m in others if b.at[k][0] > rows[m].at[k][0]]
+            ok = "PASS" if not better else f"FAIL (lower: {', '.join(better)})"
+            lines.append(
+                f"- {name}: contextual mean regret @{k} ≤ {', '.join(others)}: {ok} "
+                f"({b.at[k][0]:.2f} %)"
+            )
+    if "tpe" in rows:
+        ok = "PASS" if b.fleet <= rows["tpe"].fleet else "FAIL"
+        lines.append(f"- {name}: contextual fleet regret ≤ TPE's: {ok}")
+    if name == "shared24" and 30 in b.at:
+        ok = "PASS" if b.at[30][1] <= 3.0 else "FAIL"
+        lines.append(f"- {name}: worst context within 3 % @30: {ok} ({b.at[30][1]:.2f} %)")
+    if drift and b.recovery is not None:
+        ok = "PASS" if b.recovery <= 10 else "FAIL"
+        lines.append(f"- {name}: back within 5 % ≤ 10 rounds after the move: {ok}")
+    ok = "PASS" if b.changes <= 1 else "FAIL"
+    lines.append(f"- {name}: ≤ 1 incumbent change per context in the last 10 rounds: {ok}")
+    return lines
+
+
+# -- planning time at scale --------------------------------------------------------------------
+
+
+def timing_trials(landscape: Landscape, n: int, rng: np.random.Generator) -> list:
+    """``n`` aggregated trials: random θ, contexts in turn, buckets over TIMING_HOURS hours."""
+    spec = load_spec()
+    ctx_ids = sorted(landscape.contexts)
+    bounds = landscape.bounds()
+    trials = []
+    for i in range(n):
+        c = ctx_ids[i % len(ctx_ids)]
+        theta = {p: int(rng.integers(lo, hi + 1)) for p, (lo, hi) in bounds.items()}
+        factors = np.maximum(1.0 + 0.15 * rng.standard_normal(FLOWS_PER_HOST), 0.05)
+        sums, slow = run_flows(landscape.surfaces[c], landscape.normalise([theta]), factors)
+        trials.append(
+            make_trial(c, spec.key(theta), sums, slow, 1, int(rng.integers(TIMING_HOURS)))
+        )
+    return trials
+
+
+def timing(sizes: Sequence[int]) -> list[str]:
+    landscape = shared_landscape(*TIMING_CONTEXTS, name="timing")
+    policy = make_policy(landscape, "contextual", 0)
+    planner = Planner(load_spec())
+    contexts = landscape.contexts
+    out = [
+        f"### Booster contextual refit at scale ({len(contexts):,} contexts)",
+        "",
+        "| trials | targets | refit s | model points |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
+    for n in sizes:
+        trials = timing_trials(landscape, n, np.random.default_rng(n))
+        for targets in (sorted(contexts), sorted(contexts)[:TIMING_TARGETS]):
+            state = PolicyState()
+            t0 = time.perf_counter()
+            planner.plan(policy, trials, contexts, targets, state, now=bucket_time(TIMING_HOURS))
+            spent = time.perf_counter() - t0
+            pts = getattr(state, "model_points", None)
+            out.append(f"| {n:,} | {len(targets):,} | {spent:.2f} | {pts or 'n/a'} |")
+            print(out[-1], flush=True)
+    return [*out, ""]
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def planner_commit() -> str:
+    """The commit of the planner this process imported: this checkout's (with a note when the
+    policy package has uncommitted changes), or an exported tree's COMMIT file."""
+    here = Path(planner_module.__file__).resolve()
+    for parent in here.parents:
+        marker = parent / "COMMIT"
+        if marker.exists():
+            return f"{marker.read_text().strip()[:60]}… (exported to {parent})"
+    policy_dir = here.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=policy_dir, capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    dirty = " (with uncommitted changes)" if git("status", "--porcelain", ".") else ""
+    return f"{git('log', '-1', '--format=%h %s', '--', '.')[:60]}…{dirty}"
+
+
+def available(methods: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Methods that can run here, and a note for each that cannot (a mode the policy refuses)."""
+    ok, notes = [], []
+    for m in methods:
+        try:
+            make_method(m, LANDSCAPES["drift"](), 0)
+            ok.append(m)
+        except ValidationError as e:
+            notes.append(f"{m}: skipped, the policy refuses it ({e.errors()[0]['msg']})")
+    return ok, notes
+
+
+def run_landscapes(args, methods: Sequence[str], label: str) -> dict:
+    """Per landscape and method, each seed's summary (as plain data, for --save-json)."""
+    checkpoints = [k for k in CHECKPOINTS if k <= args.rounds] or [args.rounds]
+    out: dict[str, dict[str, list[dict]]] = {}
+    for name in args.landscapes:
+        landscape = LANDSCAPES[name]()
+        drift = bool(landscape.drifted)
+        out[name] = {}
+        for m in methods:
+            sums = []
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
+                with threadpool_limits(1):  # every method on one BLAS thread (2 shared cores)
+                    hist = simulate(landscape, m, seed, args.rounds)
+                sums.append(summarise(hist, checkpoints, drift))
+                k = checkpoints[-1]
+                print(f"{name} {m} seed {seed}: regret @{k} {sums[-1].at[k][0]:.2f} %", flush=True)
+            out[name][m + label] = [dataclasses.asdict(s) | {"seed": i} for i, s in enumerate(sums)]
+    return out
+
+
+def from_plain(d: dict) -> Summary:
+    fields = {k: v for k, v in d.items() if k != "seed"}
+    fields["at"] = {int(k): tuple(v) for k, v in d["at"].items()}
+    fields["to_2pct"] = tuple(d["to_2pct"])
+    return Summary(**fields)
+
+
+def merge(parts: Sequence[dict]) -> dict[str, dict[str, list[Summary]]]:
+    """Runs split by landscape, method or seed, joined: seeds of the same method add up."""
+    out: dict[str, dict[str, list[Summary]]] = defaultdict(lambda: defaultdict(list))
+    for part in parts:
+        for name, methods in part["results"].items():
+            for m, sums in methods.items():
+                out[name][m] += [from_plain(s) for s in sums]
+    return out
+
+
+def report(merged: dict[str, dict[str, list[Summary]]], rounds: int) -> list[str]:
+    lines: list[str] = []
+    checks: list[str] = []
+    for name in LANDSCAPES:
+        if name not in merged:
+            continue
+        landscape = LANDSCAPES[name]()
+        drift = bool(landscape.drifted)
+        seeds = {m: len(s) for m, s in merged[name].items()}
+        rows = {m: median_summary(s) for m, s in merged[name].items()}
+        title = f"{name} ({len(landscape.contexts)} contexts, {len(landscape.dims)} parameters)"
+        lines += table(title, rows, rounds, drift)
+        if len(set(seeds.values())) > 1:
+            lines += ["Seeds per method: " + ", ".join(f"{m} {n}" for m, n in seeds.items()), ""]
+        checks += acceptance(name, rows, drift)
+    if checks:
+        lines += ["### Acceptance (Booster contextual against the baselines)", "", *checks, ""]
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=None, help="5 (1 with --quick)")
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=None, help="30 (12 with --quick)")
+    ap.add_argument("--landscapes", nargs="*", default=list(LANDSCAPES), choices=list(LANDSCAPES))
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--timing", action="store_true", help="refit time at 1k/10k/100k trials")
+    ap.add_argument("--quick", action="store_true", help="1 seed, 12 rounds, 1k/10k timing")
+    ap.add_argument("--label", default="", help="appended to method names (another planner)")
+    ap.add_argument("--save-json", type=Path, help="also keep every seed's figures here")
+    ap.add_argument("--merge", type=Path, nargs="*", default=[], help="add saved runs' figures")
+    ap.add_argument("--include", type=Path, nargs="*", default=[], help="append these files")
+    ap.add_argument("--output", type=Path, help="write here instead of results/optimiser.md")
+    args = ap.parse_args(argv)
+    args.seeds = args.seeds or (1 if args.quick else 5)
+    args.rounds = args.rounds or (12 if args.quick else 30)
+    label = f" ({args.label})" if args.label else ""
+    if args.merge and not any(a.startswith("--landscapes") for a in (argv or sys.argv[1:])):
+        args.landscapes = []  # only the saved runs
+    methods, notes = available(args.methods) if args.landscapes else ([], [])
+    for n in notes:
+        print(n, flush=True)
+    parts = [json.loads(p.read_text()) for p in args.merge]
+    this: dict[str, Any] = {"planner": planner_commit(), "label": label, "notes": notes}
+    this["results"] = run_landscapes(args, methods, label)
+    if args.save_json:
+        args.save_json.write_text(json.dumps(this))
+    parts.append(this)
+    planners = sorted({f"{p['planner']}{' as' + p['label'] if p['label'] else ''}" for p in parts})
+    lines = [
+        f"Planner: {'; '.join(planners)}. Fleet: 8 hosts per context (4 exploring), "
+        f"{FLOWS_PER_HOST} flows per host per round, per-flow utility noise 15 %, σ = 0.1, "
+        f"{args.rounds} rounds of one simulated hour; every figure is the median over seeds; "
+        "regrets in % of the context's optimum utility; plan s/round with one BLAS thread.",
+        "",
+        *sorted({f"- {n}" for p in parts for n in p["notes"]}),
+        "",
+        *report(merge(parts), args.rounds),
+    ]
+    if args.timing:
+        lines += timing(TIMING_SIZES[:2] if args.quick else TIMING_SIZES)
+    for path in args.include:
+        lines += [path.read_text().strip(), ""]
+    argv_text = " ".join(sys.argv[1:] if argv is None else argv)
+    command = f"python -m benchmarks.optimiser {argv_text}".strip()
+    if args.output is None:
+        write_result("optimiser", command, lines)
+    else:
+        args.output.write_text("\n".join([f"Command: `{command}`", "", *lines]) + "\n")
+        print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    main()

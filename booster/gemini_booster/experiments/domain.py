@@ -1,0 +1,309 @@
+"""What an experiment is: arms, a population of hosts, a split, a schedule, a guardrail.
+
+An arm is a congestion control and how its parameters are set: the kernel's defaults
+(``kernel_default``: the CC as the host would run it, Fusion with the θ spec's defaults), a
+fixed θ (``fixed``, Fusion only, inside Θ′: what the kernel accepts), or whatever a Booster
+policy plans (``policy``, the policy's target CC). The control arm is the one every other arm is
+compared with, and the one the guardrail protects.
+
+Booster keeps no inventory of hosts (a host is known only by the id its agent token is bound
+to, without region or labels), so the population is declared with the experiment: hosts per
+region (``population.regions``), and hosts without a region (``population.hosts``, region
+``""``). Regions are the strata that assignment keeps balanced and that results can be read by.
+
+Days are UTC calendar days. A crossover day swaps the two arms' host groups at 00:00 UTC of that
+day, so every day lies wholly in one period and each host runs each arm for one period.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Annotated, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from gemini_api.theta import load_spec
+
+from ..models import NAME_PATTERN, Sigma
+
+ParamMode = Literal["kernel_default", "fixed", "policy"]
+Status = Literal["scheduled", "running", "ended", "stopped"]
+
+FUSION = "fusion"
+MIN_ARMS, MAX_ARMS = 2, 8
+MAX_HOSTS = 100_000  # a fleet's worth; the create body stays well under the REST body limit
+MAX_DAYS = 366  # results are computed per day: bound the work of one results call
+SPLIT_TOLERANCE = 1e-6  # shares must add up to 1 within this
+NO_REGION = ""  # the region of hosts declared without one
+DAY = timedelta(days=1)
+
+# A CC name as the kernel knows it (TCP_CA_NAME_MAX is 16 with the NUL), as agents report it.
+CCName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,15}$", description="e.g. fusion, cubic")]
+ArmName = Annotated[str, Field(pattern=NAME_PATTERN)]
+HostId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^\S+$")]
+RegionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^\S+$")]
+Share = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+
+
+class ArmSpec(BaseModel):
+    """One arm: a CC, and how its parameters are set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: ArmName
+    cc: CCName
+    params: ParamMode = Field(
+        "kernel_default", description="kernel_default, fixed (θ given) or policy (policy named)"
+    )
+    theta: dict[str, int] | None = Field(
+        None, description="θ in spec units (params 'fixed' only), inside Θ′"
+    )
+    policy: str | None = Field(
+        None, pattern=NAME_PATTERN, description="the policy that tunes θ (params 'policy' only)"
+    )
+
+    @model_validator(mode="after")
+    def _params_match_mode(self) -> ArmSpec:
+        if self.params == "fixed":
+            if self.cc != FUSION:
+                raise ValueError(f"theta: a fixed θ sets Fusion's parameters, not {self.cc}'s")
+            if self.theta is None:
+                raise ValueError("theta: required when params is 'fixed'")
+            spec = load_spec()
+            problems = spec.violations(self.theta, spec.region_bounds("wide"))
+            if problems:
+                raise ValueError("theta: " + "; ".join(problems))
+        elif self.theta is not None:
+            raise ValueError("theta: only allowed when params is 'fixed'")
+        if self.params == "policy":
+            if self.policy is None:
+                raise ValueError("policy: required when params is 'policy'")
+        elif self.policy is not None:
+            raise ValueError("policy: only allowed when params is 'policy'")
+        return self
+
+
+class GuardrailSpec(BaseModel):
+    """Stop an arm once its utility is below control's by more than ``margin`` with
+    ``confidence`` (one-sided), at ``sigma`` (the experiment's σ when unset)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    margin: float = Field(ge=0, le=1e6, allow_inf_nan=False, description="utility, Mbit/s")
+    confidence: float = Field(0.95, ge=0.5, le=0.9999, allow_inf_nan=False)
+    sigma: Sigma | None = None
+    min_hosts: int = Field(
+        5, ge=2, le=MAX_HOSTS, description="hosts with flows needed in each arm before acting"
+    )
+
+
+class PopulationSpec(BaseModel):
+    """The hosts in the experiment: per region, and without one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    regions: dict[RegionName, list[HostId]] = Field(default_factory=dict)
+    hosts: list[HostId] = Field(default_factory=list, description="hosts without a region")
+
+    @model_validator(mode="after")
+    def _each_host_once(self) -> PopulationSpec:
+        listed = [h for hs in self.regions.values() for h in hs] + list(self.hosts)
+        if not listed:
+            raise ValueError("population: no hosts")
+        if len(listed) > MAX_HOSTS:
+            raise ValueError(f"population: {len(listed)} hosts, at most {MAX_HOSTS}")
+        twice = sorted(h for h, n in Counter(listed).items() if n > 1)
+        if twice:
+            raise ValueError(f"population: hosts listed twice: {twice[:5]}")
+        return self
+
+    def host_regions(self) -> dict[str, str]:
+        out = {h: region for region, hs in self.regions.items() for h in hs}
+        out.update((h, NO_REGION) for h in self.hosts)
+        return out
+
+
+def midnight(day: date) -> datetime:
+    return datetime.combine(day, time(0), tzinfo=UTC)
+
+
+class ExperimentCreate(BaseModel):
+    """What an operator declares. Fields are checked in order, so a rule that relates two
+    fields is reported under the later one (e.g. ``end`` before ``start`` names ``end``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = Field("", max_length=1000)
+    arms: list[ArmSpec] = Field(min_length=MIN_ARMS, max_length=MAX_ARMS)
+    control: ArmName | None = Field(None, description="the arm others are compared with: first")
+    split: list[Share] | None = Field(
+        None, description="each arm's share of the hosts, in (0, 1), adding up to 1: equal"
+    )
+    population: PopulationSpec
+    start: AwareDatetime
+    end: AwareDatetime
+    crossover_day: date | None = Field(
+        None, description="UTC day from whose 00:00 the two arms swap host groups"
+    )
+    sigma: Sigma = 1.0
+    guardrail: GuardrailSpec | None = None
+    salt: str | None = Field(
+        None, min_length=1, max_length=64, description="assignment seed (random when unset)"
+    )
+
+    @field_validator("arms")
+    @classmethod
+    def _distinct_names(cls, arms: list[ArmSpec]) -> list[ArmSpec]:
+        names = [a.name for a in arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"arms: names must differ, got {names}")
+        return arms
+
+    @field_validator("control")
+    @classmethod
+    def _control_is_an_arm(cls, control: str | None, info: ValidationInfo) -> str | None:
+        arms = info.data.get("arms")
+        if control is not None and arms is not None and control not in {a.name for a in arms}:
+            raise ValueError(f"control: {control!r} is not one of the arms")
+        return control
+
+    @field_validator("split")
+    @classmethod
+    def _split_fits_arms(
+        cls, split: list[float] | None, info: ValidationInfo
+    ) -> list[float] | None:
+        if split is None:
+            return None
+        arms = info.data.get("arms")
+        if arms is not None and len(split) != len(arms):
+            raise ValueError(f"split: {len(split)} shares for {len(arms)} arms")
+        if abs(sum(split) - 1) > SPLIT_TOLERANCE:
+            raise ValueError(f"split: shares add up to {sum(split)}, not 1")
+        return split
+
+    @field_validator("end")
+    @classmethod
+    def _end_after_start(cls, end: datetime, info: ValidationInfo) -> datetime:
+        start = info.data.get("start")
+        if start is not None:
+            if end <= start:
+                raise ValueError("end: must be after start")
+            if end - start > MAX_DAYS * DAY:
+                raise ValueError(f"end: an experiment lasts at most {MAX_DAYS} days")
+        if end <= datetime.now(UTC):
+            raise ValueError("end: already past")
+        return end
+
+    @field_validator("crossover_day")
+    @classmethod
+    def _crossover_inside(cls, day: date | None, info: ValidationInfo) -> date | None:
+        if day is None:
+            return None
+        arms, start, end = (info.data.get(k) for k in ("arms", "start", "end"))
+        if arms is not None and len(arms) != 2:
+            raise ValueError("crossover_day: a crossover swaps exactly two arms")
+        if start is not None and end is not None and not start < midnight(day) < end:
+            raise ValueError(
+                f"crossover_day: {day} 00:00 UTC is not strictly between start and end"
+            )
+        return day
+
+
+@dataclass(frozen=True)
+class Member:
+    """A host of the population: its region, its group (the arm it runs in the first
+    period), and when it left (None: still in). A host that left keeps its group, so its
+    flows so far still count for its arm, and it gets the same group if it joins again."""
+
+    region: str
+    group: int
+    left_at: datetime | None = None
+
+    def present(self, at: datetime) -> bool:
+        return self.left_at is None or at < self.left_at
+
+
+@dataclass(frozen=True)
+class ArmStop:
+    """An arm stopped before the experiment ended (by an operator or the guardrail)."""
+
+    at: datetime
+    by: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """An experiment as stored: the declaration, its salt and id, and what stopped."""
+
+    id: int
+    name: str
+    description: str
+    salt: str
+    arms: tuple[ArmSpec, ...]
+    control: str
+    split: tuple[float, ...]
+    hosts: Mapping[str, Member]  # every host that ever joined, by id
+    start: datetime
+    end: datetime
+    crossover_day: date | None
+    sigma: float
+    guardrail: GuardrailSpec | None
+    created_at: datetime
+    created_by: str
+    stopped_at: datetime | None = None
+    stopped_by: str | None = None
+    stop_reason: str | None = None
+    arm_stops: Mapping[str, ArmStop] = field(default_factory=dict)
+
+    @property
+    def arm_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.arms)
+
+    def arm(self, name: str) -> ArmSpec:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    @property
+    def crossover_at(self) -> datetime | None:
+        return None if self.crossover_day is None else midnight(self.crossover_day)
+
+    def status(self, now: datetime) -> Status:
+        if self.stopped_at is not None and self.stopped_at <= now:
+            return "stopped"
+        if now < self.start:
+            return "scheduled"
+        if now >= self.end:
+            return "ended"
+        return "running"
+
+    def period(self, day: date) -> int:
+        """0 before the crossover day (or without one), 1 from it."""
+        return int(self.crossover_day is not None and day >= self.crossover_day)
+
+    def days(self) -> list[date]:
+        """Every UTC day the experiment touches, in order."""
+        last = (self.end - timedelta(microseconds=1)).astimezone(UTC).date()
+        first = self.start.astimezone(UTC).date()
+        return [first + i * DAY for i in range((last - first).days + 1)]
+
+    def live_at(self, at: datetime) -> bool:
+        return self.status(at) == "running"
+
+    def arm_live_at(self, arm: str, at: datetime) -> bool:
+        stop = self.arm_stops.get(arm)
+        return self.live_at(at) and (stop is None or at < stop.at)

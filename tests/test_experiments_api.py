@@ -228,7 +228,8 @@ def test_results_per_day_and_arm_from_stored_sums(booster) -> None:
     r = booster.http.get("/v1/experiments/fusion-vs-cubic/results?sigma=2", headers=auth(OPERATOR))
     assert r.status_code == 200, r.text
     out = r.json()
-    assert out["sigma"] == 2 and out["level"] == 0.95 and len(out["days"]) == 8
+    # Every day so far: the start two days ago, yesterday, today.
+    assert out["sigma"] == 2 and out["level"] == 0.95 and len(out["days"]) == 3
     for arm in out["overall"]["arms"]:
         total = FlowSums.total(f.sums for f in stored if f.arm == arm["arm"])
         assert arm["flows"] == total.flow_count and arm["hosts"] == 20
@@ -338,3 +339,20 @@ def test_arm_flows_takes_the_flows_of_the_hosts_arm_only(booster) -> None:
     found = store.host_assignment(booster.engine, "eu-00", now)
     assert found is not None
     assert store.arm_flows(found, "eu-00", now, [("reno", cubic, 0)]) is None
+
+
+def test_operator_stops_one_arm(booster) -> None:
+    assert create(booster.http).status_code == 201
+    path = "/v1/experiments/fusion-vs-cubic/arms/fusion/stop"
+    assert booster.http.post(path, headers=auth(viewer(booster.http))).status_code == 403
+    r = booster.http.post(path, json={"reason": "rollback"}, headers=auth(OPERATOR))
+    assert r.status_code == 200, r.text
+    assert r.json()["arms"][1]["stopped"]["reason"] == "rollback"
+    arms = [host_arm(booster.http, h) for h in HOSTS]
+    assert {a["arm"]["name"] for a in arms if a is not None} == {"control"}
+    assert sum(a is None for a in arms) == 20
+    audit = booster.http.get("/v1/audit", headers=auth(OPERATOR)).json()
+    assert audit[0]["action"] == "experiment.stop_arm" and audit[0]["detail"]["arm"] == "fusion"
+    assert booster.http.post(path, headers=auth(OPERATOR)).status_code == 409
+    missing = "/v1/experiments/fusion-vs-cubic/arms/nope/stop"
+    assert booster.http.post(missing, headers=auth(OPERATOR)).status_code == 404

@@ -19,11 +19,13 @@ GUARDRAIL_ACTOR = "guardrail"
 def experiment_results(
     engine: Engine, name: str, sigma: float | None = None, day: date | None = None
 ) -> tuple[Experiment, Results]:
-    """Results per day (every day, or ``day`` only) and overall, at ``sigma`` (the
+    """Results per day (every day so far, or ``day`` only) and overall, at ``sigma`` (the
     experiment's own σ when None). NotFound for an unknown experiment."""
     experiment = store.get_experiment(engine, name)
     records = store.host_days(engine, experiment.id)
-    return experiment, results(experiment, records, sigma, None if day is None else [day])
+    today = datetime.now(UTC).date()
+    days = [d for d in experiment.days() if d <= today] if day is None else [day]
+    return experiment, results(experiment, records, sigma, days)
 
 
 def enforce_guardrail(engine: Engine, name: str, actor: str = GUARDRAIL_ACTOR) -> list[Decision]:

@@ -63,6 +63,7 @@ from .schema import Base
 
 CREATE_LOCK = 0x6578_7074  # pg_advisory_xact_lock key: one experiment creation at a time
 SALT_BYTES = 8
+AUDITED_HOSTS = 100  # host ids named in a join or leave audit entry (the count is always kept)
 NOTIFY_KIND = "experiments"  # payload "experiments:<id>" on the changes channel
 
 
@@ -383,7 +384,8 @@ def join_hosts(engine: Engine, name: str, population: PopulationSpec, actor: str
                 set_={"left_at": None, "region": stmt.excluded.region},
             )
         )
-        audit(conn, actor, "experiment.join", name, {"hosts": sorted(joining)[:100]})
+        detail = {"count": len(joining), "hosts": sorted(joining)[:AUDITED_HOSTS]}
+        audit(conn, actor, "experiment.join", name, detail)
         _notify(conn, row.id)
         return _load(conn, ExperimentRow.id == row.id)[0]
 
@@ -402,7 +404,8 @@ def leave_hosts(engine: Engine, name: str, hosts: Sequence[str], actor: str) -> 
             )
             .values(left_at=func.now())
         ).rowcount
-        audit(conn, actor, "experiment.leave", name, {"hosts": sorted(hosts)[:100], "left": left})
+        detail = {"count": len(hosts), "hosts": sorted(hosts)[:AUDITED_HOSTS], "left": left}
+        audit(conn, actor, "experiment.leave", name, detail)
         _notify(conn, row.id)
         return int(left)
 

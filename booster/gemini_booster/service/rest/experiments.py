@@ -317,6 +317,29 @@ def stop_experiment(
 
 
 @router.post(
+    "/experiments/{name}/arms/{arm}/stop",
+    responses=error(404, "no experiment of that name, or no such arm")
+    | error(409, "the arm is already stopped, or the experiment is not running")
+    | TOO_LARGE,
+)
+def stop_arm(
+    who: Writer,
+    name: ExperimentName,
+    arm: Annotated[str, Path(description="the arm's name")],
+    booster: BoosterDep,
+    body: StopIn | None = None,
+) -> ExperimentOut:
+    """Stop one arm now: its hosts are restored to their own defaults, the others go on."""
+    experiment = _found(booster, name)
+    if arm not in experiment.arm_names:
+        raise HTTPException(404, f"experiment {name!r} has no arm {arm!r}")
+    reason = (body or StopIn()).reason
+    if not store.stop_arm(booster.engine, name, arm, who.name, reason, {}):
+        raise HTTPException(409, f"arm {arm!r} is already stopped, or {name!r} is not running")
+    return ExperimentOut.of(_found(booster, name))
+
+
+@router.post(
     "/experiments/{name}/join",
     responses=NO_EXPERIMENT
     | error(409, "stopped or over, or a host is in an overlapping experiment")

@@ -468,7 +468,6 @@ class ArmFlows:
 
 
 _ADDED = (*SUM_FIELDS, "slow_flows", "report_count")
-ROWS_PER_STATEMENT = 1000  # 13 parameters a row: well inside PostgreSQL's 65,535
 
 
 def arm_flows(
@@ -492,6 +491,29 @@ def arm_flows(
     )
 
 
+_KEY = ("experiment_id", "arm", "host_id", "day")
+_COLUMN_TYPES = {
+    "experiment_id": "int",
+    "arm": "text",
+    "host_id": "text",
+    "day": "date",
+    "flow_count": "bigint",
+    **dict.fromkeys(SUM_FIELDS[1:], "float8"),
+    "slow_flows": "bigint",
+    "report_count": "bigint",
+}
+# One statement for any number of rows: each column is one array parameter (unnest), so the
+# statement text, and its plan, are the same for every batch.
+_UPSERT_HOST_DAYS = text(
+    f"INSERT INTO experiment_host_days ({', '.join(_COLUMN_TYPES)}) "
+    "SELECT * FROM unnest("
+    + ", ".join(f"CAST(:{c} AS {t}[])" for c, t in _COLUMN_TYPES.items())
+    + f") ON CONFLICT ({', '.join(_KEY)}) DO UPDATE SET "
+    + ", ".join(f"{c} = experiment_host_days.{c} + EXCLUDED.{c}" for c in _ADDED)
+    + ", updated_at = now()"
+)
+
+
 def record_arm_flows(conn: Connection, flows: Iterable[ArmFlows]) -> None:
     """Add ``flows`` to the per-host-day sums, in ``conn``'s transaction (one statement).
 
@@ -506,28 +528,12 @@ def record_arm_flows(conn: Connection, flows: Iterable[ArmFlows]) -> None:
         key = (f.experiment_id, f.arm, f.host_id, f.day)
         sums, slow, reports = merged.get(key, (FlowSums(), 0, 0))
         merged[key] = (sums + f.sums, slow + f.slow_flows, reports + f.reports)
-    rows = [
-        {
-            "experiment_id": experiment_id,
-            "arm": arm,
-            "host_id": host,
-            "day": day,
-            **dict(zip(SUM_FIELDS, sums.astuple(), strict=True)),
-            "slow_flows": slow,
-            "report_count": reports,
-        }
-        # Sorted, so concurrent replicas lock rows in one order and cannot deadlock.
-        for (experiment_id, arm, host, day), (sums, slow, reports) in sorted(merged.items())
-    ]
-    table = ExperimentHostDay.__table__.c
-    for i in range(0, len(rows), ROWS_PER_STATEMENT):
-        stmt = pg_insert(ExperimentHostDay).values(rows[i : i + ROWS_PER_STATEMENT])
-        conn.execute(
-            stmt.on_conflict_do_update(
-                index_elements=["experiment_id", "arm", "host_id", "day"],
-                set_={c: table[c] + stmt.excluded[c] for c in _ADDED} | {"updated_at": func.now()},
-            )
-        )
+    if not merged:
+        return
+    # Sorted, so concurrent replicas lock rows in one order and cannot deadlock.
+    rows = [(*key, *sums.astuple(), slow, n) for key, (sums, slow, n) in sorted(merged.items())]
+    columns = dict(zip(_COLUMN_TYPES, map(list, zip(*rows, strict=True)), strict=True))
+    conn.execute(_UPSERT_HOST_DAYS, columns)
 
 
 def host_days(

@@ -73,6 +73,7 @@ def test_operator_creates_an_audited_experiment(booster) -> None:
         "bootstrap-operator",
     )
     assert entry["detail"]["hosts"] == 40 and entry["detail"]["salt"] == e["salt"]
+    assert entry["detail"]["regions"] == {"eu": 20, "us": 20}  # counts, not a fleet of ids
     listed = booster.http.get("/v1/experiments", headers=auth(viewer(booster.http))).json()
     assert [x["name"] for x in listed] == ["fusion-vs-cubic"]
     got = booster.http.get("/v1/experiments/fusion-vs-cubic", headers=auth(OPERATOR)).json()

@@ -14,6 +14,7 @@ creating experiments at once cannot enrol a host twice.
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -162,9 +163,7 @@ def _audit_detail(spec: ExperimentCreate, salt: str) -> dict[str, Any]:
     detail["salt"] = salt
     regions = spec.population.host_regions()
     detail["hosts"] = len(regions)
-    detail["regions"] = {
-        r: sum(1 for v in regions.values() if v == r) for r in set(regions.values())
-    }
+    detail["regions"] = dict(sorted(Counter(regions.values()).items()))
     return detail
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -68,6 +69,25 @@ TIMING_SIZES = (1_000, 10_000, 100_000)
 TIMING_TARGETS = 200  # the service's default max_contexts_per_refit
 TIMING_HOURS = 300  # trials spread over this many hourly buckets (inside the history window)
 REPO = Path(__file__).resolve().parent.parent
+SETUP = [
+    "Landscapes (`benchmarks/optimiser_landscapes.py`): `lab`, two contexts after the lab's "
+    "wired and lossy paths (lab-loop.md, fusion-datapath.md), 4 parameters (ω, λ, l, δ); "
+    "`shared24`, 4 regions × 3 ISPs × 2 time blocks, 6 parameters, optimum = region part + ISP "
+    "part + time-block part; `drift`, one context, 4 parameters, optimum and peak move at "
+    f"round {DRIFT_ROUND + 1} (after {DRIFT_ROUND} rounds of data). Parameters outside a "
+    "landscape are pinned at the spec's default through a custom region (lo = hi), so every "
+    "method searches the same dimensions. Policy: defaults except σ 0.1, that region, "
+    "exploration share 0.5 and two time blocks.",
+    "",
+    "Baselines, one optimiser per context on the same hosts: `skopt` (Optimizer, its GP with "
+    "one hyperparameter start per fit, GP-Hedge, LHS start, batch ask by constant liar; "
+    "incumbent: the observed θ with the best GP-predicted utility), `tpe` (Optuna TPESampler, "
+    "ask/tell, the incumbent's rounds added as trials; incumbent: the best trial), `random` "
+    "(incumbent: the best mean over all of a θ's flows). Regret @k is the incumbent after k "
+    "rounds of data; 'changes last 10' counts changes over the last 10 plans; 'recovery' is "
+    "rounds of data on the moved surface until the incumbent stays within 5 %.",
+    "",
+]
 
 
 # -- metrics (pure functions of a history) -----------------------------------------------------
@@ -396,6 +416,16 @@ def report(merged: dict[str, dict[str, list[Summary]]], rounds: int) -> list[str
     return lines
 
 
+def included(text: str) -> list[str]:
+    """Another run's output (e.g. timing under another planner): its sections from the first
+    heading on, after the planner it ran."""
+    planner = re.search(r"^Planner: (.*?)\. Fleet", text, re.MULTILINE)
+    start = text.find("### ")
+    body = text[start:] if start >= 0 else text
+    head = [f"Planner of the next section: {planner.group(1)}.", ""] if planner else []
+    return [*head, body.strip(), ""]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=None, help="5 (1 with --quick)")
@@ -424,7 +454,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     this["results"] = run_landscapes(args, methods, label)
     if args.save_json:
         args.save_json.write_text(json.dumps(this))
-    parts.append(this)
+    if this["results"] or args.timing:
+        parts.append(this)
     planners = sorted({f"{p['planner']}{' as' + p['label'] if p['label'] else ''}" for p in parts})
     lines = [
         f"Planner: {'; '.join(planners)}. Fleet: 8 hosts per context (4 exploring), "
@@ -434,12 +465,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "",
         *sorted({f"- {n}" for p in parts for n in p["notes"]}),
         "",
+        *SETUP,
         *report(merge(parts), args.rounds),
     ]
     if args.timing:
         lines += timing(TIMING_SIZES[:2] if args.quick else TIMING_SIZES)
     for path in args.include:
-        lines += [path.read_text().strip(), ""]
+        lines += included(path.read_text())
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     command = f"python -m benchmarks.optimiser {argv_text}".strip()
     if args.output is None:

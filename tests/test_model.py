@@ -116,3 +116,19 @@ def test_initial_plans_hand_out_the_design_points_not_yet_tried():
     tried = [_trial(7, first.candidates[0], 5.0, 3, now)]
     second = planner.plan(policy, tried, contexts, [7], PolicyState(), now=now)[7]
     assert second.candidates == first.candidates[1:]
+
+
+def test_theta_space_encodes_and_decodes_as_scikit_optimize_does():
+    spec = load_spec()
+    bounds = spec.region_bounds("wide")
+    space = ThetaSpace(spec, bounds)
+    rng = np.random.default_rng(4)
+    thetas = space.sample(200, rng)
+    ours = space.encode(thetas)
+    theirs = np.asarray(space.space.transform([[t[n] for n in space.free] for t in thetas]))
+    assert np.allclose(ours, theirs)
+    points = rng.uniform(-0.1, 1.1, (200, space.dims))
+    clipped = np.clip(points, 0.0, 1.0)
+    expected = [space.theta(r) for r in space.space.inverse_transform(clipped)]
+    assert space.decode(points) == expected
+    assert space.decode(space.encode(thetas)) == thetas

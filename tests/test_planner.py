@@ -189,3 +189,36 @@ def test_polish_climbs_to_the_maximum_from_poor_starts():
     starts = np.array([[0.1, 0.9, 0.1], [0.5, 0.5, 0.9]])
     out = acquisition.polish(score, starts, 3)
     assert np.allclose(out, peak, atol=0.02), out
+
+
+def test_the_local_posterior_is_scikit_learns_gp_at_that_context():
+    """The numpy posterior at one context equals scikit-learn's GP over (θ, h) with the same
+    fitted kernel: the same means, variances and covariances."""
+    from gemini_booster.policy.local_gp import KernelParams, LocalGP, Training
+    from gemini_booster.policy.surrogate import fit_surrogate
+
+    rng = np.random.default_rng(8)
+    n, dims = 60, 3
+    theta_x = rng.uniform(0, 1, (n, dims))
+    codes = rng.integers(0, 3, (n, 5)).astype(float)
+    y = np.sin(3 * theta_x[:, 0]) + codes[:, 1] * 0.3 + 0.1 * rng.standard_normal(n)
+    noise = np.full(n, 0.01)
+    fitted = fit_surrogate(np.hstack([theta_x, codes]), y, noise, context_dims=5, seed=0)
+    params = KernelParams.of(fitted.gp.kernel_)
+    loss, scaled_noise = (fitted.y_mean - y) / fitted.y_std, noise / fitted.y_std**2
+    whole = Training.factor(params, theta_x, codes, loss, scaled_noise)
+    # the fit set factored once, a context's own points added by the block update
+    cut = 45
+    base = Training.factor(params, theta_x[:cut], codes[:cut], loss[:cut], scaled_noise[:cut])
+    extended = base.extend(params, theta_x[cut:], codes[cut:], loss[cut:], scaled_noise[cut:])
+    context = codes[7]
+    test = rng.uniform(0, 1, (25, dims))
+    full = np.hstack([test, np.tile(context, (25, 1))])
+    mean, std = fitted.gp.predict(full, return_std=True)
+    _, cov = fitted.gp.predict(full[:4], return_cov=True)
+    for training in (whole, extended):
+        local = LocalGP(params, training, context)
+        ours_mean, ours_std = local.posterior(test)
+        assert np.allclose(ours_mean, mean, atol=1e-6)
+        assert np.allclose(ours_std, std, atol=1e-5)
+        assert np.allclose(local.joint(test[:4])[1], cov, atol=1e-5)

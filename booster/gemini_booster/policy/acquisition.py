@@ -27,9 +27,10 @@ POOL_RANDOM = 256
 POOL_LOCAL_PER_ANCHOR = 32
 LOCAL_STEP = 0.08  # std of local perturbations, in normalised θ units
 POLISH_STARTS = 4
-POLISH_STEPS = 12
+POLISH_STEPS = 10
 POLISH_FD = 0.01  # finite-difference step, normalised units
-POLISH_STEP0 = 0.1  # first ascent step, normalised units; halved when a step does not improve
+POLISH_STEP0 = 0.05  # first ascent step, normalised units
+POLISH_GROW = 1.6  # a step that improved is lengthened by this; one that did not is halved
 MIN_CANDIDATE_DISTANCE = 0.05  # normalised L∞ distance between parallel candidates
 XI = 0.01  # EI/PI improvement margin, in units of the utility's spread
 KAPPA = 1.96  # LCB's multiple of the posterior std
@@ -48,14 +49,20 @@ class _Fixed:
         return self.loss, self.std
 
 
-def scores(X: np.ndarray, posterior: Posterior, y_opt: float) -> dict[str, np.ndarray]:
-    """Every acquisition at ``X`` (larger is better), from one posterior evaluation."""
+def score(X: np.ndarray, posterior: Posterior, y_opt: float, kind: str) -> np.ndarray:
+    """One acquisition at ``X`` (larger is better)."""
     fixed = _Fixed(*posterior(X))
-    return {
-        "EI": gaussian_ei(X, fixed, y_opt=y_opt, xi=XI),
-        "PI": gaussian_pi(X, fixed, y_opt=y_opt, xi=XI),
-        "LCB": -gaussian_lcb(X, fixed, kappa=KAPPA),
-    }
+    if kind == "EI":
+        return gaussian_ei(X, fixed, y_opt=y_opt, xi=XI)
+    if kind == "PI":
+        return gaussian_pi(X, fixed, y_opt=y_opt, xi=XI)
+    return -gaussian_lcb(X, fixed, kappa=KAPPA)
+
+
+def scores(X: np.ndarray, posterior: Posterior, y_opt: float) -> dict[str, np.ndarray]:
+    """Every acquisition at ``X``, from one posterior evaluation."""
+    fixed = _Fixed(*posterior(X))
+    return {kind: score(X, lambda _: (fixed.loss, fixed.std), y_opt, kind) for kind in ACQUISITIONS}
 
 
 def pool(
@@ -86,7 +93,7 @@ def polish(score: Callable[[np.ndarray], np.ndarray], starts: np.ndarray, dims: 
         moved = np.clip(x + step[:, None] * direction, 0.0, 1.0)
         better = score(moved) > here
         x = np.where(better[:, None], moved, x)
-        step = np.where(better, step, step / 2)
+        step = np.where(better, step * POLISH_GROW, step / 2)
     return x
 
 
@@ -114,7 +121,7 @@ def maximise(
     X = pool(space, anchors, current, rng)
     s = scores(X, posterior, y_opt)
     starts = X[np.argsort(-s[chosen])[:POLISH_STARTS]]
-    polished = polish(lambda Z: scores(Z, posterior, y_opt)[chosen], starts, space.dims)
+    polished = polish(lambda Z: score(Z, posterior, y_opt, chosen), starts, space.dims)
     snapped = space.encode(space.decode(polished))
     X = np.unique(np.vstack([X, snapped]), axis=0)
     return X, scores(X, posterior, y_opt)

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import numpy as np
+
 from gemini_api.theta import ThetaSpec
 
 from ..domain import SINGLE_FLOW_STD, FlowSums, Trial, Utility
@@ -141,21 +143,37 @@ def shrunk_noise(u: Utility, pooled: float | None) -> float:
 def observations(
     trials: Iterable[Trial], sigma: float, spec: ThetaSpec, bounds: Mapping
 ) -> list[Observation]:
-    """One observation per (context, θ) inside the policy's region, buckets added."""
-    groups: dict[tuple[int, str], list[Trial]] = defaultdict(list)
+    """One observation per (context, θ) inside the policy's region, buckets added (in numpy:
+    a fleet's refit adds up a hundred thousand buckets)."""
+    group_of: dict[tuple[int, str], int] = {}
+    gids, rows, stamps = [], [], []
     for t in trials:
         if t.flow_count > 0:
-            groups[(t.context_id, t.theta_key)].append(t)
+            gids.append(group_of.setdefault((t.context_id, t.theta_key), len(group_of)))
+            rows.append(t.sums.astuple())
+            stamps.append(t.last_seen.timestamp())
+    if not group_of:
+        return []
+    index = np.asarray(gids)
+    totals = np.zeros((len(group_of), len(rows[0])))
+    np.add.at(totals, index, np.asarray(rows, dtype=float))
+    newest = np.full(len(group_of), -np.inf)
+    np.maximum.at(newest, index, np.asarray(stamps))
+    thetas: dict[str, dict[str, int] | None] = {}
     per_trial = []
-    for (context_id, key), group in groups.items():
-        theta = spec.from_key(key)
-        if spec.violations(theta, bounds):
-            continue  # measured under an earlier, wider region: not a point of this space
-        sums = FlowSums.total(t.sums for t in group)
-        newest = max(t.last_seen for t in group).timestamp()
-        per_trial.append((context_id, key, theta, sums.utility(sigma), newest))
+    for (context_id, key), g in group_of.items():
+        if key not in thetas:
+            theta = spec.from_key(key)
+            # measured under an earlier, wider region: not a point of this space
+            thetas[key] = None if spec.violations(theta, bounds) else theta
+        inside = thetas[key]
+        if inside is None:
+            continue
+        flows, *rest = totals[g]
+        u = FlowSums(int(flows), *rest).utility(sigma)
+        per_trial.append((context_id, key, inside, u, float(newest[g])))
     pooled = _pooled_flow_var([(c, u) for c, _, _, u, _ in per_trial])
     return [
-        Observation(c, theta, key, u.mean, shrunk_noise(u, pooled.get(c)), u.flows, newest)
-        for c, key, theta, u, newest in per_trial
+        Observation(c, theta, key, u.mean, shrunk_noise(u, pooled.get(c)), u.flows, stamp)
+        for c, key, theta, u, stamp in per_trial
     ]

@@ -56,7 +56,8 @@ from ..models import Policy
 from . import acquisition, history
 from .acquisition import ACQUISITIONS
 from .history import Observation
-from .surrogate import CONTEXT_ATTRIBUTES, ThetaSpace, condition, fit_surrogate
+from .local_gp import KernelParams, LocalGP, Training
+from .surrogate import CONTEXT_ATTRIBUTES, ThetaSpace, fit_surrogate
 
 N_CANDIDATES = 8
 ANCHORS = 5  # the best observed θ of a context whose neighbourhoods are searched
@@ -149,21 +150,15 @@ def _seed(*parts: object) -> int:
 class _Model:
     """One context's posterior over θ, in loss units (−(utility − mean)/std)."""
 
-    gp: object
-    context_row: np.ndarray | None
+    gp: LocalGP
     y_mean: float
     y_std: float
 
-    def inputs(self, Xt: np.ndarray) -> np.ndarray:
-        if self.context_row is None:
-            return Xt
-        return np.hstack([Xt, np.tile(self.context_row, (len(Xt), 1))])
-
     def posterior(self, Xt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.gp.predict(self.inputs(Xt), return_std=True)  # type: ignore[attr-defined]
+        return self.gp.posterior(Xt)
 
     def joint(self, Xt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.gp.predict(self.inputs(Xt), return_cov=True)  # type: ignore[attr-defined]
+        return self.gp.joint(Xt)
 
     def utility(self, loss: np.ndarray | float) -> np.ndarray | float:
         return self.y_mean - loss * self.y_std
@@ -266,6 +261,11 @@ class _Refit:
         self.credits: dict[str, list[float]] = defaultdict(list)
         self.shared: _Model | None = None
         self.fit_points: list[Observation] = []
+        self.fit_theta = np.empty((0, space.dims))
+        self.fit_codes: np.ndarray | None = None
+        self.params: KernelParams | None = None
+        self.base: Training | None = None
+        self.y_mean, self.y_std = 0.0, 1.0
 
     @property
     def points_used(self) -> int:
@@ -316,8 +316,32 @@ class _Refit:
             warm_kernel=warm,
         )
         self.state.warm_kernel, self.state.warm_key = fitted.gp.kernel_, key
-        self.shared = _Model(fitted.gp, None, fitted.y_mean, fitted.y_std)
+        self.params = KernelParams.of(fitted.gp.kernel_)
+        self.y_mean, self.y_std = fitted.y_mean, fitted.y_std
+        self.fit_theta = self.space.encode([o.theta for o in self.fit_points])
+        self.fit_codes = self._codes(self.fit_points)
         self.used.update((o.context_id, o.theta_key) for o in self.fit_points)
+        self.base = self._training(self.fit_points, self.fit_theta, self.fit_codes)
+        if self.mode == "standard":
+            self.shared = _Model(LocalGP(self.params, self.base, None), self.y_mean, self.y_std)
+
+    def _codes(self, points: list[Observation]) -> np.ndarray | None:
+        if self.encoder is None:
+            return None
+        rows = [self.encoder.row(o.context_id) for o in points]
+        return np.vstack(rows) if rows else np.empty((0, len(CONTEXT_ATTRIBUTES)))
+
+    def _scaled(self, points: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
+        """Utilities and noise in loss units (the shared fit's normalisation)."""
+        loss = (self.y_mean - np.asarray([o.utility for o in points])) / self.y_std
+        noise = np.asarray([o.noise_var for o in points]) / (self.y_std * self.y_std)
+        return loss, noise
+
+    def _training(
+        self, points: list[Observation], theta: np.ndarray, codes: np.ndarray | None
+    ) -> Training:
+        assert self.params is not None
+        return Training.factor(self.params, theta, codes, *self._scaled(points))
 
     def _model(self, context_id: int, own: list[Observation]) -> _Model:
         if self.mode == "standard":
@@ -325,25 +349,31 @@ class _Refit:
             return self.shared
         if self.mode == "independent":
             return self._independent_model(context_id, own)
-        assert self.shared is not None and self.encoder is not None
-        local = most_measured(own)[:LOCAL_OWN_MAX]
+        assert self.encoder is not None and self.params is not None and self.base is not None
         fit_keys = {(o.context_id, o.theta_key) for o in self.fit_points}
-        points = self.fit_points + [o for o in local if (o.context_id, o.theta_key) not in fit_keys]
-        self.used.update((o.context_id, o.theta_key) for o in points)
-        s = self.shared
-        gp = condition(
-            s.gp.kernel_,  # type: ignore[attr-defined]
-            self._X(points),
-            np.asarray([s.loss(o.utility) for o in points]),
-            np.asarray([o.noise_var for o in points]) / (s.y_std * s.y_std),
-        )
-        return _Model(gp, self.encoder.row(context_id), s.y_mean, s.y_std)
+        extra = [
+            o
+            for o in most_measured(own)[:LOCAL_OWN_MAX]
+            if (o.context_id, o.theta_key) not in fit_keys
+        ]
+        self.used.update((o.context_id, o.theta_key) for o in extra)
+        training = self.base
+        if extra:
+            training = self.base.extend(
+                self.params,
+                self.space.encode([o.theta for o in extra]),
+                self._codes(extra),
+                *self._scaled(extra),
+            )
+        gp = LocalGP(self.params, training, self.encoder.row(context_id))
+        return _Model(gp, self.y_mean, self.y_std)
 
     def _independent_model(self, context_id: int, own: list[Observation]) -> _Model:
         points = most_measured(own)[:LOCAL_OWN_MAX]
         self.used.update((o.context_id, o.theta_key) for o in points)
+        theta = self.space.encode([o.theta for o in points])
         fitted = fit_surrogate(
-            self.space.encode([o.theta for o in points]),
+            theta,
             np.asarray([o.utility for o in points]),
             np.asarray([o.noise_var for o in points]),
             context_dims=0,
@@ -351,7 +381,10 @@ class _Refit:
             warm_kernel=self.state.context_kernels.get(context_id),
         )
         self.state.context_kernels[context_id] = fitted.gp.kernel_
-        return _Model(fitted.gp, None, fitted.y_mean, fitted.y_std)
+        self.params = KernelParams.of(fitted.gp.kernel_)
+        self.y_mean, self.y_std = fitted.y_mean, fitted.y_std
+        gp = LocalGP(self.params, self._training(points, theta, None), None)
+        return _Model(gp, self.y_mean, self.y_std)
 
     # -- one context ---------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.optimize
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process.kernels import ConstantKernel, Matern
 from skopt.learning import GaussianProcessRegressor
@@ -24,6 +25,11 @@ from .kernels import ContextKernel, OnColumns
 
 CONTEXT_ATTRIBUTES = ("src_region", "src_isp", "dst_region", "dst_isp", "time_block")
 COLD_RESTARTS = 1
+# L-BFGS iterations of the marginal-likelihood search. From a warm start (the last refit's
+# kernel) the optimum moves little between refits; an unbounded search at a few hundred points
+# costs seconds for gains in the fourth digit of the likelihood.
+COLD_ITERATIONS = 200
+WARM_ITERATIONS = 30
 JITTER = 1e-6
 LHS_ITERATIONS = 200  # random hypercubes tried for the maximin design
 
@@ -38,6 +44,8 @@ class ThetaSpace:
         self.space = Space(
             [Integer(bounds[n][0], bounds[n][1], name=n, transform="normalize") for n in self.free]
         )
+        self._low = np.asarray([bounds[n][0] for n in self.free], dtype=float)
+        self._span = np.asarray([bounds[n][1] - bounds[n][0] for n in self.free], dtype=float)
 
     @property
     def dims(self) -> int:
@@ -71,12 +79,17 @@ class ThetaSpace:
         return {n: values[n] if n in values else self.fixed[n] for n in self.names}
 
     def encode(self, thetas: Sequence[Mapping[str, int]]) -> np.ndarray:
-        rows = [[t[n] for n in self.free] for t in thetas]
-        return np.asarray(self.space.transform(rows), dtype=float).reshape(len(rows), self.dims)
+        """θ rows → [0, 1]^d, as scikit-optimize's ``normalize`` transform of Integer
+        dimensions does, in one array operation (a refit encodes and decodes thousands)."""
+        rows = np.asarray([[t[n] for n in self.free] for t in thetas], dtype=float)
+        return ((rows.reshape(len(thetas), self.dims) - self._low) / self._span).reshape(
+            len(thetas), self.dims
+        )
 
     def decode(self, points: np.ndarray) -> list[dict[str, int]]:
-        clipped = np.clip(points, 0.0, 1.0)
-        return [self.theta(row) for row in self.space.inverse_transform(clipped)]
+        """Points of [0, 1]^d → the nearest θ on the grid (inverse of ``encode``)."""
+        values = np.rint(np.clip(points, 0.0, 1.0) * self._span + self._low).astype(int)
+        return [self.theta(row) for row in values.reshape(-1, self.dims)]
 
 
 def make_kernel(theta_dims: int, context_dims: int) -> ConstantKernel:
@@ -107,6 +120,23 @@ class FittedSurrogate:
         return (self.y_mean - utility) / self.y_std
 
 
+def _lbfgs(max_iterations: int):
+    """scikit-learn's hyperparameter optimiser (L-BFGS-B) with an iteration budget."""
+
+    def optimise(obj_func, initial_theta, bounds):
+        result = scipy.optimize.minimize(
+            obj_func,
+            initial_theta,
+            method="L-BFGS-B",
+            jac=True,
+            bounds=bounds,
+            options={"maxiter": max_iterations},
+        )
+        return result.x, result.fun
+
+    return optimise
+
+
 def fit_surrogate(
     X: np.ndarray,
     y: np.ndarray,
@@ -128,6 +158,7 @@ def fit_surrogate(
         # one restart besides the default start: the marginal likelihood here is smooth
         # enough, and each restart costs a full fit
         n_restarts_optimizer=0 if warm_kernel is not None else COLD_RESTARTS,
+        optimizer=_lbfgs(WARM_ITERATIONS if warm_kernel is not None else COLD_ITERATIONS),
         random_state=seed,
     )
     with warnings.catch_warnings():
@@ -136,14 +167,3 @@ def fit_surrogate(
         warnings.simplefilter("ignore", ConvergenceWarning)
         gp.fit(X, loss)
     return FittedSurrogate(gp=gp, y_mean=y_mean, y_std=y_std)
-
-
-def condition(
-    kernel, X: np.ndarray, loss: np.ndarray, noise_var: np.ndarray
-) -> GaussianProcessRegressor:
-    """A GP with ``kernel``'s hyperparameters as they are (no marginal-likelihood search),
-    conditioned on (X, loss): one Cholesky factorisation, so a context's local model costs
-    milliseconds while the hyperparameters come from the shared fit."""
-    gp = GaussianProcessRegressor(kernel=kernel, alpha=noise_var + JITTER, optimizer=None)
-    gp.fit(X, loss)
-    return gp

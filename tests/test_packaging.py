@@ -76,6 +76,7 @@ ALLOWED: dict[str, set[str]] = {
         "scipy",
         "sqlalchemy",
         "swagger-ui-bundle",
+        "threadpoolctl",
         "uvicorn",
         "uvloop",
     },

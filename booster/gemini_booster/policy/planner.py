@@ -396,7 +396,7 @@ class _Refit:
         model = self._model(context_id, own)
         self._credit(context_id, model)
         eligible = [o for o in scope if o.flows >= self.policy.min_flows]
-        incumbent, inc_loss, anchors = self._incumbent(context_id, model, eligible)
+        incumbent, inc_loss, anchors, challenger = self._incumbent(context_id, model, eligible)
         chosen = self._choose_acquisition()
         current = self._current_candidates(context_id)
         X, score = acquisition.maximise(
@@ -406,18 +406,19 @@ class _Refit:
             a: self.space.decode(X[int(np.argmax(s)) : int(np.argmax(s)) + 1])[0]
             for a, s in score.items()
         }
-        picks = self._slots(context_id, own, X, score[chosen])
+        picks = self._slots(context_id, own, X, score[chosen], challenger)
         return ContextPlan(incumbent, float(model.utility(inc_loss)), picks, chosen)
 
     def _incumbent(
         self, context_id: int, model: _Model, eligible: list[Observation]
-    ) -> tuple[dict[str, int], float, np.ndarray]:
-        """(θ, its posterior loss, the best observed points as search anchors)."""
+    ) -> tuple[dict[str, int], float, np.ndarray, dict[str, int] | None]:
+        """(θ, its posterior loss, the best observed points as search anchors, the challenger:
+        the best θ by posterior mean when it is not yet better with confidence)."""
         if not eligible:
             X = self.space.encode(self.space.sample(acquisition.POOL_RANDOM, self.rng))
             loss, _ = model.posterior(X)
             best = int(np.argmin(loss))
-            return self.space.decode(X[best : best + 1])[0], float(loss[best]), X[:0]
+            return self.space.decode(X[best : best + 1])[0], float(loss[best]), X[:0], None
         uniq = {o.theta_key: o for o in eligible}
         keys = list(uniq)
         X = self.space.encode([uniq[k].theta for k in keys])
@@ -425,13 +426,14 @@ class _Refit:
         order = np.argsort(loss)
         best = int(order[0])
         previous = self.incumbents.get(context_id)
+        challenger = None
         if previous in uniq and keys[best] != previous:
             p = keys.index(previous)
             mu, cov = model.joint(X[[best, p]])
             sd_diff = float(np.sqrt(max(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1], 1e-12)))
             if mu[1] - mu[0] < SWITCH_Z * sd_diff:  # not better with confidence: keep it
-                best = p
-        return uniq[keys[best]].theta, float(loss[best]), X[order[:ANCHORS]]
+                challenger, best = uniq[keys[best]].theta, p
+        return uniq[keys[best]].theta, float(loss[best]), X[order[:ANCHORS]], challenger
 
     def _current_candidates(self, context_id: int) -> np.ndarray:
         keys = self.candidates.get(context_id, ())
@@ -444,18 +446,31 @@ class _Refit:
         return self.policy.resolved_bounds()
 
     def _slots(
-        self, context_id: int, own: list[Observation], X: np.ndarray, score: np.ndarray
+        self,
+        context_id: int,
+        own: list[Observation],
+        X: np.ndarray,
+        score: np.ndarray,
+        challenger: dict[str, int] | None,
     ) -> tuple[dict[str, int], ...]:
-        """N_CANDIDATES candidates; a published one that no host has run yet stays in its slot
-        while it scores at least KEEP_SCORE_SHARE of the best (hosts keep their θ), the rest
-        are the best-scoring points far enough from those kept and each other."""
+        """N_CANDIDATES candidates. The challenger is measured again until it is confirmed or
+        falls back (a sequential test over its own flows), in the slot it had if it had one;
+        a published candidate that no host has run yet stays in its slot while it scores at
+        least KEEP_SCORE_SHARE of the best (hosts keep their θ); the rest are the best-scoring
+        new points far enough from those kept and each other."""
+        spec = self.planner.spec
         run = {o.theta_key for o in own}
         top = float(np.max(score))
         slots: list[dict[str, int] | None] = [None] * N_CANDIDATES
         kept: list[np.ndarray] = []
-        for i, key in enumerate(self.candidates.get(context_id, ())[:N_CANDIDATES]):
-            theta = self.planner.spec.from_key(key)
-            if key in run or self.planner.spec.violations(theta, self.space_bounds):
+        published = self.candidates.get(context_id, ())[:N_CANDIDATES]
+        if challenger is not None:
+            key = spec.key(challenger)
+            slots[published.index(key) if key in published else 0] = challenger
+            kept.append(self.space.encode([challenger])[0])
+        for i, key in enumerate(published):
+            theta = spec.from_key(key)
+            if slots[i] is not None or key in run or spec.violations(theta, self.space_bounds):
                 continue
             x = self.space.encode([theta])[0]
             j = int(np.argmin(np.max(np.abs(X - x), axis=1)))

@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TypedDict
 
 from sqlalchemy import Engine, text
+from threadpoolctl import threadpool_limits
 
 from gemini_api.theta import ThetaSpec
 
@@ -84,6 +85,15 @@ def plan_in_worker(
         _WORKER_PLANNER = Planner(load_spec())
     plans = _WORKER_PLANNER.plan(policy, trials, contexts, targets, state, **published)
     return plans, state
+
+
+def refit_worker_init() -> None:
+    """A refit worker: leaves with its parent, and runs BLAS on one thread. A refit is
+    thousands of small matrix products (a context's posterior); threads of a BLAS call that
+    contend with the other worker and the serving process for two cores made a fleet-size
+    refit about ten times slower on a loaded machine (benchmarks/results/optimiser.md)."""
+    exit_with_parent()
+    threadpool_limits(1)
 
 
 class RefitElsewhere(Exception):
@@ -345,7 +355,7 @@ class RefitService:
                 self._pool = ProcessPoolExecutor(
                     self.settings.refit_processes,
                     mp_context=mp.get_context("spawn"),
-                    initializer=exit_with_parent,
+                    initializer=refit_worker_init,
                 )
             pool = self._pool
         try:

@@ -118,3 +118,22 @@ def auth(token: str) -> dict[str, str]:
 
 def agent_md(token: str = AGENT) -> tuple:
     return (("authorization", f"Bearer {token}"),)
+
+
+def insert_old_policy_and_context(conn) -> None:
+    """A policy named 'old' and one context, written with the columns every migration since
+    0001 has: for tests that migrate a database holding data."""
+    conn.execute(
+        text(
+            "INSERT INTO policies (name, sigma, region, bounds, mode, target_cc, acq_func,"
+            " exploration_share, n_initial_points, min_flows, history_hours, time_buckets,"
+            " max_model_points, revision) SELECT 'old', 1, 'production', '{}', 'contextual',"
+            " 'fusion', 'gp_hedge', 0.1, 5, 1, 24, 1, 500, 1"
+        )
+    )
+    conn.execute(
+        text(
+            "INSERT INTO contexts (src_region, src_isp, dst_region, dst_isp, hour)"
+            " VALUES ('a', 'b', 'c', 'd', 1)"
+        )
+    )

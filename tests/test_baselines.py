@@ -17,7 +17,7 @@ from gemini_booster.models import PolicyCreate
 from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
-from .conftest import OPERATOR, agent_md, auth
+from .conftest import OPERATOR, agent_md, auth, insert_old_policy_and_context
 
 POLICY = "ab"
 SPEC = load_spec()
@@ -144,20 +144,7 @@ def test_migration_keeps_fusion_data_as_fusion(pg_admin_url, db_url):
         conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
     database.migrate(engine, "0001")
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO policies (name, sigma, region, bounds, mode, target_cc, acq_func,"
-                " exploration_share, n_initial_points, min_flows, history_hours, time_buckets,"
-                " max_model_points, revision) SELECT 'old', 1, 'production', '{}', 'contextual',"
-                " 'fusion', 'gp_hedge', 0.1, 5, 1, 24, 1, 500, 1"
-            )
-        )
-        conn.execute(
-            text(
-                "INSERT INTO contexts (src_region, src_isp, dst_region, dst_isp, hour)"
-                " VALUES ('a', 'b', 'c', 'd', 1)"
-            )
-        )
+        insert_old_policy_and_context(conn)
         conn.execute(
             text(
                 "INSERT INTO trials (policy_id, context_id, theta_key, flow_count, tpt_sum,"

@@ -17,7 +17,7 @@ from gemini_booster.models import PolicyCreate
 from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
-from .conftest import OPERATOR, agent_md, auth
+from .conftest import OPERATOR, agent_md, auth, insert_old_policy_and_context
 
 POLICY = "buckets"
 SPEC = load_spec()
@@ -65,20 +65,7 @@ def test_migration_makes_one_bucket_per_old_trial_and_folds_them_back(db_url):
     database.migrate(engine, "0004")
     seen = datetime(2026, 3, 1, 10, 42, tzinfo=UTC)
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO policies (name, sigma, region, bounds, mode, target_cc, acq_func,"
-                " exploration_share, n_initial_points, min_flows, history_hours, time_buckets,"
-                " max_model_points, revision) SELECT 'old', 1, 'production', '{}', 'contextual',"
-                " 'fusion', 'gp_hedge', 0.1, 5, 1, 24, 1, 500, 1"
-            )
-        )
-        conn.execute(
-            text(
-                "INSERT INTO contexts (src_region, src_isp, dst_region, dst_isp, hour)"
-                " VALUES ('a', 'b', 'c', 'd', 1)"
-            )
-        )
+        insert_old_policy_and_context(conn)
         conn.execute(
             text(
                 "INSERT INTO trials (policy_id, context_id, theta_key, flow_count, tpt_sum,"

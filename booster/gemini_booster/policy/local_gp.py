@@ -158,20 +158,20 @@ class LocalGP:
         linv = training.linv
         self.alpha = linv.T @ (linv @ training.loss)
 
-    def _cross(self, X: np.ndarray) -> np.ndarray:
-        p = self.params
-        return p.amplitude * matern52(X, self.training.theta, p.length_scale) * self.a
+    def _project(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(K(X, training), L⁻¹ K(training, X)): what both the mean and the variance need."""
+        Ks = self.params.amplitude * matern52(X, self.training.theta, self.params.length_scale)
+        Ks *= self.a
+        return Ks, self.training.linv @ Ks.T
 
     def posterior(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Loss mean and std at the θ rows of X."""
-        Ks = self._cross(X)
-        v = self.training.linv @ Ks.T
+        Ks, v = self._project(X)
         var = self.prior_var - (v * v).sum(axis=0)
         return Ks @ self.alpha, np.sqrt(np.maximum(var, MIN_VARIANCE))
 
     def joint(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Loss mean and full covariance at the θ rows of X."""
-        Ks = self._cross(X)
-        v = self.training.linv @ Ks.T
+        Ks, v = self._project(X)
         prior = self.prior_var * matern52(X, X, self.params.length_scale)
         return Ks @ self.alpha, prior - v.T @ v

@@ -405,7 +405,8 @@ def report(merged: dict[str, dict[str, list[Summary]]], rounds: int) -> list[str
         landscape = LANDSCAPES[name]()
         drift = bool(landscape.drifted)
         seeds = {m: len(s) for m, s in merged[name].items()}
-        rows = {m: median_summary(s) for m, s in merged[name].items()}
+        ordered = sorted(merged[name], key=lambda m: "(" in m)  # other planners' rows last
+        rows = {m: median_summary(merged[name][m]) for m in ordered}
         title = f"{name} ({len(landscape.contexts)} contexts, {len(landscape.dims)} parameters)"
         lines += table(title, rows, rounds, drift)
         if len(set(seeds.values())) > 1:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
@@ -37,6 +37,7 @@ from sqlalchemy import (
     any_,
     bindparam,
     func,
+    or_,
     select,
     text,
     update,
@@ -244,26 +245,32 @@ def _stops(conn: Connection, ids: list[int]) -> dict[int, dict[str, ArmStop]]:
     return out
 
 
-def _hosts(conn: Connection, ids: list[int], only: str | None) -> dict[int, dict[str, Member]]:
+def _hosts(
+    conn: Connection, ids: list[int], only: Collection[str] | None
+) -> dict[int, dict[str, Member]]:
     out: dict[int, dict[str, Member]] = {i: {} for i in ids}
     h = ExperimentHost
     q = select(h.experiment_id, h.host_id, h.region, h.grp, h.left_at).where(
         h.experiment_id.in_(ids)
     )
     if only is not None:
-        q = q.where(h.host_id == only)
+        q = q.where(h.host_id.in_(sorted(only)))
     for experiment_id, host, region, group, left_at in conn.execute(q):
         out[experiment_id][host] = Member(region, group, left_at)
     return out
 
 
-def _load(conn: Connection, *where: Any, only_host: str | None = None) -> list[Experiment]:
-    """Experiments matching ``where``, oldest first; with ``only_host``, their population is
-    that one host (enough for its assignment, without reading a fleet's worth of rows)."""
+def _load(
+    conn: Connection, *where: Any, only_hosts: Collection[str] | None = None
+) -> list[Experiment]:
+    """Experiments matching ``where``, oldest first; with ``only_hosts``, their population is
+    those hosts (enough for their assignments, without reading a fleet's worth of rows)."""
     q = select(ExperimentRow.__table__).where(*where).order_by(ExperimentRow.id)
     rows = conn.execute(q).all()
+    if not rows:
+        return []
     ids = [r.id for r in rows]
-    hosts, stops = _hosts(conn, ids, only_host), _stops(conn, ids)
+    hosts, stops = _hosts(conn, ids, only_hosts), _stops(conn, ids)
     return [
         Experiment(
             id=r.id,
@@ -327,13 +334,31 @@ def host_assignment(engine: Engine, host_id: str, at: datetime) -> Assignment | 
             ExperimentRow.id.in_(
                 select(ExperimentHost.experiment_id).where(ExperimentHost.host_id == host_id)
             ),
-            only_host=host_id,
+            only_hosts=(host_id,),
         )
     for e in candidates:
         found = assignment(e, host_id, at)
         if found is not None:
             return found
     return None
+
+
+def experiments_of_hosts(
+    conn: Connection, hosts: Collection[str], start: datetime, end: datetime
+) -> list[Experiment]:
+    """Experiments not stopped before ``start`` that run at some time in [start, end] and
+    enrol any of ``hosts``, with only those hosts as population: one query per ingest batch,
+    inside its transaction."""
+    return _load(
+        conn,
+        or_(ExperimentRow.stopped_at.is_(None), ExperimentRow.stopped_at > start),
+        ExperimentRow.start_at <= end,
+        ExperimentRow.end_at > start,
+        ExperimentRow.id.in_(
+            select(ExperimentHost.experiment_id).where(ExperimentHost.host_id.in_(sorted(hosts)))
+        ),
+        only_hosts=hosts,
+    )
 
 
 def _locked(conn: Connection, name: str) -> Row[Any]:

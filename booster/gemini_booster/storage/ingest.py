@@ -32,7 +32,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 
 from ..domain import CONTEXT_FIELDS, ContextKey, FlowSums
-from . import changes
+from ..experiments.assignment import assignment
+from . import changes, experiments
 from .schema import TRIAL_SUMS, Context, Report
 
 # SQLSTATE classes of errors about the data written, which the same report meets again on
@@ -472,12 +473,39 @@ def _store(
     if rows:
         _copy_aggregates(cur, rows)
     _upsert_trials(cur, _trial_deltas(new, ids))
+    _record_experiment_flows(conn, new)
     admitted = _admit(cur, new, ids, admissions)
     # Other replicas refit on this (delivered at commit, only if it commits).
     changes.notify_cursor(cur, "data", {r.policy_id for r in new})
     for r in new:
         outcomes[r.report_id].stored = len(r.aggregates)
     return admitted
+
+
+def _record_experiment_flows(conn: Connection, new: Sequence[ReportRow]) -> None:
+    """Add each new report's flows of its host's arm (if the host is in a running experiment
+    at the report's interval start) to the experiment's per-host-day sums, in the report's
+    transaction: a report is counted in its experiment exactly when it is stored."""
+    if not new:
+        return
+    starts = [r.interval_start for r in new]
+    running = experiments.experiments_of_hosts(
+        conn, {r.host_id for r in new}, min(starts), max(starts)
+    )
+    if not running:
+        return
+    flows = []
+    for r in new:
+        for e in running:
+            arm = assignment(e, r.host_id, r.interval_start)
+            if arm is None:
+                continue
+            parts = [(a.cc, a.sums, a.slow_flows) for a in r.aggregates]
+            found = experiments.arm_flows(arm, r.host_id, r.interval_start, parts)
+            if found is not None:
+                flows.append(found)
+            break
+    experiments.record_arm_flows(conn, flows)
 
 
 def _repeat(first: ReportRow, outcome: IngestOutcome, again: ReportRow) -> IngestOutcome:

@@ -1,0 +1,69 @@
+"""Reports count in their host's experiment arm as they are stored: through real gRPC into real
+PostgreSQL, each host's flows of its own arm's congestion control (Fusion's or the baseline
+CC's) go to its arm's per-day sums, exactly once, and other hosts' and other CCs' do not."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gemini_api.aggregate import AggregateBuilder, FlowStats
+from gemini_api.theta import load_spec
+from gemini_api.v1 import booster_pb2 as pb
+from gemini_booster import simulation as sim
+from gemini_booster.models import PolicyCreate
+from gemini_booster.storage import repository as repo
+
+from .conftest import OPERATOR, agent_md, auth
+
+SPEC = load_spec()
+HOSTS = [f"eu-{i}" for i in range(4)]
+OUTSIDER = "us-9"
+
+
+def aggregate(mbps: float, flows: int, cc: str) -> pb.Aggregate:
+    """``flows`` flows of 1 s at ``mbps`` with no queueing, of ``cc`` ('' is Fusion)."""
+    b = AggregateBuilder()
+    for _ in range(flows):
+        b.add(FlowStats(int(mbps * 1e6 / 8), 1_000_000, 40_000, 40_000))
+    return b.to_proto(SPEC.default(), 1, sim.ETHERNET.message(), cc)
+
+
+def test_each_hosts_flows_of_its_arm_count_once(booster):
+    repo.create_policy(booster.engine, PolicyCreate(name="cdn"), actor="test")
+    booster.booster.reload_policies()
+    now = datetime.now(UTC)
+    body = {
+        "name": "cubic-vs-fusion",
+        "arms": [
+            {"name": "control", "cc": "cubic"},
+            {"name": "fusion", "cc": "fusion", "params": "fixed", "theta": SPEC.default()},
+        ],
+        "population": {"regions": {"eu": HOSTS}},
+        "start": (now - timedelta(hours=1)).isoformat(),
+        "end": (now + timedelta(days=3)).isoformat(),
+    }
+    r = booster.http.post("/v1/experiments", json=body, headers=auth(OPERATOR))
+    assert r.status_code == 201, r.text
+    arms = {}
+    for h in HOSTS:
+        got = booster.http.get(f"/v1/hosts/{h}/experiment", headers=auth(OPERATOR)).json()
+        arms[h] = got["experiment"]["arm"]["name"]
+    assert sorted(arms.values()) == ["control", "control", "fusion", "fusion"]
+    sent = []
+    for h in [*HOSTS, OUTSIDER]:  # every host runs some Fusion and some cubic flows
+        req = sim.make_report(h, "cdn", [aggregate(10.0, 3, ""), aggregate(20.0, 5, "cubic")])
+        assert booster.stub().ReportAggregates(req, metadata=agent_md()).aggregates_stored == 2
+        sent.append(req)
+    again = booster.stub().ReportAggregates(sent[0], metadata=agent_md())  # an agent's retry
+    assert again.duplicate
+    out = booster.http.get(
+        "/v1/experiments/cubic-vs-fusion/results?sigma=0", headers=auth(OPERATOR)
+    ).json()
+    by_arm = {a["arm"]: a for a in out["overall"]["arms"]}
+    # control hosts' cubic flows only (5 each), fusion hosts' Fusion flows only (3 each)
+    assert by_arm["control"]["flows"] == 10 and by_arm["control"]["hosts"] == 2
+    assert by_arm["fusion"]["flows"] == 6 and by_arm["fusion"]["hosts"] == 2
+    assert by_arm["control"]["throughput_mbps"]["mean"] == pytest.approx(20.0, rel=1e-3)
+    assert by_arm["fusion"]["throughput_mbps"]["mean"] == pytest.approx(10.0, rel=1e-3)

@@ -132,3 +132,38 @@ def test_theta_space_encodes_and_decodes_as_scikit_optimize_does():
     expected = [space.theta(r) for r in space.space.inverse_transform(clipped)]
     assert space.decode(points) == expected
     assert space.decode(space.encode(thetas)) == thetas
+
+
+def test_observations_in_numpy_are_the_sums_utility_and_shrunk_noise_one_at_a_time():
+    """The vectorised observations equal FlowSums.utility and shrunk_noise computed per trial,
+    buckets added, with each context's pooled spread; θ outside the region are left out."""
+    from gemini_booster.policy.history import _pooled_flow_var, observations
+
+    spec = load_spec()
+    bounds = spec.region_bounds("production")
+    space = ThetaSpace(spec, bounds)
+    rng = np.random.default_rng(9)
+    when = datetime(2026, 3, 1, tzinfo=UTC)
+    outside = spec.default() | {"mult_decrease": bounds["mult_decrease"][1] + 1}
+    thetas = [*space.sample(6, rng), outside]
+    trials = []
+    for c in (1, 2):
+        for th in thetas:
+            for _ in range(int(rng.integers(1, 4))):  # buckets
+                n = int(rng.integers(1, 5))
+                x, d = rng.gamma(4, 5, n), rng.gamma(2, 3, n)
+                sums = FlowSums(n, x.sum(), (x * x).sum(), d.sum(), (d * d).sum(), (x * d).sum())
+                trials.append(Trial(c, spec.key(th), sums, 0, 1, when, when))
+    got = {(o.context_id, o.theta_key): o for o in observations(trials, 0.7, spec, bounds)}
+    merged = {}
+    for t in trials:
+        k = (t.context_id, t.theta_key)
+        merged[k] = merged.get(k, FlowSums()) + t.sums
+    inside = {k: s for k, s in merged.items() if not spec.violations(spec.from_key(k[1]), bounds)}
+    assert set(got) == set(inside) and len(inside) == 12
+    pooled = _pooled_flow_var([(k[0], s.utility(0.7)) for k, s in inside.items()])
+    for k, s in inside.items():
+        u = s.utility(0.7)
+        assert got[k].utility == pytest.approx(u.mean)
+        assert got[k].noise_var == pytest.approx(shrunk_noise(u, pooled.get(k[0])))
+        assert got[k].flows == u.flows and got[k].theta == spec.from_key(k[1])

@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
+from gemini_api.sums import MIN_FLOW_VARIANCE
 from gemini_api.theta import ThetaSpec
 
 from ..domain import SINGLE_FLOW_STD, FlowSums, Trial, Utility
@@ -140,11 +141,35 @@ def shrunk_noise(u: Utility, pooled: float | None) -> float:
     return (dof * sample + PRIOR_FLOWS * prior) / (dof + PRIOR_FLOWS) / u.flows
 
 
+def _inside_region(
+    spec: ThetaSpec, keys: list[str], bounds: Mapping
+) -> tuple[np.ndarray, np.ndarray]:
+    """θ of each key as an integer row (parsed in one pass), and which lie inside ``bounds``."""
+    values = np.fromstring(",".join(keys), sep=",", dtype=np.int64).reshape(len(keys), -1)
+    low = np.asarray([bounds[n][0] for n in spec.names])
+    high = np.asarray([bounds[n][1] for n in spec.names])
+    return values, np.all((values >= low) & (values <= high), axis=1)
+
+
+def _noise(n: np.ndarray, var_of_mean: np.ndarray, contexts: np.ndarray) -> np.ndarray:
+    """``shrunk_noise`` for every observation at once, with each context's pooled spread."""
+    many = n >= 2
+    dof = np.where(many, n - 1, 0)
+    sample = np.where(many, var_of_mean * n, 0.0)
+    index = np.unique(contexts, return_inverse=True)[1]
+    num = np.bincount(index, weights=np.where(many, var_of_mean * n * (n - 1), 0.0))
+    den = np.bincount(index, weights=dof)
+    pooled = np.where((den > 0) & (num > 0), num / np.maximum(den, 1), SINGLE_FLOW_STD**2)
+    prior = pooled[index]
+    return (dof * sample + PRIOR_FLOWS * prior) / (dof + PRIOR_FLOWS) / n
+
+
 def observations(
     trials: Iterable[Trial], sigma: float, spec: ThetaSpec, bounds: Mapping
 ) -> list[Observation]:
-    """One observation per (context, θ) inside the policy's region, buckets added (in numpy:
-    a fleet's refit adds up a hundred thousand buckets)."""
+    """One observation per (context, θ) inside the policy's region, buckets added. In numpy:
+    a fleet's refit adds up a hundred thousand buckets; ``FlowSums.utility`` and
+    ``shrunk_noise`` are the same computations one at a time (checked by a test)."""
     group_of: dict[tuple[int, str], int] = {}
     gids, rows, stamps = [], [], []
     for t in trials:
@@ -159,21 +184,28 @@ def observations(
     np.add.at(totals, index, np.asarray(rows, dtype=float))
     newest = np.full(len(group_of), -np.inf)
     np.maximum.at(newest, index, np.asarray(stamps))
-    thetas: dict[str, dict[str, int] | None] = {}
-    per_trial = []
-    for (context_id, key), g in group_of.items():
-        if key not in thetas:
-            theta = spec.from_key(key)
-            # measured under an earlier, wider region: not a point of this space
-            thetas[key] = None if spec.violations(theta, bounds) else theta
-        inside = thetas[key]
-        if inside is None:
-            continue
-        flows, *rest = totals[g]
-        u = FlowSums(int(flows), *rest).utility(sigma)
-        per_trial.append((context_id, key, inside, u, float(newest[g])))
-    pooled = _pooled_flow_var([(c, u) for c, _, _, u, _ in per_trial])
+    groups = list(group_of)
+    values, inside = _inside_region(spec, [k for _, k in groups], bounds)
+    n, tpt, tpt_sq, delay, delay_sq, tpt_delay = totals.T
+    mean = (tpt - sigma * delay) / n
+    second = (tpt_sq - 2 * sigma * tpt_delay + sigma * sigma * delay_sq) / n
+    sample_var = np.maximum(second - mean * mean, 0.0) * n / np.maximum(n - 1, 1)
+    var_of_mean = np.where(
+        n >= 2, np.maximum(sample_var, MIN_FLOW_VARIANCE) / n, SINGLE_FLOW_STD**2
+    )
+    keep = np.flatnonzero(inside)  # the pooled spread is of the region's trials only
+    contexts = np.asarray([groups[g][0] for g in keep])
+    noise = _noise(n[keep], var_of_mean[keep], contexts)
+    names = spec.names
     return [
-        Observation(c, theta, key, u.mean, shrunk_noise(u, pooled.get(c)), u.flows, stamp)
-        for c, key, theta, u, stamp in per_trial
+        Observation(
+            groups[g][0],
+            dict(zip(names, values[g].tolist(), strict=True)),
+            groups[g][1],
+            float(mean[g]),
+            float(noise[i]),
+            int(n[g]),
+            float(newest[g]),
+        )
+        for i, g in enumerate(keep)
     ]

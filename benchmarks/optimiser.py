@@ -407,7 +407,8 @@ def report(merged: dict[str, dict[str, list[Summary]]], rounds: int) -> list[str
         seeds = {m: len(s) for m, s in merged[name].items()}
         ordered = sorted(merged[name], key=lambda m: "(" in m)  # other planners' rows last
         rows = {m: median_summary(merged[name][m]) for m in ordered}
-        title = f"{name} ({len(landscape.contexts)} contexts, {len(landscape.dims)} parameters)"
+        n = len(landscape.contexts)
+        title = f"{name} ({n} context{'s' * (n != 1)}, {len(landscape.dims)} parameters)"
         lines += table(title, rows, rounds, drift)
         if len(set(seeds.values())) > 1:
             lines += ["Seeds per method: " + ", ".join(f"{m} {n}" for m, n in seeds.items()), ""]

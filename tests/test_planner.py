@@ -222,3 +222,12 @@ def test_the_local_posterior_is_scikit_learns_gp_at_that_context():
         assert np.allclose(ours_mean, mean, atol=1e-6)
         assert np.allclose(ours_std, std, atol=1e-5)
         assert np.allclose(local.joint(test[:4])[1], cov, atol=1e-5)
+
+
+def test_diverse_top_gives_at_most_k_points_and_none_for_zero():
+    """A refit whose published candidates all keep their slots asks for zero new points."""
+    X = np.random.default_rng(11).uniform(0, 1, (50, 3))
+    score = X.sum(axis=1)
+    assert acquisition.diverse_top(X, score, 0) == []
+    top = acquisition.diverse_top(X, score, 4)
+    assert len(top) == 4 and top[0] == int(np.argmax(score))

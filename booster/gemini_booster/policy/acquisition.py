@@ -100,6 +100,8 @@ def polish(score: Callable[[np.ndarray], np.ndarray], starts: np.ndarray, dims: 
 def diverse_top(points: np.ndarray, score: np.ndarray, k: int) -> list[int]:
     """Indices of the best-scoring points, each at least MIN_CANDIDATE_DISTANCE from the rest."""
     chosen: list[int] = []
+    if k <= 0:
+        return chosen
     for i in np.argsort(-score):
         if all(np.max(np.abs(points[i] - points[j])) > MIN_CANDIDATE_DISTANCE for j in chosen):
             chosen.append(int(i))

@@ -84,6 +84,15 @@ def _covariance(
     return K
 
 
+def _noisy_covariance(
+    params: KernelParams, theta: np.ndarray, codes: np.ndarray | None, noise_var: np.ndarray
+) -> np.ndarray:
+    """The covariance of training points among themselves, with each one's noise added."""
+    K = _covariance(params, theta, codes, theta, codes)
+    K[np.diag_indices_from(K)] += noise_var + JITTER
+    return K
+
+
 def _inverse_cholesky(K: np.ndarray) -> np.ndarray:
     L = cholesky(K, lower=True, check_finite=False)
     return solve_triangular(L, np.eye(len(K)), lower=True, check_finite=False)
@@ -109,9 +118,12 @@ class Training:
         loss: np.ndarray,
         noise_var: np.ndarray,
     ) -> Training:
-        K = _covariance(params, theta, codes, theta, codes)
-        K[np.diag_indices_from(K)] += noise_var + JITTER
-        return cls(theta, codes, loss, _inverse_cholesky(K))
+        return cls(
+            theta,
+            codes,
+            loss,
+            _inverse_cholesky(_noisy_covariance(params, theta, codes, noise_var)),
+        )
 
     def extend(
         self,
@@ -126,8 +138,7 @@ class Training:
         if len(theta) == 0:
             return self
         K21 = _covariance(params, theta, codes, self.theta, self.codes)
-        K22 = _covariance(params, theta, codes, theta, codes)
-        K22[np.diag_indices_from(K22)] += noise_var + JITTER
+        K22 = _noisy_covariance(params, theta, codes, noise_var)
         C = K21 @ self.linv.T
         l2inv = _inverse_cholesky(K22 - C @ C.T)
         n1, n2 = len(self.theta), len(theta)

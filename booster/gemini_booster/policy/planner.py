@@ -191,7 +191,7 @@ class Planner:
         bounds = policy.resolved_bounds()
         space = ThetaSpace(self.spec, bounds)
         targets = sorted(set(targets))
-        obs = self._observations(policy, trials, state, now, incumbents)
+        obs = self._observations(policy, bounds, trials, state, now, incumbents)
         rng = np.random.default_rng(
             _seed(policy.id, policy.revision, len(trials), sum(o.flows for o in obs))
         )
@@ -203,6 +203,7 @@ class Planner:
     def _observations(
         self,
         policy: Policy,
+        bounds: Mapping,
         trials: list[Trial],
         state: PolicyState,
         now: datetime | None,
@@ -217,7 +218,7 @@ class Planner:
                 state.changes[c] = start
                 incumbents.pop(c, None)  # the path changed: no θ keeps its place on old merit
         current = history.since_change(recent, state.changes)
-        return history.observations(current, policy.sigma, self.spec, policy.resolved_bounds())
+        return history.observations(current, policy.sigma, self.spec, bounds)
 
     def initial_design(
         self, space: ThetaSpace, bounds: Mapping, n: int, seed: int
@@ -252,6 +253,7 @@ class _Refit:
         rng: np.random.Generator,
     ):
         self.planner, self.policy, self.space, self.obs = planner, policy, space, obs
+        self.bounds = policy.resolved_bounds()  # derived once: a refit checks many θ against it
         self.state, self.incumbents, self.candidates, self.rng = state, incumbents, candidates, rng
         self.by_context = _by_context(obs)
         self.mode = policy.mode
@@ -439,12 +441,8 @@ class _Refit:
     def _current_candidates(self, context_id: int) -> np.ndarray:
         keys = self.candidates.get(context_id, ())
         thetas = [self.planner.spec.from_key(k) for k in keys]
-        inside = [t for t in thetas if not self.planner.spec.violations(t, self.space_bounds)]
+        inside = [t for t in thetas if not self.planner.spec.violations(t, self.bounds)]
         return self.space.encode(inside) if inside else np.empty((0, self.space.dims), dtype=float)
-
-    @property
-    def space_bounds(self) -> Mapping:
-        return self.policy.resolved_bounds()
 
     def _slots(
         self,
@@ -471,7 +469,7 @@ class _Refit:
             kept.append(self.space.encode([challenger])[0])
         for i, key in enumerate(published):
             theta = spec.from_key(key)
-            if slots[i] is not None or key in run or spec.violations(theta, self.space_bounds):
+            if slots[i] is not None or key in run or spec.violations(theta, self.bounds):
                 continue
             x = self.space.encode([theta])[0]
             j = int(np.argmin(np.max(np.abs(X - x), axis=1)))
@@ -529,7 +527,7 @@ class _Refit:
         seen = {o.theta_key for o in scope}
         design = self.planner.initial_design(
             self.space,
-            self.policy.resolved_bounds(),
+            self.bounds,
             self.policy.n_initial_points,
             _seed("design", self.policy.id, self.policy.revision, context_id if per_context else 0),
         )

@@ -14,6 +14,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 # Where tcp_fusion's sysctls are. A container sees the host's /proc/sys read-only, so the Helm
 # chart mounts the host's /proc/sys/net writable elsewhere and points sysctl_root there.
 SYSCTL_ROOT = Path("/proc/sys/net/fusion")
+# net.ipv4.tcp_*congestion_control of the agent's network namespace (an experiment's arm).
+NET_IPV4_ROOT = Path("/proc/sys/net/ipv4")
 
 
 class _TomlSource(PydanticBaseSettingsSource):
@@ -55,6 +57,7 @@ class AgentSettings(BaseSettings):
     staleness_s: float = 1800.0  # after this without Booster, fall back to the safe default
     apply_to_kernel: bool = True  # False: ask and log, never write θ (dry run)
     sysctl_root: Path = SYSCTL_ROOT  # net.fusion.* as files (the chart mounts the host's)
+    net_ipv4_root: Path = NET_IPV4_ROOT  # net.ipv4.* as files, for an experiment arm's CC
     metrics_listen: str = "127.0.0.1:9465"
     sockdiag: bool = False  # also watch flows of other CCs (socket diagnostics)
     sockdiag_dump_s: float = 5.0  # dump of open sockets: counters an abortive close erases

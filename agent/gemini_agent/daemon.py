@@ -5,7 +5,12 @@ module: every destination then runs the default θ until the next plan.
 
 The destination places are ranked by the flows seen to them recently, then by how many
 prefixes they hold: the agent asks Booster about the first `max_contexts`, and the kernel's
-table holds as many of those as its limits allow, in that order (gemini_agent.table)."""
+table holds as many of those as its limits allow, in that order (gemini_agent.table).
+
+When Booster's answer carries an experiment arm, the agent runs it (gemini_agent.congestion):
+its CC host-wide or on some routes, and for Fusion its fixed θ or the spec's default instead of
+the plan; an arm tuned by a policy makes the agent ask, and report, under that policy. An answer
+without an arm, an arm past its end while Booster is away, or a clean exit restores the host."""
 
 from __future__ import annotations
 
@@ -20,17 +25,20 @@ from prometheus_client import start_http_server
 
 from gemini_agent.aggregator import Aggregator
 from gemini_agent.config import AgentSettings
+from gemini_agent.congestion import ArmApplier, NetKernel
 from gemini_agent.context import ContextResolver, MmdbTable, Place, PrefixTable
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.reporter import Reporter
 from gemini_agent.sources import FusionRecordSource, SockDiagSource, Source
 from gemini_agent.spool import Spool
 from gemini_agent.table import Destinations
-from gemini_agent.writeback import Kernel, ThetaApplier
+from gemini_agent.writeback import Kernel, Plan, ThetaApplier
+from gemini_api.theta import ThetaError
 from gemini_api.v1 import booster_pb2 as pb
 
 log = logging.getLogger(__name__)
 MIN_REFRESH_S = 1.0  # whatever Booster says, at most one GetParameters per second
+FUSION = "fusion"
 
 
 def make_resolver(s: AgentSettings) -> ContextResolver:
@@ -59,7 +67,9 @@ def booster_peers(s: AgentSettings) -> frozenset[tuple[str, int]]:
 
 
 class Agent:
-    def __init__(self, settings: AgentSettings, kernel: Kernel | None = None) -> None:
+    def __init__(
+        self, settings: AgentSettings, kernel: Kernel | None = None, net: NetKernel | None = None
+    ) -> None:
         self.s = settings
         self.metrics = AgentMetrics()
         self.resolver = make_resolver(settings)
@@ -68,6 +78,8 @@ class Agent:
         self.reporter = Reporter(settings, self.spool, self.metrics)
         self.kernel = kernel or Kernel(sysctl_root=settings.sysctl_root)
         self.applier = ThetaApplier(self.kernel, self.metrics, settings.staleness_s)
+        self.arms = ArmApplier(net or NetKernel(settings.net_ipv4_root), self.metrics)
+        self.arm: pb.ExperimentArm | None = None  # Booster's last word on this host's arm
         self.destinations = Destinations(self.resolver.networks())
         # without flows seen yet, the places holding the most prefixes first
         self.by_size = sorted(
@@ -85,14 +97,70 @@ class Agent:
         seen = set(busy)
         return busy + [p for p in self.by_size if p not in seen]
 
-    def refresh_theta(self) -> None:
+    @property
+    def policy(self) -> str:
+        """The policy asked and reported under: the arm's when a policy tunes it."""
+        arm = self.arm
+        if arm is not None and arm.params == pb.ExperimentArm.POLICY and arm.policy:
+            return arm.policy
+        return self.s.policy
+
+    def fixed_plan(self, arm: pb.ExperimentArm | None) -> Plan | None:
+        """The θ a Fusion arm fixes (its θ, or the spec's default); None when the plan holds.
+        Raises ThetaError for a fixed θ outside the spec's wide region."""
+        if arm is None or arm.cc != FUSION:
+            return None
+        spec = self.applier.spec
+        if arm.params == pb.ExperimentArm.KERNEL_DEFAULT:
+            return Plan(spec.default(), {})
+        if arm.params == pb.ExperimentArm.FIXED:
+            theta = spec.validate(dict(arm.fixed_theta.values), spec.region_bounds("wide"))
+            return Plan(theta, {})
+        return None
+
+    def follow_arm(self, resp: pb.GetParametersResponse) -> bool:
+        """Take the answer's arm; True when the policy to ask under changed with it."""
+        arm = resp.experiment_arm if resp.HasField("experiment_arm") else None
+        before = self.policy
+        self.arm = arm
+        self.aggregator.policy = self.policy
+        return self.policy != before
+
+    def apply_arm(self, plan: Plan) -> Plan:
+        """Run the current arm (or restore the host without one); the θ plan to install."""
+        arm = self.arm
+        try:
+            fixed = self.fixed_plan(arm)
+        except ThetaError as exc:
+            log.error("refusing the arm's fixed θ: %s; the host runs its own settings", exc)
+            self.metrics.arm_failures.labels("theta_refused").inc()
+            arm, fixed = None, None
+        if self.arms.apply(arm) and fixed is not None:
+            return fixed
+        return plan
+
+    def expire_arm(self, unknown_policy: bool = False) -> None:
+        """Booster did not answer: an arm past its end (or crossover) is not run any longer,
+        nor one whose policy Booster no longer knows (the host's own policy is asked next)."""
+        arm = self.arm
+        if arm is None:
+            return
+        over = arm.until_unix_ms <= time.time() * 1000
+        if over or (unknown_policy and self.policy != self.s.policy):
+            log.warning("arm %r is over or its policy is gone: restoring the host", arm.arm)
+            self.arm = None
+            self.aggregator.policy = self.policy
+            if self.s.apply_to_kernel:
+                self.arms.apply(None)
+
+    def refresh_theta(self, _retry: bool = False) -> None:
         now = dt.datetime.now(dt.UTC)
         rank = self.ranked_places()
         asked = rank[: self.s.max_contexts]
         self.metrics.contexts_on_catch_all.labels("unasked").set(len(rank) - len(asked))
         req = pb.GetParametersRequest(
             host_id=self.s.host_id,
-            policy=self.s.policy,
+            policy=self.policy,
             contexts=[self.resolver.message(p, now.hour) for p in asked],
         )
         try:
@@ -101,14 +169,19 @@ class Agent:
             )
         except grpc.RpcError as err:
             log.warning("GetParameters failed (%s): keeping the last good θ", err.code().name)
+            self.expire_arm(unknown_policy=err.code() == grpc.StatusCode.NOT_FOUND)
             if self.s.apply_to_kernel:
                 self.applier.check_staleness(self.destinations)
             return
         self.applier.booster_answered()
         if resp.refresh_after_seconds:
             self.refresh_after_s = max(float(resp.refresh_after_seconds), MIN_REFRESH_S)
+        if self.follow_arm(resp) and not _retry:
+            self.refresh_theta(_retry=True)  # the plans of the arm's policy, not the host's
+            return
         plan = self.applier.plan_from(resp, asked)
         if self.s.apply_to_kernel:
+            plan = self.apply_arm(plan)
             try:
                 self.applier.apply(plan, self.destinations, rank)
             except OSError as exc:  # the sysctls are gone: the module was unloaded
@@ -171,3 +244,5 @@ class Agent:
             for source in sources:
                 source.stop()
             self.close_interval()
+            if self.s.apply_to_kernel:
+                self.arms.restore()  # a clean exit leaves the host's own CC settings

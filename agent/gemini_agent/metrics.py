@@ -19,6 +19,8 @@ from gemini_agent.table import LEFT_OUT_REASONS
 FALLBACK_REASONS = ("stale", "table_refused")
 RECORD_DROP_WHERE = ("socket", "kernel", "unheard")
 CATCH_ALL_REASONS = (*LEFT_OUT_REASONS, "unasked")
+# Why an experiment's arm did not run, or was not fully undone (gemini_agent.congestion).
+ARM_FAILURES = ("unavailable_cc", "not_allowed", "kernel_error", "restore_error", "theta_refused")
 
 
 def agent_version() -> str:
@@ -113,6 +115,26 @@ class AgentMetrics:
             ["reason"],
             registry=r,
         )
+        self.arm_active = Gauge(
+            "gemini_agent_experiment_arm_active",
+            "1 while the host runs an experiment's arm the agent applied, else 0",
+            registry=r,
+        )
+        self.arms_applied = Counter(
+            "gemini_agent_experiment_arms_applied",
+            "Experiment arms applied to the kernel (a crossover or a new experiment adds one)",
+            registry=r,
+        )
+        self.arm_failures = Counter(
+            "gemini_agent_experiment_arm_failures",
+            "Arms refused (a CC the kernel does not offer, or does not allow in this network "
+            "namespace, a kernel write that failed, a fixed θ outside the spec: the host keeps "
+            "its own settings), and restores that failed, by reason",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ARM_FAILURES:
+            self.arm_failures.labels(reason)
         for reason in FALLBACK_REASONS:
             self.fallbacks.labels(reason)
         for where in RECORD_DROP_WHERE:

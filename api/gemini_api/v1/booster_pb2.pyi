@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -115,27 +116,78 @@ class GetParametersRequest(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., policy: _Optional[str] = ..., contexts: _Optional[_Iterable[_Union[Context, _Mapping]]] = ...) -> None: ...
 
 class ContextParameters(_message.Message):
-    __slots__ = ("context", "theta", "plan_version", "exploratory", "predicted_utility")
+    __slots__ = ("context", "theta", "plan_version", "exploratory", "predicted_utility", "datapath_theta")
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     THETA_FIELD_NUMBER: _ClassVar[int]
     PLAN_VERSION_FIELD_NUMBER: _ClassVar[int]
     EXPLORATORY_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_UTILITY_FIELD_NUMBER: _ClassVar[int]
+    DATAPATH_THETA_FIELD_NUMBER: _ClassVar[int]
     context: Context
     theta: Theta
     plan_version: int
     exploratory: bool
     predicted_utility: float
-    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., theta: _Optional[_Union[Theta, _Mapping]] = ..., plan_version: _Optional[int] = ..., exploratory: _Optional[bool] = ..., predicted_utility: _Optional[float] = ...) -> None: ...
+    datapath_theta: DatapathTheta
+    def __init__(self, context: _Optional[_Union[Context, _Mapping]] = ..., theta: _Optional[_Union[Theta, _Mapping]] = ..., plan_version: _Optional[int] = ..., exploratory: _Optional[bool] = ..., predicted_utility: _Optional[float] = ..., datapath_theta: _Optional[_Union[DatapathTheta, _Mapping]] = ...) -> None: ...
+
+class DatapathTheta(_message.Message):
+    __slots__ = ("datapath", "values")
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    DATAPATH_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    datapath: str
+    values: _containers.ScalarMap[str, int]
+    def __init__(self, datapath: _Optional[str] = ..., values: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class ExperimentArm(_message.Message):
+    __slots__ = ("experiment", "arm", "cc", "params", "fixed_theta", "policy", "destination_prefixes", "until_unix_ms")
+    class Params(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        PARAMS_UNSPECIFIED: _ClassVar[ExperimentArm.Params]
+        KERNEL_DEFAULT: _ClassVar[ExperimentArm.Params]
+        FIXED: _ClassVar[ExperimentArm.Params]
+        POLICY: _ClassVar[ExperimentArm.Params]
+    PARAMS_UNSPECIFIED: ExperimentArm.Params
+    KERNEL_DEFAULT: ExperimentArm.Params
+    FIXED: ExperimentArm.Params
+    POLICY: ExperimentArm.Params
+    EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
+    ARM_FIELD_NUMBER: _ClassVar[int]
+    CC_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    FIXED_THETA_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    experiment: str
+    arm: str
+    cc: str
+    params: ExperimentArm.Params
+    fixed_theta: DatapathTheta
+    policy: str
+    destination_prefixes: _containers.RepeatedScalarFieldContainer[str]
+    until_unix_ms: int
+    def __init__(self, experiment: _Optional[str] = ..., arm: _Optional[str] = ..., cc: _Optional[str] = ..., params: _Optional[_Union[ExperimentArm.Params, str]] = ..., fixed_theta: _Optional[_Union[DatapathTheta, _Mapping]] = ..., policy: _Optional[str] = ..., destination_prefixes: _Optional[_Iterable[str]] = ..., until_unix_ms: _Optional[int] = ...) -> None: ...
 
 class GetParametersResponse(_message.Message):
-    __slots__ = ("parameters", "default_theta", "target_cc", "refresh_after_seconds")
+    __slots__ = ("parameters", "default_theta", "target_cc", "refresh_after_seconds", "experiment_arm", "default_datapath_theta")
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_THETA_FIELD_NUMBER: _ClassVar[int]
     TARGET_CC_FIELD_NUMBER: _ClassVar[int]
     REFRESH_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EXPERIMENT_ARM_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_DATAPATH_THETA_FIELD_NUMBER: _ClassVar[int]
     parameters: _containers.RepeatedCompositeFieldContainer[ContextParameters]
     default_theta: Theta
     target_cc: str
     refresh_after_seconds: int
-    def __init__(self, parameters: _Optional[_Iterable[_Union[ContextParameters, _Mapping]]] = ..., default_theta: _Optional[_Union[Theta, _Mapping]] = ..., target_cc: _Optional[str] = ..., refresh_after_seconds: _Optional[int] = ...) -> None: ...
+    experiment_arm: ExperimentArm
+    default_datapath_theta: DatapathTheta
+    def __init__(self, parameters: _Optional[_Iterable[_Union[ContextParameters, _Mapping]]] = ..., default_theta: _Optional[_Union[Theta, _Mapping]] = ..., target_cc: _Optional[str] = ..., refresh_after_seconds: _Optional[int] = ..., experiment_arm: _Optional[_Union[ExperimentArm, _Mapping]] = ..., default_datapath_theta: _Optional[_Union[DatapathTheta, _Mapping]] = ...) -> None: ...

@@ -4,7 +4,8 @@ An arm is a congestion control and how its parameters are set: the kernel's defa
 (``kernel_default``: the CC as the host would run it, Fusion with the θ spec's defaults), a
 fixed θ (``fixed``, Fusion only, inside Θ′: what the kernel accepts), or whatever a Booster
 policy plans (``policy``, the policy's target CC). The control arm is the one every other arm is
-compared with, and the one the guardrail protects.
+compared with, and the one the guardrail protects. An arm runs its CC host-wide, or on the routes
+to the destination prefixes it lists only (the route's ``congctl`` attribute).
 
 Booster keeps no inventory of hosts (a host is known only by the id its agent token is bound
 to, without region or labels), so the population is declared with the experiment: hosts per
@@ -17,6 +18,7 @@ day, so every day lies wholly in one period and each host runs each arm for one 
 
 from __future__ import annotations
 
+import ipaddress
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +56,10 @@ ArmName = Annotated[str, Field(pattern=NAME_PATTERN)]
 HostId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^\S+$")]
 RegionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^\S+$")]
 Share = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+# A destination prefix (e.g. 203.0.113.0/24, 2001:db8::/32): an arm may set its CC on the
+# routes to at most this many (each one a route the agent writes and later restores).
+DestinationPrefix = Annotated[str, Field(min_length=3, max_length=43)]
+MAX_DESTINATIONS = 64
 
 
 class ArmSpec(BaseModel):
@@ -72,6 +78,28 @@ class ArmSpec(BaseModel):
     policy: str | None = Field(
         None, pattern=NAME_PATTERN, description="the policy that tunes θ (params 'policy' only)"
     )
+    destinations: list[DestinationPrefix] | None = Field(
+        None,
+        max_length=MAX_DESTINATIONS,
+        description="the CC on the routes to these prefixes only (the route's congctl); "
+        "unset: host-wide (net.ipv4.tcp_congestion_control)",
+    )
+
+    @field_validator("destinations")
+    @classmethod
+    def _prefixes(cls, prefixes: list[str] | None) -> list[str] | None:
+        """Each a network address with its length (no host bits): the route the agent sets."""
+        if prefixes is None:
+            return None
+        if not prefixes:
+            raise ValueError("destinations: empty (leave it unset for host-wide)")
+        try:
+            canonical = [str(ipaddress.ip_network(p, strict=True)) for p in prefixes]
+        except ValueError as e:
+            raise ValueError(f"destinations: {e}") from e
+        if len(set(canonical)) != len(canonical):
+            raise ValueError("destinations: a prefix is listed twice")
+        return canonical
 
     @model_validator(mode="after")
     def _params_match_mode(self) -> ArmSpec:

@@ -5,6 +5,8 @@ REST adapters.
   them and from the policy table in memory, so it keeps working through a database outage.
 - **Follower** (``sync.py``): keeps policies, plans and tokens in step with PostgreSQL through
   LISTEN/NOTIFY, whichever replica changed them.
+- **Experiments** (``experiments/cache.py``): the pending experiments in memory, so each
+  GetParameters answer carries the host's arm without a query.
 - **Ingestion** (``ingest_writer.py``): checked reports stored exactly once, in group commits.
 - **Refit owner** (``refit.py``, ``leases.py``): refits the policies whose advisory lock this
   replica holds; other replicas follow its published plans. Front processes run no refits.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 from sqlalchemy import Engine
 
@@ -26,6 +29,7 @@ from gemini_api.v1 import booster_pb2 as pb
 
 from ..config import Settings
 from ..domain import ContextKey
+from ..experiments.cache import ArmCache
 from ..models import Policy
 from ..policy.planner import ContextPlan, Planner
 from ..storage import repository as repo
@@ -58,6 +62,7 @@ class Booster:
         self.spec = spec or load_spec()
         self.metrics = metrics or Metrics()
         self.plans = PlanCache(self.spec)
+        self.arms = ArmCache(engine)
         self.policies: dict[str, Policy] = {}
         self._by_id: dict[int, Policy] = {}
         self._defaults: dict[int, pb.Theta] = {}
@@ -116,6 +121,7 @@ class Booster:
         generations = repo.policy_generations(self.engine)
         stale = {p for p, (_, gen) in generations.items() if gen != self.plans.generation(p)}
         self.plans_changed(stale)
+        self.arms.refresh()
 
     def reload_policies(self) -> None:
         policies = {p.name: p for p in repo.list_policies(self.engine)}
@@ -138,6 +144,10 @@ class Booster:
     def plans_changed(self, policy_ids: set[int]) -> None:
         for pid in policy_ids:
             self.plans.reload(self.engine, pid)
+
+    def experiments_changed(self, experiment_ids: set[int] | None = None) -> None:
+        """An experiment was created or changed (here, or on another replica)."""
+        self.arms.refresh()
 
     def data_arrived(self, policy_ids: set[int] | None) -> None:
         if self.refits is None:
@@ -182,6 +192,9 @@ class Booster:
         )
         for msg, key in zip(req.contexts, keys, strict=True):
             resp.parameters.append(self.plans.answer(policy, default, req.host_id, msg, key))
+        arm = self.arms.arm(req.host_id, datetime.now(UTC))
+        if arm is not None:
+            resp.experiment_arm.CopyFrom(arm)
         return resp
 
     # -- refits ----------------------------------------------------------------------------

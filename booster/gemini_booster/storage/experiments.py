@@ -322,6 +322,37 @@ def live_experiments(engine: Engine, at: datetime) -> list[Experiment]:
         )
 
 
+def pending_experiments(engine: Engine, at: datetime) -> list[Experiment]:
+    """Experiments not stopped and not over at ``at`` (running or scheduled), with their hosts:
+    what the agents' assignment cache holds (a start, crossover or end then needs no reload)."""
+    with engine.connect() as conn:
+        return _load(conn, ExperimentRow.stopped_at.is_(None), ExperimentRow.end_at > at)
+
+
+def change_mark(engine: Engine) -> tuple[Any, ...]:
+    """A value that moves whenever an experiment is created or stopped, an arm stopped, or a
+    host joins or leaves: a cache reloads when it differs from the one it loaded with (one
+    cheap query instead of reading every population again)."""
+    e, s, h = ExperimentRow, ExperimentArmStop, ExperimentHost
+    q = select(
+        *(
+            select(f).scalar_subquery()
+            for f in (
+                func.count(e.id),
+                func.max(e.id),
+                func.count(e.stopped_at),
+                func.count(s.arm),
+                func.count(h.host_id),
+                func.count(h.left_at),
+                func.max(h.left_at),
+                func.max(h.joined_at),
+            )
+        )
+    )
+    with engine.connect() as conn:
+        return tuple(conn.execute(q).one())
+
+
 def host_assignment(engine: Engine, host_id: str, at: datetime) -> Assignment | None:
     """What ``host_id`` runs at ``at``: its arm of the live experiment it is in, or None (no
     experiment, or its arm stopped: the host is restored to its own defaults)."""

@@ -286,6 +286,7 @@ def create_experiment(who: Writer, body: ExperimentCreate, booster: BoosterDep) 
         created = store.create_experiment(booster.engine, body, who.name)
     except repo.Conflict as e:
         raise HTTPException(409, str(e)) from e
+    booster.experiments_changed({created.id})
     return ExperimentOut.of(created)
 
 
@@ -309,11 +310,13 @@ def stop_experiment(
     """Stop now: every host of the experiment is restored to its own defaults."""
     reason = (body or StopIn()).reason
     try:
-        return ExperimentOut.of(store.stop_experiment(booster.engine, name, who.name, reason))
+        stopped = store.stop_experiment(booster.engine, name, who.name, reason)
     except repo.NotFound as e:
         raise HTTPException(404, str(e)) from e
     except repo.Conflict as e:
         raise HTTPException(409, str(e)) from e
+    booster.experiments_changed({stopped.id})
+    return ExperimentOut.of(stopped)
 
 
 @router.post(
@@ -336,6 +339,7 @@ def stop_arm(
     reason = (body or StopIn()).reason
     if not store.stop_arm(booster.engine, name, arm, who.name, reason, {}):
         raise HTTPException(409, f"arm {arm!r} is already stopped, or {name!r} is not running")
+    booster.experiments_changed({experiment.id})
     return ExperimentOut.of(_found(booster, name))
 
 
@@ -351,11 +355,13 @@ def join_hosts(
     """Add hosts: each goes to the arm its region is furthest below its share in (a host that
     left comes back to its own); no other host's arm changes."""
     try:
-        return ExperimentOut.of(store.join_hosts(booster.engine, name, body, who.name))
+        joined = store.join_hosts(booster.engine, name, body, who.name)
     except repo.NotFound as e:
         raise HTTPException(404, str(e)) from e
     except repo.Conflict as e:
         raise HTTPException(409, str(e)) from e
+    booster.experiments_changed({joined.id})
+    return ExperimentOut.of(joined)
 
 
 @router.post("/experiments/{name}/leave", responses=NO_EXPERIMENT | TOO_LARGE)
@@ -363,9 +369,11 @@ def leave_hosts(who: Writer, name: ExperimentName, body: LeaveIn, booster: Boost
     """Hosts leave now and are restored to their own defaults; their flows so far still
     count for their arm, and no other host's arm changes."""
     try:
-        return LeftOut(left=store.leave_hosts(booster.engine, name, body.hosts, who.name))
+        left = store.leave_hosts(booster.engine, name, body.hosts, who.name)
     except repo.NotFound as e:
         raise HTTPException(404, str(e)) from e
+    booster.experiments_changed()
+    return LeftOut(left=left)
 
 
 @router.post("/experiments/{name}/guardrail", responses=NO_EXPERIMENT)
@@ -373,7 +381,10 @@ def run_guardrail(who: Writer, name: ExperimentName, booster: BoosterDep) -> lis
     """Apply the guardrail now: arms below control by more than its margin, with its
     confidence, are stopped (audited). Empty without a guardrail or when not running."""
     _found(booster, name)
-    return [DecisionOut.of(d) for d in service.enforce_guardrail(booster.engine, name, who.name)]
+    decisions = service.enforce_guardrail(booster.engine, name, who.name)
+    if any(d.stop for d in decisions):
+        booster.experiments_changed()
+    return [DecisionOut.of(d) for d in decisions]
 
 
 @router.get("/experiments/{name}/results", responses=NO_EXPERIMENT)

@@ -1,0 +1,183 @@
+"""Agents learn their arm from Booster: a real Booster (embedded PostgreSQL, gRPC, REST) puts
+each enrolled host's arm into its GetParameters answer, from memory, and takes it out when the
+experiment or the arm stops or the host leaves; a host in no experiment gets no arm. The agent
+runs the arms of Booster's real answers in a fresh network namespace and restores the host.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from gemini_agent import reporter as reporter_module
+from gemini_agent.config import AgentSettings
+from gemini_agent.daemon import Agent
+from gemini_agent.writeback import Kernel
+from gemini_api.theta import load_spec
+from gemini_api.v1 import booster_pb2 as pb
+
+from .conftest import OPERATOR, agent_md, auth
+from .test_agent_congestion import in_netns, route_congctl, sysctl_cc
+
+HOSTS = [f"h-{i:02d}" for i in range(10)]
+PREFIX = "10.77.0.0/24"
+SPEC = load_spec()
+
+
+def when(delta: timedelta) -> str:
+    return (datetime.now(UTC) + delta).isoformat()
+
+
+def experiment(**overrides: Any) -> dict[str, Any]:
+    """reno host-wide against cubic on one prefix, on ten hosts, running now."""
+    return {
+        "name": "reno-vs-cubic",
+        "arms": [
+            {"name": "control", "cc": "reno"},
+            {"name": "routed", "cc": "cubic", "destinations": [PREFIX]},
+        ],
+        "population": {"hosts": HOSTS},
+        "start": when(-timedelta(hours=1)),
+        "end": when(timedelta(days=3)),
+        "salt": "fixed",
+    } | overrides
+
+
+def ask(booster, host: str) -> pb.GetParametersResponse:
+    req = pb.GetParametersRequest(host_id=host, policy="default")
+    return booster.stub().GetParameters(req, metadata=agent_md(), timeout=10)
+
+
+def arm_of(booster, host: str) -> pb.ExperimentArm | None:
+    resp = ask(booster, host)
+    return resp.experiment_arm if resp.HasField("experiment_arm") else None
+
+
+def setup(booster, **overrides: Any) -> dict[str, str]:
+    """The default policy and the experiment; host → its arm as REST reports it."""
+    r = booster.http.post("/v1/policies", json={"name": "default"}, headers=auth(OPERATOR))
+    assert r.status_code == 201, r.text
+    body = experiment(**overrides)
+    r = booster.http.post("/v1/experiments", json=body, headers=auth(OPERATOR))
+    assert r.status_code == 201, r.text
+    out = {}
+    for h in HOSTS:
+        got = booster.http.get(f"/v1/hosts/{h}/experiment", headers=auth(OPERATOR)).json()
+        out[h] = got["experiment"]["arm"]["name"]
+    assert set(out.values()) == {a["name"] for a in body["arms"]}
+    return out
+
+
+def test_get_parameters_carries_each_hosts_arm_until_the_experiment_stops(booster) -> None:
+    arms = setup(booster)
+    end = datetime.fromisoformat(
+        booster.http.get("/v1/experiments/reno-vs-cubic", headers=auth(OPERATOR)).json()["end"]
+    )
+    for host, name in arms.items():
+        arm = arm_of(booster, host)
+        assert arm is not None and (arm.experiment, arm.arm) == ("reno-vs-cubic", name)
+        assert arm.params == pb.ExperimentArm.KERNEL_DEFAULT and not arm.HasField("fixed_theta")
+        assert arm.until_unix_ms == int(end.timestamp() * 1000)
+        if name == "control":
+            assert arm.cc == "reno" and list(arm.destination_prefixes) == []  # host-wide
+        else:
+            assert arm.cc == "cubic" and list(arm.destination_prefixes) == [PREFIX]
+    assert arm_of(booster, "not-enrolled") is None
+    r = booster.http.post("/v1/experiments/reno-vs-cubic/stop", headers=auth(OPERATOR))
+    assert r.status_code == 200, r.text
+    assert all(arm_of(booster, h) is None for h in HOSTS)
+
+
+def test_a_stopped_arm_and_a_host_that_left_get_no_arm_the_others_keep_theirs(booster) -> None:
+    arms = setup(booster)
+    r = booster.http.post("/v1/experiments/reno-vs-cubic/arms/routed/stop", headers=auth(OPERATOR))
+    assert r.status_code == 200, r.text
+    control = [h for h, a in arms.items() if a == "control"]
+    assert all(arm_of(booster, h) is None for h, a in arms.items() if a == "routed")
+    assert all(arm_of(booster, h) is not None for h in control)
+    r = booster.http.post(
+        "/v1/experiments/reno-vs-cubic/leave", json={"hosts": control[:1]}, headers=auth(OPERATOR)
+    )
+    assert r.status_code == 200, r.text
+    assert arm_of(booster, control[0]) is None
+    assert all(arm_of(booster, h) is not None for h in control[1:])
+
+
+def test_a_fixed_fusion_arm_carries_its_theta(booster) -> None:
+    theta = SPEC.default() | {"mult_decrease": 70}
+    arms = setup(
+        booster,
+        name="fusion-fixed",
+        arms=[
+            {"name": "control", "cc": "cubic"},
+            {"name": "fixed", "cc": "fusion", "params": "fixed", "theta": theta},
+        ],
+    )
+    host = next(h for h, a in arms.items() if a == "fixed")
+    arm = arm_of(booster, host)
+    assert arm is not None and arm.params == pb.ExperimentArm.FIXED
+    assert arm.fixed_theta.datapath == "fusion" and dict(arm.fixed_theta.values) == theta
+
+
+def test_per_route_arms_need_network_prefixes(booster) -> None:
+    r = booster.http.post("/v1/policies", json={"name": "default"}, headers=auth(OPERATOR))
+    bad = experiment(
+        arms=[
+            {"name": "a", "cc": "reno"},
+            {"name": "b", "cc": "bbr", "destinations": ["10.77.0.1/24"]},
+        ]
+    )
+    r = booster.http.post("/v1/experiments", json=bad, headers=auth(OPERATOR))
+    assert r.status_code == 422 and "destinations" in r.text, r.text
+
+
+class Answers:
+    """A channel whose GetParameters answers are the given real ones, in turn (the agent in
+    the namespace cannot reach Booster's loopback, and a forked child must not use the
+    parent's gRPC)."""
+
+    def __init__(self, answers: list[bytes]) -> None:
+        self.answers = iter(answers)
+
+    def unary_unary(self, method: str, *args: Any, **kwargs: Any):
+        def call(request: Any, **kw: Any) -> pb.GetParametersResponse:
+            return pb.GetParametersResponse.FromString(next(self.answers))
+
+        return call
+
+
+def _agent(tmp: Path, answers: list[bytes]) -> Agent:
+    reporter_module.open_channel = lambda settings: Answers(answers)  # type: ignore[assignment]
+    fusion = tmp / "net-fusion"
+    fusion.mkdir()
+    for name, value in SPEC.default().items():
+        (fusion / name).write_text(f"{value}\n")
+    settings = AgentSettings(
+        host_id="h", policy="default", spool_dir=tmp / "spool", sysctl_root=fusion
+    )
+    return Agent(settings, kernel=Kernel(fusion, use_netlink=False))
+
+
+def _runs_the_arms(tmp: Path, answers: list[bytes]) -> None:
+    subprocess.run(["ip", "route", "add", PREFIX, "dev", "lo"], check=True)
+    agent = _agent(tmp, answers)
+    start = sysctl_cc()
+    agent.refresh_theta()  # a host of the control arm
+    assert sysctl_cc() == "reno" and route_congctl(PREFIX) is None
+    agent.refresh_theta()  # the same host in the other arm (as after a crossover)
+    assert sysctl_cc() == start and route_congctl(PREFIX) == "cubic"
+    agent.refresh_theta()  # the experiment stopped
+    assert sysctl_cc() == start and route_congctl(PREFIX) is None
+    assert agent.arm is None and agent.metrics.arm_active._value.get() == 0
+
+
+def test_the_agent_runs_the_arms_booster_answers_and_restores_the_host(booster, tmp_path) -> None:
+    arms = setup(booster)
+    by_arm = {a: next(h for h, x in arms.items() if x == a) for a in ("control", "routed")}
+    answers = [ask(booster, by_arm[a]).SerializeToString() for a in ("control", "routed")]
+    booster.http.post("/v1/experiments/reno-vs-cubic/stop", headers=auth(OPERATOR))
+    answers.append(ask(booster, by_arm["control"]).SerializeToString())
+    in_netns(functools.partial(_runs_the_arms, tmp_path, answers))

@@ -6,6 +6,10 @@ refused. Skips where Chromium is not installed (scripts/install-browser.sh)."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +23,9 @@ from .test_baselines import POLICY, aggregate, send
 
 SPEC = load_spec()
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-# Flags for a closed network: no background connections Chromium would retry at every start.
+# Flags for a closed network: no background connections Chromium would retry at every start,
+# and no origin but loopback reachable (a dead proxy for everything else, which Chromium never
+# uses for loopback, and no name resolves), so the dashboard is shown to work offline.
 CHROMIUM_FLAGS = (
     "--headless=new",
     "--no-sandbox",
@@ -29,12 +35,15 @@ CHROMIUM_FLAGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    "--proxy-server=http://127.0.0.1:9",
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
 )
 WAIT_S = 20
 
 
-@pytest.fixture
-def browser(tmp_path):
+@contextmanager
+def chromium(profile: Path) -> Iterator[Any]:
+    """Headless Chromium under Selenium, with its own profile directory; skips without it."""
     if not (CHROMIUM and CHROMEDRIVER):
         pytest.skip("needs chromium and chromedriver (scripts/install-browser.sh)")
     from selenium import webdriver
@@ -42,13 +51,19 @@ def browser(tmp_path):
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
     try:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture
+def browser(tmp_path):
+    with chromium(tmp_path / "profile") as driver:
+        yield driver
 
 
 @pytest.fixture
@@ -72,11 +87,11 @@ def ab(booster):
 class Page:
     """The dashboard as an operator sees it: by element ids, waiting for the API's answers."""
 
-    def __init__(self, driver, base: str):
+    def __init__(self, driver, base: str, query: str = ""):
         from selenium.webdriver.support.ui import WebDriverWait
 
         self.driver, self.wait = driver, WebDriverWait(driver, WAIT_S)
-        driver.get(f"{base}/dashboard/")
+        driver.get(f"{base}/dashboard/{query}")
 
     def el(self, element_id: str):
         from selenium.webdriver.common.by import By

@@ -16,7 +16,7 @@ from .auth import TokenAuthority
 from .core import Booster
 from .fronts import Fronts
 from .grpc_server import AgentServer, ListenError, tls_credentials
-from .rest import create_app, uvicorn_limits
+from .rest import charts, create_app, uvicorn_limits
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,10 @@ class BoosterServer:
         self.grpc_port = self.grpc_server.start()
         self.fronts = Fronts(self.booster, s, url)
         self.fronts.start(self.grpc_port)
+        rest_app = create_app(self.booster, auth)
+        rest_app.include_router(charts.router)  # the dashboard's chart data (read-only)
         config = uvicorn.Config(
-            create_app(self.booster, auth),
+            rest_app,
             host=s.http_host,
             port=s.http_port,
             log_level="warning",

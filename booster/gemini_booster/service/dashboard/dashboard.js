@@ -1,9 +1,17 @@
 // Gemini Booster's operator dashboard: a thin client of the REST API (/v1). It keeps the token
 // in sessionStorage (gone with the tab), sends it as a bearer credential, and builds every cell
-// with textContent, so nothing from the API is ever parsed as HTML.
+// with textContent, so nothing from the API is ever parsed as HTML. Charts are drawn by the
+// vendored uPlot (uPlot.iife.min.js: no other origin); each chart's element carries the values
+// it plots in data-series (JSON), and a table beside it says the same in text.
 "use strict";
 
 const TOKEN_KEY = "gemini-booster-token";
+const DEFAULT_REFRESH_S = 30;
+const MIN_REFRESH_S = 2;
+const CHART_HEIGHT = 240;
+const SMALL_CHART = { width: 270, height: 150 };
+const SMALL_FONT = "10px system-ui, sans-serif";
+const ARM_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
 const $ = (id) => document.getElementById(id);
 
 class ApiError extends Error {}
@@ -47,18 +55,267 @@ function fill(tableId, rows, render) {
 }
 
 const fmt = (x, digits = 2) => (x === null || x === undefined ? "–" : Number(x).toFixed(digits));
+const pm = (mean, se, digits = 2) => `${fmt(mean, digits)} ± ${fmt(se, digits)}`;
 const UNIT_TEXT = { percent: " %", ratio: "", packets: " pkts" };
 let spec = {};  // θ parameter name → its entry in /v1/theta-spec (symbol, unit)
+
+function unitText(unit) {
+  return unit in UNIT_TEXT ? UNIT_TEXT[unit] : ` ${unit}`;
+}
 
 function thetaText(natural) {
   return Object.entries(natural).map(([name, v]) => {
     const p = spec[name] || { symbol: name, unit: "" };
-    const unit = p.unit in UNIT_TEXT ? UNIT_TEXT[p.unit] : ` ${p.unit}`;
-    return `${p.symbol} ${Number(v.toPrecision(4))}${unit}`;
+    return `${p.symbol} ${Number(v.toPrecision(4))}${unitText(p.unit)}`;
   }).join(", ");
 }
 
-function showPolicy(p) {
+// --- charts -----------------------------------------------------------------------------------
+
+const charts = new Map();  // element id → its uPlot
+
+const unixSeconds = (iso) => Date.parse(iso) / 1000;
+const utcDate = (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC");
+
+// Draw ``data`` (uPlot's columns: x first) into element ``id``, replacing what was there, and
+// record ``series`` (name → values, as the API gave them) on the element for readers and tests.
+function plot(id, series, options, data, size = null) {
+  const el = $(id);
+  if (charts.has(id)) charts.get(id).destroy();
+  charts.delete(id);
+  el.replaceChildren();
+  el.dataset.series = JSON.stringify(series);
+  if (!data[0].length) {
+    el.append(Object.assign(document.createElement("p"), { className: "note", textContent: "No data yet." }));
+    return;
+  }
+  const width = size ? size.width : Math.max(320, el.clientWidth || 480);
+  const height = size ? size.height : CHART_HEIGHT;
+  const chart = new uPlot({ width, height, tzDate: utcDate, legend: { live: false }, ...options }, data, el);
+  const bounds = new Set(options.series.filter((s) => s.bound).map((s) => s.label));
+  for (const entry of chart.root.querySelectorAll(".u-legend .u-series")) {
+    const label = entry.querySelector(".u-label");
+    if (label && bounds.has(label.textContent)) entry.style.display = "none";  // shown as a band
+  }
+  charts.set(id, chart);
+}
+
+const isoOf = (t) => new Date(t * 1000).toISOString();
+// Time axes in UTC, 24 h: hours (with the date at midnight and first) or whole days.
+const HOUR_INCRS = [3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800];
+const DAY_INCRS = [86400, 172800, 604800, 1209600];
+const hourAxis = {
+  incrs: HOUR_INCRS,
+  values: (u, ticks) => ticks.map((t, i) => {
+    const iso = isoOf(t);
+    return i === 0 || iso.slice(11, 13) === "00" ? `${iso.slice(11, 16)}\n${iso.slice(0, 10)}` : iso.slice(11, 16);
+  }),
+};
+const dayAxis = {
+  label: "day (UTC)", incrs: DAY_INCRS, values: (u, ticks) => ticks.map((t) => isoOf(t).slice(5, 10)),
+};
+
+function line(label, colour, extra = {}) {
+  return { label, stroke: colour, width: 2, points: { show: true, size: 6 }, spanGaps: false, ...extra };
+}
+
+// Mean, low and high series of one estimate, the interval drawn as a band between the last two.
+function withInterval(label, colour, index, bands) {
+  bands.push({ series: [index + 2, index + 1], fill: `${colour}33` });
+  return [
+    line(label, colour),
+    { label: `${label} 95 % low`, stroke: colour, width: 1, dash: [4, 4], points: { show: false }, bound: true },
+    { label: `${label} 95 % high`, stroke: colour, width: 1, dash: [4, 4], points: { show: false }, bound: true },
+  ];
+}
+
+function showRounds(r) {
+  $("rounds-sigma").textContent = `(σ = ${r.sigma}, ${r.bucket_hours} h rounds)`;
+  const inc = r.incumbent;
+  $("rounds-note").textContent = inc
+    ? `One round is one trial bucket. Marked: today's incumbent θ (${thetaText(inc.natural)}), ` +
+      `predicted utility ${fmt(inc.predicted_utility)}; Booster keeps no incumbent history, so ` +
+      "earlier rounds are marked with today's incumbent where it ran."
+    : "One round is one trial bucket. This context has no published plan yet.";
+  const x = r.rounds.map((b) => unixSeconds(b.bucket));
+  const all = r.rounds.map((b) => b.utility);
+  const incumbent = r.rounds.map((b) => b.incumbent_utility);
+  const predicted = r.rounds.map(() => (inc ? inc.predicted_utility : null));
+  plot("rounds-chart",
+    { bucket: r.rounds.map((b) => b.bucket), utility: all, incumbent_utility: incumbent },
+    {
+      series: [
+        { label: "round (UTC)" },
+        line("all Fusion flows", "#1f77b4"),
+        line("today's incumbent θ", "#d62728", { width: 0, points: { show: true, size: 10, fill: "#d62728" } }),
+        { label: "incumbent, predicted", stroke: "#d62728", width: 1, dash: [6, 4], points: { show: false } },
+      ],
+      axes: [hourAxis, { label: "utility (eq. 9)" }],
+    },
+    [x, all, incumbent, predicted]);
+  fill("rounds-table", r.rounds, (row, b) => {
+    cell(row, b.bucket.replace("T", " ").replace(/:00(\+00:00|Z)$/, ""));
+    cell(row, String(b.flows), true);
+    cell(row, String(b.thetas), true);
+    cell(row, pm(b.utility, b.utility_stderr), true);
+    cell(row, String(b.incumbent_flows), true);
+    cell(row, b.incumbent_utility === null ? "–" : pm(b.incumbent_utility, b.incumbent_utility_stderr), true);
+  });
+}
+
+function showPercentiles(p) {
+  const x = p.quantiles.map((q) => 100 * q);
+  const series = { quantile: p.quantiles };
+  const columns = [x];
+  const lines = [{ label: "percentile" }];
+  p.arms.forEach((a, i) => {
+    series[a.arm] = a.throughput_mbps;
+    columns.push(a.throughput_mbps);
+    lines.push(line(a.arm, ARM_COLOURS[i % ARM_COLOURS.length]));
+  });
+  plot("percentiles-chart", series, {
+    scales: { x: { time: false } },
+    series: lines,
+    axes: [{ label: "percentile of flows", values: (u, v) => v.map((t) => `p${t}`) },
+           { label: "throughput, Mbit/s" }],
+  }, p.arms.length ? columns : [[]]);
+  const head = $("percentiles-table").tHead.rows[0];
+  head.replaceChildren();
+  for (const h of ["arm", "flows", "sketched flows", ...p.quantiles.map((q) => `p${100 * q}, Mbit/s`),
+                   "queueing delay, ms (mean ± s.d.)"]) {
+    head.append(Object.assign(document.createElement("th"), { textContent: h }));
+  }
+  fill("percentiles-table", p.arms, (row, a) => {
+    cell(row, a.arm);
+    cell(row, String(a.flows), true);
+    cell(row, String(a.sketched_flows), true);
+    for (const v of a.throughput_mbps) cell(row, fmt(v), true);
+    cell(row, pm(a.mean_queue_delay_ms, a.queue_delay_sd_ms, 1), true);
+  });
+}
+
+function showTheta(d) {
+  const box = $("theta-charts");
+  for (const id of [...charts.keys()].filter((k) => k.startsWith("theta-"))) {
+    charts.get(id).destroy();
+    charts.delete(id);
+  }
+  box.replaceChildren();
+  const all = {};
+  const rows = [];
+  for (const p of d.params) {
+    const values = p.values.map((v) => v.value);
+    const flows = p.values.map((v) => v.flows);
+    all[p.name] = { value: values, flows };
+    const div = Object.assign(document.createElement("div"), { id: `theta-${p.name}`, className: "small" });
+    const caption = `${p.symbol}${p.unit && p.unit !== "ratio" ? ` (${p.unit})` : ""}`;
+    div.append(Object.assign(document.createElement("p"), { className: "small-title", textContent: caption }));
+    const chart = document.createElement("div");
+    chart.id = `theta-chart-${p.name}`;
+    div.append(chart);
+    box.append(div);
+    const share = flows.map((f) => (d.flows ? (100 * f) / d.flows : 0));
+    plot(chart.id, { value: values, flows }, {
+      scales: { x: { time: false, range: [-0.5, values.length - 0.5] }, y: { range: [0, 100] } },
+      legend: { show: false },
+      series: [{ label: p.symbol }, {
+        label: "share of flows, %", stroke: "#1f77b4", fill: "#1f77b488",
+        paths: uPlot.paths.bars({ size: [0.6, 40] }), points: { show: false },
+      }],
+      axes: [{ values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) && values[t] !== undefined
+        ? String(Number(values[t].toPrecision(3))) : "")), incrs: [1], space: 12, font: SMALL_FONT },
+             { size: 48, space: 20, font: SMALL_FONT, values: (u, ticks) => ticks.map((t) => `${t}%`) }],
+    }, [values.map((_, i) => i), share], SMALL_CHART);
+    p.values.forEach((v) => rows.push({ p, v }));
+  }
+  box.dataset.series = JSON.stringify(all);
+  $("theta-note").textContent = `Share of ${d.flows} Fusion flows from ${d.hosts} hosts per ` +
+    `parameter value, over the last ${d.hours} h; ${d.thetas.length} distinct θ.`;
+  fill("theta-table", rows, (row, { p, v }) => {
+    cell(row, `${p.symbol} (${p.name})`);
+    cell(row, `${Number(v.value.toPrecision(4))}${unitText(p.unit)}`, true);
+    cell(row, String(v.flows), true);
+    cell(row, `${fmt(d.flows ? (100 * v.flows) / d.flows : 0, 1)} %`, true);
+    cell(row, String(v.hosts), true);
+  });
+}
+
+// --- experiments --------------------------------------------------------------------------------
+
+let results = null;  // the selected experiment's /results, redrawn when the metric changes
+
+function estimateText(e, digits) {
+  return [fmt(e.mean, digits), e.low === null ? "–" : `[${fmt(e.low, digits)}, ${fmt(e.high, digits)}]`];
+}
+
+function showExperimentMetric() {
+  if (!results) return;
+  const metric = $("metric").value;
+  const digits = metric === "slow_flow_share" ? 4 : 2;
+  const days = results.days;
+  const x = days.map((d) => Date.parse(`${d.day}T00:00:00Z`) / 1000);
+  const arms = [...new Set(days.flatMap((d) => d.arms.map((a) => a.arm)))];
+  const pairs = [...new Set(days.flatMap((d) => d.differences.map((v) => `${v.arm} − ${v.control}`)))];
+  const pick = (list, key, name, part) => list.map((d) => {
+    const found = d[key].find((a) => name(a));
+    return found ? found[metric][part] : null;
+  });
+  // Differences are read against zero: the y scale always shows it.
+  const withZero = { y: { range: (u, lo, hi) => [Math.min(0, lo), Math.max(0, hi)] } };
+  const chartOf = (id, names, key, match, label, scales = {}) => {
+    const series = { day: days.map((d) => d.day) };
+    const columns = [x];
+    const lines = [{ label: "day (UTC)" }];
+    const bands = [];
+    names.forEach((n, i) => {
+      for (const part of ["mean", "low", "high"]) {
+        const values = pick(days, key, (a) => match(a) === n, part);
+        series[part === "mean" ? n : `${n} ${part}`] = values;
+        columns.push(values);
+      }
+      lines.push(...withInterval(n, ARM_COLOURS[i % ARM_COLOURS.length], lines.length, bands));
+    });
+    plot(id, series, { series: lines, bands, scales, axes: [dayAxis, { label }] }, names.length ? columns : [[]]);
+  };
+  const label = $("metric").selectedOptions[0].textContent;
+  chartOf("days-chart", arms, "arms", (a) => a.arm, label);
+  chartOf("difference-chart", pairs, "differences", (v) => `${v.arm} − ${v.control}`, `Δ ${label}`, withZero);
+  fill("days-table", days.flatMap((d) => d.arms.map((a) => ({ d, a }))), (row, { d, a }) => {
+    const [mean, interval] = estimateText(a[metric], digits);
+    for (const [t, n] of [[d.day], [String(d.period), 1], [a.arm], [String(a.hosts), 1],
+                          [String(a.flows), 1], [mean, 1], [interval, 1]]) cell(row, t, Boolean(n));
+  });
+  fill("difference-table", days.flatMap((d) => d.differences.map((v) => ({ d, v }))), (row, { d, v }) => {
+    const [mean, interval] = estimateText(v[metric], digits);
+    for (const [t, n] of [[d.day], [`${v.arm} − ${v.control}`], [v.method], [String(v.hosts), 1],
+                          [mean, 1], [interval, 1]]) cell(row, t, Boolean(n));
+  });
+}
+
+async function loadExperiments() {
+  const list = await api("/v1/experiments");
+  const chosen = $("experiment").value;
+  $("experiment").replaceChildren(...list.map((e) => new Option(`${e.name} (${e.status})`, e.name)));
+  if (list.some((e) => e.name === chosen)) $("experiment").value = chosen;
+  $("no-experiments").hidden = list.length > 0;
+  const e = list.find((x) => x.name === $("experiment").value);
+  if (!e) {
+    results = null;
+    return;
+  }
+  results = await api(`/v1/experiments/${encodeURIComponent(e.name)}/results`);
+  $("experiment-summary").textContent = `${e.description || e.name}: arms ` +
+    e.arms.map((a) => (a.name === e.control ? `${a.name} (control, ${a.cc})` : `${a.name} (${a.cc})`)).join(", ") +
+    `; ${e.hosts} hosts, σ = ${results.sigma}` +
+    (e.crossover_day ? `, crossover on ${e.crossover_day}` : "") + `; ${e.status}.`;
+  showExperimentMetric();
+}
+
+// --- policies ------------------------------------------------------------------------------------
+
+let previewSigma = null;  // σ being previewed (not saved), or null: the policy's own
+
+function showPolicy(p, refill) {
   const settings = $("settings");
   settings.replaceChildren();
   for (const [k, v] of Object.entries({
@@ -68,8 +325,10 @@ function showPolicy(p) {
     settings.append(Object.assign(document.createElement("dt"), { textContent: k }));
     settings.append(Object.assign(document.createElement("dd"), { textContent: String(v) }));
   }
-  $("sigma").value = p.sigma;
-  $("exploration").value = p.exploration_share;
+  if (refill) {  // not on an automatic refresh: the operator may be typing
+    $("sigma").value = p.sigma;
+    $("exploration").value = p.exploration_share;
+  }
 }
 
 function showPlans(plans) {
@@ -80,6 +339,9 @@ function showPlans(plans) {
     cell(row, `v${p.plan_version}`, true);
     cell(row, String(p.exploration_candidates), true);
   });
+  const chosen = $("context").value;
+  $("context").replaceChildren(...plans.map((p) => new Option(p.label, p.label)));
+  if (plans.some((p) => p.label === chosen)) $("context").value = chosen;
 }
 
 function showComparison(contexts, sigma, preview) {
@@ -89,7 +351,7 @@ function showComparison(contexts, sigma, preview) {
     cell(row, a.label);
     cell(row, a.arm);
     cell(row, String(a.flows), true);
-    cell(row, `${fmt(a.utility)} ± ${fmt(a.utility_stderr)}`, true);
+    cell(row, pm(a.utility, a.utility_stderr), true);
     cell(row, fmt(a.mean_throughput_mbps), true);
     cell(row, fmt(a.mean_queue_delay_ms, 1), true);
     cell(row, `${fmt(100 * a.slow_flow_share, 1)} %`, true);
@@ -98,32 +360,56 @@ function showComparison(contexts, sigma, preview) {
   fill("versus", pairs, (row, v) => {
     cell(row, v.label);
     cell(row, `${v.arm} − ${v.baseline}`);
-    cell(row, `${fmt(v.utility_difference)} ± ${fmt(v.utility_difference_stderr)}`, true);
+    cell(row, pm(v.utility_difference, v.utility_difference_stderr), true);
     cell(row, v.throughput_ratio === null ? "–" : `${fmt(v.throughput_ratio)}×`, true);
   });
 }
 
-async function loadPolicy() {
-  const name = encodeURIComponent($("policy").value);
-  if (!name) return;
-  const [policy, plans, comparison] = await Promise.all([
-    api(`/v1/policies/${name}`), api(`/v1/policies/${name}/parameters`),
-    api(`/v1/policies/${name}/comparison`),
+const policyPath = () => `/v1/policies/${encodeURIComponent($("policy").value)}`;
+const sigmaQuery = () => (previewSigma === null ? "" : `sigma=${encodeURIComponent(previewSigma)}`);
+
+async function loadContextCharts() {
+  const context = $("context").value;
+  if (!context) {
+    showRounds({ sigma: "–", bucket_hours: "–", incumbent: null, rounds: [] });
+    showPercentiles({ quantiles: [], arms: [] });
+    return;
+  }
+  const q = `context=${encodeURIComponent(context)}`;
+  const [rounds, pct] = await Promise.all([
+    api(`${policyPath()}/charts/rounds?${q}&${sigmaQuery()}`),
+    api(`${policyPath()}/charts/percentiles?${q}`),
   ]);
-  showPolicy(policy);
-  showPlans(plans);
-  showComparison(comparison, policy.sigma, false);
+  showRounds(rounds);
+  showPercentiles(pct);
 }
 
-async function loadPolicies() {
+async function loadPolicy(refill = true) {
+  if (!$("policy").value) return;
+  const base = policyPath();
+  const [policy, plans, comparison, theta] = await Promise.all([
+    api(base), api(`${base}/parameters`), api(`${base}/comparison?${sigmaQuery()}`),
+    api(`${base}/charts/theta`),
+  ]);
+  showPolicy(policy, refill);
+  showPlans(plans);
+  showComparison(comparison, previewSigma === null ? policy.sigma : previewSigma, previewSigma !== null);
+  showTheta(theta);
+  await loadContextCharts();
+}
+
+async function loadPolicies(refill = true) {
   const [policies, thetaSpec] = await Promise.all([api("/v1/policies"), api("/v1/theta-spec")]);
   spec = Object.fromEntries(thetaSpec.params.map((p) => [p.name, p]));
   const chosen = $("policy").value;
   $("policy").replaceChildren(...policies.map((p) => new Option(p.name, p.name)));
   if (policies.some((p) => p.name === chosen)) $("policy").value = chosen;
   $("main").hidden = false;
+  $("token-help").hidden = true;
   $("sign-out").hidden = false;
-  await loadPolicy();
+  await Promise.all([loadPolicy(refill), loadExperiments()]);
+  $("updated").dateTime = new Date().toISOString();
+  $("updated").textContent = new Date().toISOString().slice(11, 19) + " UTC";
   if (!policies.length) say("No policies yet: create one through POST /v1/policies.", "");
 }
 
@@ -135,12 +421,44 @@ async function guarded(action) {
   }
 }
 
+// --- auto-refresh ---------------------------------------------------------------------------------
+
+const refreshSeconds = (() => {
+  const asked = Number(new URLSearchParams(location.search).get("refresh"));
+  return asked >= MIN_REFRESH_S ? asked : DEFAULT_REFRESH_S;
+})();
+let timer = null;
+
+function schedule() {
+  clearInterval(timer);
+  timer = null;
+  const paused = $("pause").getAttribute("aria-pressed") === "true";
+  const on = !paused && !$("main").hidden;
+  document.body.dataset.autoRefresh = on ? "on" : "paused";
+  if (on) timer = setInterval(() => guarded(() => loadPolicies(false)), refreshSeconds * 1000);
+}
+
+$("refresh-seconds").textContent = String(refreshSeconds);
+
+$("pause").addEventListener("click", () => {
+  const paused = $("pause").getAttribute("aria-pressed") !== "true";
+  $("pause").setAttribute("aria-pressed", String(paused));
+  $("pause").textContent = paused ? "Resume" : "Pause";
+  schedule();
+  say(paused ? "Auto-refresh paused." : "Auto-refresh resumed.", "");
+});
+
+$("refresh").addEventListener("click", () => guarded(() => loadPolicies(false)));
+
+// --- sign-in and forms --------------------------------------------------------------------------
+
 $("sign-in").addEventListener("submit", (ev) => {
   ev.preventDefault();
   sessionStorage.setItem(TOKEN_KEY, $("token").value);
   $("token").value = "";
   guarded(async () => {
     await loadPolicies();
+    schedule();
     say("Signed in.", "ok");
   });
 });
@@ -149,15 +467,25 @@ $("sign-out").addEventListener("click", () => {
   sessionStorage.removeItem(TOKEN_KEY);
   $("main").hidden = true;
   $("sign-out").hidden = true;
+  $("token-help").hidden = false;
+  schedule();
   say("Signed out.", "");
 });
 
-$("policy").addEventListener("change", () => guarded(loadPolicy));
+$("policy").addEventListener("change", () => {
+  previewSigma = null;
+  guarded(loadPolicy);
+});
+$("context").addEventListener("change", () => guarded(loadContextCharts));
+$("experiment").addEventListener("change", () => guarded(loadExperiments));
+$("metric").addEventListener("change", showExperimentMetric);
 
 $("preview").addEventListener("click", () => guarded(async () => {
-  const name = encodeURIComponent($("policy").value);
   const sigma = $("sigma").value;
-  const comparison = await api(`/v1/policies/${name}/comparison?sigma=${encodeURIComponent(sigma)}`);
+  previewSigma = sigma;
+  const [comparison] = await Promise.all([
+    api(`${policyPath()}/comparison?${sigmaQuery()}`), loadContextCharts(),
+  ]);
   showComparison(comparison, sigma, true);
   say(`Comparison at σ = ${sigma} shown; the policy is unchanged.`, "");
 }));
@@ -165,14 +493,17 @@ $("preview").addEventListener("click", () => guarded(async () => {
 $("policy-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   guarded(async () => {
-    const name = encodeURIComponent($("policy").value);
     const change = { sigma: Number($("sigma").value),
                      exploration_share: Number($("exploration").value) };
-    const p = await api(`/v1/policies/${name}`, { method: "PATCH", body: JSON.stringify(change) });
+    const p = await api(policyPath(), { method: "PATCH", body: JSON.stringify(change) });
+    previewSigma = null;
     await loadPolicy();
     say(`Saved: σ = ${p.sigma}, exploration share = ${p.exploration_share} (revision ${p.revision}).`,
         "ok");
   });
 });
 
-if (sessionStorage.getItem(TOKEN_KEY)) guarded(loadPolicies);
+if (sessionStorage.getItem(TOKEN_KEY)) guarded(async () => {
+  await loadPolicies();
+  schedule();
+});

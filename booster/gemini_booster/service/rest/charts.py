@@ -1,0 +1,335 @@
+"""What the dashboard's charts draw, read-only: per context, utility per time bucket (a round)
+with the incumbent marked; the θ in use across hosts, by flows; throughput percentiles from the
+agents' quantile sketches; all over the policy's history window.
+
+Utilities are eq. 9 over stored running sums (``FlowSums.utility``), so a chart at another σ is
+exact, as for the trials endpoint. The incumbent per round is not stored (plans keep only the
+current one), so ``rounds`` marks today's incumbent in every bucket where it ran.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query
+from pydantic import BaseModel, Field
+from sqlalchemy import Engine, func, select
+
+from gemini_api import sketch as sketches
+from gemini_api.v1 import booster_pb2 as pb
+
+from ...domain import SUM_FIELDS, ContextKey, FlowSums
+from ...models import Policy
+from ...storage.schema import Context, Report, ReportAggregate
+from ...storage.schema import Trial as TrialRow
+from ..core import Booster
+from .deps import BoosterDep, PolicyDep
+from .errors import AUTH_ERRORS, NOT_FOUND, error
+from .plans import SigmaQuery
+
+router = APIRouter(prefix="/v1/policies/{name}/charts", tags=["charts"], responses=AUTH_ERRORS)
+
+NO_CONTEXT = error(404, "no policy of that name, or no such context")
+# ContextKey.label: src_region/src_isp->dst_region/dst_isp@hour
+LABEL = re.compile(r"^(?P<sr>[^/]*)/(?P<si>.*)->(?P<dr>[^/]*)/(?P<di>.*)@(?P<h>\d+)$")
+ContextQuery = Annotated[
+    str, Query(max_length=300, description="a context's label, as /parameters gives it")
+]
+# Throughput percentiles drawn (Fig. 9 of the paper shows the median and tails).
+QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
+# Newest raw aggregates merged for one context's percentiles: a bound on one request's work.
+MAX_SKETCHED_AGGREGATES = 20_000
+FUSION_ARM, INCUMBENT_ARM = "fusion", "incumbent"
+
+
+class RoundOut(BaseModel):
+    """One time bucket of a context: all its Fusion flows, and the incumbent's among them."""
+
+    bucket: datetime
+    flows: int
+    thetas: int = Field(description="distinct θ that ran in the bucket")
+    utility: float
+    utility_stderr: float
+    incumbent_flows: int
+    incumbent_utility: float | None
+    incumbent_utility_stderr: float | None
+
+
+class IncumbentOut(BaseModel):
+    theta: dict[str, int]
+    natural: dict[str, float]
+    predicted_utility: float | None
+
+
+class RoundsOut(BaseModel):
+    label: str
+    sigma: float
+    bucket_hours: int
+    incumbent: IncumbentOut | None = Field(description="today's published incumbent, if planned")
+    incumbent_history_stored: bool = Field(
+        False, description="false: the incumbent marked in every round is today's"
+    )
+    rounds: list[RoundOut]
+
+
+class ValueShare(BaseModel):
+    value: float
+    flows: int
+    hosts: int
+
+
+class ParamDistribution(BaseModel):
+    name: str
+    symbol: str
+    unit: str
+    values: list[ValueShare] = Field(description="each value in use, ascending")
+
+
+class ThetaInUse(BaseModel):
+    theta: dict[str, int]
+    natural: dict[str, float]
+    flows: int
+    hosts: int
+
+
+class ThetaDistributionOut(BaseModel):
+    hours: float = Field(description="the window: the policy's history_hours")
+    flows: int
+    hosts: int
+    thetas: list[ThetaInUse] = Field(description="most flows first")
+    params: list[ParamDistribution]
+
+
+class ArmPercentiles(BaseModel):
+    arm: str
+    flows: int
+    sketched_flows: int = Field(description="flows whose aggregates carried a sketch")
+    throughput_mbps: list[float | None] = Field(description="at each of ``quantiles``")
+    mean_queue_delay_ms: float
+    queue_delay_sd_ms: float
+
+
+class PercentilesOut(BaseModel):
+    label: str
+    hours: float
+    quantiles: list[float]
+    aggregates: int
+    truncated: bool = Field(description="only the newest aggregates were merged")
+    delay_note: str
+    arms: list[ArmPercentiles]
+
+
+def _context_id(engine: Engine, label: str) -> int:
+    """The stored context with ``label``; 404 when there is none."""
+    m = LABEL.match(label)
+    if m is None:
+        raise HTTPException(404, f"context {label!r} is not a context label")
+    key = (m["sr"], m["si"], m["dr"], m["di"], int(m["h"]))
+    q = select(Context.id).where(
+        Context.src_region == key[0],
+        Context.src_isp == key[1],
+        Context.dst_region == key[2],
+        Context.dst_isp == key[3],
+        Context.hour == key[4],
+    )
+    with engine.connect() as conn:
+        found = conn.execute(q).scalar_one_or_none()
+    if found is None:
+        raise HTTPException(404, f"context {label!r} not found")
+    return int(found)
+
+
+def _window(policy: Policy) -> timedelta:
+    return timedelta(hours=policy.history_hours)
+
+
+def _incumbent_key(booster: Booster, policy: Policy, label: str) -> tuple[str, float | None]:
+    for key, plan in booster.plan_snapshot(policy.id).items():
+        if ContextKey(*key).label == label:
+            return plan.incumbent_key, plan.incumbent_utility
+    return "", None
+
+
+def _bucket_sums(
+    engine: Engine, policy: Policy, context_id: int
+) -> dict[datetime, dict[str, FlowSums]]:
+    """bucket → θ key → Fusion flow sums, for one context over the history window."""
+    q = (
+        select(TrialRow.bucket, TrialRow.theta_key, *(getattr(TrialRow, f) for f in SUM_FIELDS))
+        .where(
+            TrialRow.policy_id == policy.id,
+            TrialRow.context_id == context_id,
+            TrialRow.cc == "",
+            TrialRow.bucket >= func.now() - _window(policy),
+        )
+        .order_by(TrialRow.bucket)
+    )
+    out: dict[datetime, dict[str, FlowSums]] = defaultdict(dict)
+    with engine.connect() as conn:
+        for bucket, key, n, *sums in conn.execute(q):
+            out[bucket][key] = FlowSums(int(n), *map(float, sums))
+    return out
+
+
+def _round(bucket: datetime, by_theta: dict[str, FlowSums], incumbent: str, s: float) -> RoundOut:
+    u = FlowSums.total(by_theta.values()).utility(s)
+    inc = by_theta.get(incumbent)
+    iu = None if inc is None else inc.utility(s)
+    return RoundOut(
+        bucket=bucket,
+        flows=u.flows,
+        thetas=len(by_theta),
+        utility=u.mean,
+        utility_stderr=u.stderr,
+        incumbent_flows=0 if iu is None else iu.flows,
+        incumbent_utility=None if iu is None else iu.mean,
+        incumbent_utility_stderr=None if iu is None else iu.stderr,
+    )
+
+
+@router.get("/rounds", responses=NO_CONTEXT)
+def rounds(
+    policy: PolicyDep, booster: BoosterDep, context: ContextQuery, sigma: SigmaQuery = None
+) -> RoundsOut:
+    """Utility per round (time bucket) of one context: all its Fusion flows, and those of
+    today's incumbent θ (the incumbent of past rounds is not stored)."""
+    s = policy.sigma if sigma is None else sigma
+    buckets = _bucket_sums(booster.engine, policy, _context_id(booster.engine, context))
+    key, predicted = _incumbent_key(booster, policy, context)
+    incumbent = None
+    if key:
+        theta = booster.spec.from_key(key)
+        incumbent = IncumbentOut(
+            theta=theta, natural=booster.spec.natural(theta), predicted_utility=predicted
+        )
+    return RoundsOut(
+        label=context,
+        sigma=s,
+        bucket_hours=policy.trial_bucket_hours,
+        incumbent=incumbent,
+        rounds=[_round(b, by_theta, key, s) for b, by_theta in buckets.items()],
+    )
+
+
+def _recent_aggregates(policy: Policy):
+    """Raw aggregates of ``policy`` from reports whose interval ended within the window."""
+    return (
+        select()
+        .select_from(ReportAggregate)
+        .join(Report, Report.id == ReportAggregate.report_pk)
+        .where(
+            ReportAggregate.policy_id == policy.id,
+            Report.interval_end >= func.now() - _window(policy),
+        )
+    )
+
+
+def _param_distributions(booster: Booster, thetas: list[ThetaInUse]) -> list[ParamDistribution]:
+    out = []
+    for p in booster.spec.params:
+        flows: dict[float, int] = defaultdict(int)
+        hosts: dict[float, int] = defaultdict(int)
+        for t in thetas:
+            flows[t.natural[p.name]] += t.flows
+            hosts[t.natural[p.name]] += t.hosts  # a host running two θ counts under both
+        values = [ValueShare(value=v, flows=flows[v], hosts=hosts[v]) for v in sorted(flows)]
+        out.append(ParamDistribution(name=p.name, symbol=p.symbol, unit=p.unit, values=values))
+    return out
+
+
+@router.get("/theta", responses=NOT_FOUND)
+def theta_distribution(policy: PolicyDep, booster: BoosterDep) -> ThetaDistributionOut:
+    """The θ Fusion flows ran under across hosts over the history window: per θ and, per
+    parameter, per value, the flows and the hosts that reported them."""
+    base = _recent_aggregates(policy).where(ReportAggregate.cc == "")
+    per_theta = base.add_columns(
+        ReportAggregate.theta_key,
+        func.sum(ReportAggregate.flow_count),
+        func.count(func.distinct(Report.host_id)),
+    ).group_by(ReportAggregate.theta_key)
+    total_hosts = base.add_columns(func.count(func.distinct(Report.host_id)))
+    with booster.engine.connect() as conn:
+        rows = conn.execute(per_theta).all()
+        hosts = conn.execute(total_hosts).scalar_one()
+    thetas = []
+    for key, flows, n_hosts in rows:
+        theta = booster.spec.from_key(key)
+        thetas.append(
+            ThetaInUse(theta=theta, natural=booster.spec.natural(theta), flows=flows, hosts=n_hosts)
+        )
+    thetas.sort(key=lambda t: (-t.flows, sorted(t.theta.items())))
+    return ThetaDistributionOut(
+        hours=policy.history_hours,
+        flows=sum(t.flows for t in thetas),
+        hosts=hosts,
+        thetas=thetas,
+        params=_param_distributions(booster, thetas),
+    )
+
+
+class _Arm:
+    """One arm's merged throughput sketch and flow sums."""
+
+    def __init__(self) -> None:
+        self.sketch = sketches.new_sketch()
+        self.sums = FlowSums()
+
+    def add(self, sums: FlowSums, raw_sketch: bytes) -> None:
+        self.sums = self.sums + sums
+        if raw_sketch:
+            self.sketch.merge(sketches.from_proto(pb.QuantileSketch.FromString(raw_sketch)))
+
+    def out(self, arm: str) -> ArmPercentiles:
+        n, sk = self.sums.flow_count, self.sketch
+        mean = self.sums.mean_delay
+        var = max(self.sums.delay_sq_sum / n - mean * mean, 0.0) if n else 0.0
+        return ArmPercentiles(
+            arm=arm,
+            flows=n,
+            sketched_flows=round(sk.count),
+            throughput_mbps=[sk.get_quantile_value(q) if sk.count else None for q in QUANTILES],
+            mean_queue_delay_ms=mean,
+            queue_delay_sd_ms=var**0.5,
+        )
+
+
+@router.get("/percentiles", responses=NO_CONTEXT)
+def percentiles(policy: PolicyDep, booster: BoosterDep, context: ContextQuery) -> PercentilesOut:
+    """Throughput percentiles of one context's flows over the history window, merged from the
+    agents' sketches per arm: all Fusion flows, today's incumbent θ, each other CC seen.
+    Agents sketch throughput only; queueing delay is its mean and standard deviation."""
+    context_id = _context_id(booster.engine, context)
+    incumbent, _ = _incumbent_key(booster, policy, context)
+    q = (
+        _recent_aggregates(policy)
+        .add_columns(
+            ReportAggregate.cc,
+            ReportAggregate.theta_key,
+            ReportAggregate.sketch,
+            *(getattr(ReportAggregate, f) for f in SUM_FIELDS),
+        )
+        .where(ReportAggregate.context_id == context_id)
+        .order_by(ReportAggregate.id.desc())
+        .limit(MAX_SKETCHED_AGGREGATES + 1)
+    )
+    with booster.engine.connect() as conn:
+        rows = conn.execute(q).all()
+    arms: dict[str, _Arm] = defaultdict(_Arm)
+    for cc, key, raw, n, *sums in rows[:MAX_SKETCHED_AGGREGATES]:
+        flow_sums = FlowSums(int(n), *map(float, sums))
+        names = [cc] if cc else [FUSION_ARM] + ([INCUMBENT_ARM] if key == incumbent else [])
+        for name in names:
+            arms[name].add(flow_sums, raw)
+    order = [FUSION_ARM, INCUMBENT_ARM, *sorted(set(arms) - {FUSION_ARM, INCUMBENT_ARM})]
+    return PercentilesOut(
+        label=context,
+        hours=policy.history_hours,
+        quantiles=list(QUANTILES),
+        aggregates=min(len(rows), MAX_SKETCHED_AGGREGATES),
+        truncated=len(rows) > MAX_SKETCHED_AGGREGATES,
+        delay_note="agents sketch throughput only: queueing delay is a mean and a deviation",
+        arms=[arms[a].out(a) for a in order if a in arms],
+    )

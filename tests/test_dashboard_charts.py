@@ -1,0 +1,390 @@
+"""The dashboard's charts in a real browser (headless Chromium, every origin but loopback
+unreachable) over real data: reports from fake hosts through real gRPC into real PostgreSQL, a
+refit, and an A/B experiment declared through REST. Each chart must plot exactly what the REST
+API answers (read back from the chart's data-series and its table), and screenshots of the
+charts are written to docs/dashboard/. Also the read-only chart endpoints themselves, the
+auto-refresh and its pause, keyboard reach of every control, and the vendored chart library in
+the package. Skips where Chromium is not installed (scripts/install-browser.sh)."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import random
+import time
+import tomllib
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from gemini_api.aggregate import AggregateBuilder, FlowStats
+from gemini_api.theta import load_spec
+from gemini_api.v1 import booster_pb2 as pb
+from gemini_booster import simulation as sim
+from gemini_booster.models import PolicyCreate
+from gemini_booster.service.rest import DASHBOARD_DIR
+from gemini_booster.storage import repository as repo
+
+from .conftest import OPERATOR, agent_md, auth
+from .test_cli import booster as booster_cli
+from .test_dashboard import Page, base_url, chromium
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "docs" / "dashboard"
+SPEC = load_spec()
+POLICY, EXP_POLICY, EXPERIMENT = "cdn", "exp", "cubic-vs-fusion"
+TUNED = SPEC.default() | {"mult_decrease": 70}
+ROUNDS = 6  # hourly buckets of Fusion reports, the newest an hour ago
+FLEET = [f"web-{i}" for i in range(4)]  # web-3 explores; the others run the tuned θ
+EXP_HOSTS = [f"eu-{i}" for i in range(8)]
+EXP_DAYS = 3
+HOUR_MS, DAY_MS = 3_600_000, 86_400_000
+VENDOR = ("uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE", "VENDORED.md")
+SHOT_WINDOW = (1280, 1000)
+
+
+def aggregate(tpts: list[float], delay_ms: float, cc: str = "", theta=None) -> pb.Aggregate:
+    """Flows of 1 s each at ``tpts`` Mbit/s with one queueing delay, of ``cc`` ('' is Fusion)."""
+    b = AggregateBuilder()
+    for t in tpts:
+        b.add(FlowStats(int(t * 1e6 / 8), 1_000_000, int(40_000 + delay_ms * 1000), 40_000))
+    return b.to_proto(theta or SPEC.default(), 1, sim.ETHERNET.message(), cc)
+
+
+def report(svc, host: str, policy: str, aggs: list[pb.Aggregate], start_ms: int) -> None:
+    req = sim.make_report(host, policy, aggs, start_ms)
+    assert svc.stub().ReportAggregates(req, metadata=agent_md()).aggregates_stored == len(aggs)
+
+
+def seed_rounds(svc, rng: random.Random, now_ms: int) -> list[float]:
+    """Six hourly rounds of a fleet converging on the tuned θ, with cubic flows beside it;
+    returns every Fusion throughput sent."""
+    sent: list[float] = []
+    for k in range(ROUNDS, 0, -1):
+        start = now_ms - k * HOUR_MS
+        for i, host in enumerate(FLEET):
+            explorer = i == len(FLEET) - 1
+            theta = SPEC.default() | {"mult_decrease": 52 + 2 * k} if explorer else TUNED
+            tpts = [rng.uniform(15, 25) + (0 if explorer else 10 - k) for _ in range(12)]
+            sent += tpts
+            cubic = [rng.uniform(8, 16) for _ in range(6)]
+            report(
+                svc,
+                host,
+                POLICY,
+                [aggregate(tpts, 8 + k, theta=theta), aggregate(cubic, 30, "cubic")],
+                start,
+            )
+    return sent
+
+
+def seed_experiment(svc, rng: random.Random, now: datetime) -> None:
+    """Cubic against Fusion on eight hosts over three UTC days, declared through REST."""
+    repo.create_policy(svc.engine, PolicyCreate(name=EXP_POLICY), actor="test")
+    svc.booster.reload_policies()
+    body = {
+        "name": EXPERIMENT,
+        "description": "cubic against Fusion at a fixed θ",
+        "arms": [
+            {"name": "control", "cc": "cubic"},
+            {"name": "fusion", "cc": "fusion", "params": "fixed", "theta": TUNED},
+        ],
+        "population": {"regions": {"eu": EXP_HOSTS}},
+        "start": (now - timedelta(days=EXP_DAYS - 1, hours=1)).isoformat(),
+        "end": (now + timedelta(days=3)).isoformat(),
+    }
+    r = svc.http.post("/v1/experiments", json=body, headers=auth(OPERATOR))
+    assert r.status_code == 201, r.text
+    now_ms = int(now.timestamp() * 1000)
+    for d in range(EXP_DAYS - 1, -1, -1):
+        for host in EXP_HOSTS:
+            fusion = [rng.uniform(18, 26) for _ in range(8)]
+            cubic = [rng.uniform(15, 23) for _ in range(8)]
+            aggs = [aggregate(fusion, 6, theta=TUNED), aggregate(cubic, 12, "cubic")]
+            report(svc, host, EXP_POLICY, aggs, now_ms - d * DAY_MS - 10 * 60_000)
+
+
+@pytest.fixture
+def browser(tmp_path):
+    with chromium(tmp_path / "profile") as driver:
+        yield driver
+
+
+@pytest.fixture
+def fleet(booster):
+    """A planned policy with six rounds of Fusion and cubic flows, and a three-day experiment."""
+    repo.create_policy(booster.engine, PolicyCreate(name=POLICY, sigma=0.5), actor="test")
+    booster.booster.reload_policies()
+    rng = random.Random(15)
+    now = datetime.now(UTC)
+    booster.sent = seed_rounds(booster, rng, int(now.timestamp() * 1000))
+    booster.booster.refit(booster.booster.policies[POLICY])
+    seed_experiment(booster, rng, now)
+    return booster
+
+
+def get(svc, path: str):
+    r = svc.http.get(path, headers=auth(OPERATOR))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def context_label(svc) -> str:
+    [plan] = get(svc, f"/v1/policies/{POLICY}/parameters")
+    return plan["label"]
+
+
+def test_chart_endpoints_answer_from_the_stored_sums_and_sketches(fleet):
+    label = context_label(fleet)
+    rounds = get(fleet, f"/v1/policies/{POLICY}/charts/rounds?context={label}")
+    assert len(rounds["rounds"]) == ROUNDS
+    assert not rounds["incumbent_history_stored"]
+    assert rounds["incumbent"]["theta"] == TUNED
+    assert [r["flows"] for r in rounds["rounds"]] == [12 * len(FLEET)] * ROUNDS
+    assert all(r["incumbent_flows"] == 12 * (len(FLEET) - 1) for r in rounds["rounds"])
+    # the same sums as the trials endpoint, per bucket instead of merged
+    at10 = get(fleet, f"/v1/policies/{POLICY}/charts/rounds?context={label}&sigma=10")
+    assert at10["sigma"] == 10
+    assert all(
+        a["utility"] < b["utility"] for a, b in zip(at10["rounds"], rounds["rounds"], strict=True)
+    )
+
+    pct = get(fleet, f"/v1/policies/{POLICY}/charts/percentiles?context={label}")
+    arms = {a["arm"]: a for a in pct["arms"]}
+    assert list(arms) == ["fusion", "incumbent", "cubic"]
+    assert arms["fusion"]["flows"] == arms["fusion"]["sketched_flows"] == len(fleet.sent)
+    median = sorted(fleet.sent)[len(fleet.sent) // 2]
+    p50 = arms["fusion"]["throughput_mbps"][pct["quantiles"].index(0.5)]
+    assert p50 == pytest.approx(median, rel=0.03)  # the sketch's 1 % plus the sample's rank
+
+    theta = get(fleet, f"/v1/policies/{POLICY}/charts/theta")
+    assert theta["flows"] == len(fleet.sent) and theta["hosts"] == len(FLEET)
+    [md] = [p for p in theta["params"] if p["name"] == "mult_decrease"]
+    by_value = {v["value"]: v for v in md["values"]}
+    assert by_value[0.7]["flows"] == 12 * (len(FLEET) - 1) * ROUNDS
+    assert by_value[0.7]["hosts"] == len(FLEET) - 1
+    for p in theta["params"]:
+        assert sum(v["flows"] for v in p["values"]) == theta["flows"]
+
+    missing = fleet.http.get(
+        f"/v1/policies/{POLICY}/charts/rounds?context=x/y->z/w@3", headers=auth(OPERATOR)
+    )
+    assert missing.status_code == 404 and "not found" in missing.json()["detail"]
+    assert fleet.http.get(f"/v1/policies/{POLICY}/charts/theta").status_code == 401
+
+
+def series(page: Page, element_id: str) -> dict:
+    page.wait.until(lambda _: page.el(element_id).get_attribute("data-series"))
+    return json.loads(page.el(element_id).get_attribute("data-series"))
+
+
+def table_text(page: Page, table: str) -> list[list[str]]:
+    """A table's cells as text, also inside a closed <details> (where Selenium sees none)."""
+    return page.driver.execute_script(
+        "return [...document.getElementById(arguments[0]).tBodies[0].rows]"
+        ".map(r => [...r.cells].map(c => c.textContent));",
+        table,
+    )
+
+
+def drawn(page: Page, element_id: str) -> bool:
+    """The chart was drawn: uPlot put a canvas with pixels of a size in the element."""
+    return bool(
+        page.driver.execute_script(
+            "const c = document.querySelector(`#${arguments[0]} canvas`);"
+            "return c !== null && c.width > 100 && c.height > 50;",
+            element_id,
+        )
+    )
+
+
+def shoot(page: Page, element_id: str, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    el = page.el(element_id)
+    page.driver.execute_script("document.activeElement.blur(); arguments[0].scrollIntoView()", el)
+    assert el.screenshot(str(SHOTS / name))
+
+
+def signed_in(browser, svc, query: str = "", token: str = OPERATOR) -> Page:
+    browser.set_window_size(*SHOT_WINDOW)
+    page = Page(browser, base_url(svc), query)
+    assert "booster token create" in page.el("token-help").text
+    if not query:
+        shoot(page, "welcome", "sign-in.png")
+    page.sign_in(token)
+    page.status_contains("Signed in.")
+    page.wait.until(lambda _: page.rows("rounds-table") and page.rows("days-table"))
+    return page
+
+
+def assert_estimates(plotted: dict, days: list[dict], key: str, name, metric: str) -> None:
+    """``plotted`` holds, per series name, each day's mean, low and high as the API gave them."""
+    for d_i, day in enumerate(days):
+        for entry in day[key]:
+            n = name(entry)
+            for part, suffix in (("mean", ""), ("low", " low"), ("high", " high")):
+                assert plotted[f"{n}{suffix}"][d_i] == pytest.approx(entry[metric][part]), (n, part)
+
+
+def test_charts_plot_what_the_api_answers_offline(fleet, browser):
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.keys import Keys
+
+    label = context_label(fleet)
+    page = signed_in(browser, fleet)
+
+    rounds = get(fleet, f"/v1/policies/{POLICY}/charts/rounds?context={label}")
+    plotted = series(page, "rounds-chart")
+    assert plotted["bucket"] == [r["bucket"] for r in rounds["rounds"]]
+    assert plotted["utility"] == pytest.approx([r["utility"] for r in rounds["rounds"]])
+    assert plotted["incumbent_utility"] == pytest.approx(
+        [r["incumbent_utility"] for r in rounds["rounds"]]
+    )
+    assert "today's incumbent θ (" in page.el("rounds-note").text
+    assert "λ 0.7," in page.el("rounds-note").text
+    assert len(page.rows("rounds-table")) == ROUNDS
+
+    pct = get(fleet, f"/v1/policies/{POLICY}/charts/percentiles?context={label}")
+    plotted = series(page, "percentiles-chart")
+    assert plotted["quantile"] == pct["quantiles"]
+    for arm in pct["arms"]:
+        assert plotted[arm["arm"]] == pytest.approx(arm["throughput_mbps"]), arm["arm"]
+    assert [r[0] for r in table_text(page, "percentiles-table")] == ["fusion", "incumbent", "cubic"]
+
+    theta = get(fleet, f"/v1/policies/{POLICY}/charts/theta")
+    plotted = series(page, "theta-charts")
+    assert set(plotted) == {p["name"] for p in theta["params"]}
+    for p in theta["params"]:
+        assert plotted[p["name"]]["value"] == pytest.approx([v["value"] for v in p["values"]])
+        assert plotted[p["name"]]["flows"] == [v["flows"] for v in p["values"]]
+
+    results = get(fleet, f"/v1/experiments/{EXPERIMENT}/results")
+    assert len(results["days"]) == EXP_DAYS
+    plotted = series(page, "days-chart")
+    assert plotted["day"] == [d["day"] for d in results["days"]]
+    assert set(plotted) == {"day"} | {
+        f"{a}{s}" for a in ("control", "fusion") for s in ("", " low", " high")
+    }
+    assert_estimates(plotted, results["days"], "arms", lambda a: a["arm"], "utility")
+    diff = series(page, "difference-chart")
+    assert_estimates(
+        diff, results["days"], "differences", lambda v: f"{v['arm']} − {v['control']}", "utility"
+    )
+    assert all(d["differences"][0]["utility"]["low"] is not None for d in results["days"])
+
+    by_arm = {a["arm"]: a for a in results["days"][0]["arms"]}
+    page.el("metric").send_keys("t")  # throughput, chosen by keyboard
+    page.wait.until(
+        lambda _: (
+            series(page, "days-chart")["fusion"][0]
+            == pytest.approx(by_arm["fusion"]["throughput_mbps"]["mean"])
+        )
+    )
+    for chart in ("rounds-chart", "percentiles-chart", "days-chart", "difference-chart"):
+        assert drawn(page, chart), chart
+    assert drawn(page, "theta-chart-mult_decrease")
+    page.el("metric").send_keys(Keys.UP)  # back to utility for the picture
+    page.wait.until(
+        lambda _: (
+            series(page, "days-chart")["fusion"][0]
+            == pytest.approx(by_arm["fusion"]["utility"]["mean"])
+        )
+    )
+    shoot(page, "rounds-figure", "rounds.png")
+    shoot(page, "percentiles-figure", "percentiles.png")
+    shoot(page, "theta-figure", "theta.png")
+    shoot(page, "experiments-section", "experiment.png")
+
+    # offline: every resource came from Booster, and other origins cannot be reached at all
+    base = base_url(fleet)
+    loaded = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)"
+    )
+    assert any(u.endswith("/dashboard/uPlot.iife.min.js") for u in loaded)
+    assert all(u.startswith(base) for u in loaded), loaded
+    with pytest.raises(WebDriverException, match=r"net::ERR_"):
+        browser.get("http://example.com/")
+
+
+def test_auto_refresh_shows_new_flows_and_pauses(fleet, browser):
+    label = context_label(fleet)
+    page = signed_in(browser, fleet, "?refresh=2")
+    assert page.el("refresh-seconds").text == "2"
+    assert browser.find_element("tag name", "body").get_attribute("data-auto-refresh") == "on"
+    before = sum(
+        r["flows"]
+        for r in get(fleet, f"/v1/policies/{POLICY}/charts/rounds?context={label}")["rounds"]
+    )
+    shown = page.el("updated").text
+    assert shown.endswith(" UTC")
+    report(
+        fleet,
+        FLEET[0],
+        POLICY,
+        [aggregate([30.0] * 5, 4, theta=TUNED)],
+        int(time.time() * 1000) - 300_000,
+    )
+    page.wait.until(
+        lambda _: sum(int(r[1]) for r in table_text(page, "rounds-table")) == before + 5
+    )
+    assert page.el("updated").get_attribute("datetime")
+
+    page.el("pause").click()
+    page.status_contains("Auto-refresh paused.")
+    assert page.el("pause").get_attribute("aria-pressed") == "true"
+    assert page.el("pause").text == "Resume"
+    assert browser.find_element("tag name", "body").get_attribute("data-auto-refresh") == "paused"
+    page.el("pause").click()
+    page.status_contains("Auto-refresh resumed.")
+
+
+def test_every_control_is_reached_by_keyboard(fleet, browser):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    # signed in as the sign-in help says a new viewer gets a token: from the booster CLI
+    db = fleet.server.settings.database_url.get_secret_value()
+    created = booster_cli("token", "create", "--name", "alice", "--role", "viewer", db=db)
+    assert created.returncode == 0, created.stderr
+    signed_in(browser, fleet, token=created.stdout.strip())
+    reached = []
+    for _ in range(60):
+        ActionChains(browser).send_keys(Keys.TAB).perform()
+        el = browser.switch_to.active_element
+        reached.append(el.get_attribute("id") or el.tag_name)
+    wanted = {
+        "policy",
+        "context",
+        "pause",
+        "refresh",
+        "sigma",
+        "exploration",
+        "preview",
+        "save",
+        "experiment",
+        "metric",
+    }
+    assert wanted <= set(reached), reached
+    assert reached.count("summary") >= 4  # each chart's table alternative opens by keyboard
+    for control in wanted:  # every control has a label a screen reader reads
+        labelled = browser.execute_script(
+            "const e = document.getElementById(arguments[0]);"
+            "return (e.labels && e.labels.length > 0) || e.textContent.trim().length > 0;",
+            control,
+        )
+        assert labelled, control
+
+
+def test_vendored_chart_library_ships_in_the_package():
+    globs = tomllib.loads((ROOT / "booster" / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["gemini_booster.service.dashboard"]
+    for name in VENDOR:
+        assert (DASHBOARD_DIR / name).is_file(), name
+        assert any(fnmatch.fnmatch(name, g) for g in globs), name
+    notes = (DASHBOARD_DIR / "VENDORED.md").read_text()
+    assert "uplot@1.6.32" in notes
+    assert "v1.6.32" in (DASHBOARD_DIR / VENDOR[0]).read_text()[:200]
+    html = (DASHBOARD_DIR / "index.html").read_text()
+    assert "http://" not in html and "https://" not in html  # no other origin, no CDN

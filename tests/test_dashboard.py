@@ -147,6 +147,7 @@ def test_operator_sees_plans_and_comparison_previews_and_saves_sigma(ab, browser
     arms = {row[1]: row for row in page.rows("comparison")}
     assert arms["cubic"][3] == f"{cubic['utility']:.2f} ± {cubic['utility_stderr']:.2f}"
     assert page.el("comparison-sigma").text == "(at σ = 10, not saved)"
+    assert page.el("rounds-sigma").text.startswith("(σ = 10,")  # the utility chart too
     assert ab.booster.policies[POLICY].sigma == 0.5
 
     page.set_field("sigma", "2")

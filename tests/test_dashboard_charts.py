@@ -160,6 +160,7 @@ def test_chart_endpoints_answer_from_the_stored_sums_and_sketches(fleet):
 
     theta = get(fleet, f"/v1/policies/{POLICY}/charts/theta")
     assert theta["flows"] == len(fleet.sent) and theta["hosts"] == len(FLEET)
+    assert theta["reports"] == pct["reports"] == ROUNDS * len(FLEET) and not pct["truncated"]
     [md] = [p for p in theta["params"] if p["name"] == "mult_decrease"]
     by_value = {v["value"]: v for v in md["values"]}
     assert by_value[0.7]["flows"] == 12 * (len(FLEET) - 1) * ROUNDS

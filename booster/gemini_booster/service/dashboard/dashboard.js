@@ -229,8 +229,9 @@ function showTheta(d) {
     p.values.forEach((v) => rows.push({ p, v }));
   }
   box.dataset.series = JSON.stringify(all);
-  $("theta-note").textContent = `Share of ${d.flows} Fusion flows from ${d.hosts} hosts per ` +
-    `parameter value, over the last ${d.hours} h; ${d.thetas.length} distinct θ.`;
+  $("theta-note").textContent = `Share of ${d.flows} Fusion flows per parameter value over the ` +
+    `last ${d.hours} h (${d.thetas.length} distinct θ); hosts: ${d.hosts} in the newest ` +
+    `${d.reports} reports.`;
   fill("theta-table", rows, (row, { p, v }) => {
     cell(row, `${p.symbol} (${p.name})`);
     cell(row, `${Number(v.value.toPrecision(4))}${unitText(p.unit)}`, true);

@@ -4,7 +4,9 @@ agents' quantile sketches; all over the policy's history window.
 
 Utilities are eq. 9 over stored running sums (``FlowSums.utility``), so a chart at another σ is
 exact, as for the trials endpoint. The incumbent per round is not stored (plans keep only the
-current one), so ``rounds`` marks today's incumbent in every bucket where it ran.
+current one), so ``rounds`` marks today's incumbent in every bucket where it ran. Sketches and
+hosts exist only in the raw aggregates, which are read from the policy's newest reports only
+(``MAX_RECENT_REPORTS``): flows come from the trials' sums over the whole window.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, Field
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Connection, Engine, func, select
 
 from gemini_api import sketch as sketches
 from gemini_api.v1 import booster_pb2 as pb
@@ -40,8 +42,10 @@ ContextQuery = Annotated[
 ]
 # Throughput percentiles drawn (Fig. 9 of the paper shows the median and tails).
 QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
-# Newest raw aggregates merged for one context's percentiles: a bound on one request's work.
-MAX_SKETCHED_AGGREGATES = 20_000
+# Raw aggregates (the only place sketches and hosts are kept) are read from the policy's newest
+# reports only, found backwards along the reports' primary key: a bound on one request's work
+# whatever the size of the table (reports have no index by time).
+MAX_RECENT_REPORTS = 20_000
 FUSION_ARM, INCUMBENT_ARM = "fusion", "incumbent"
 
 
@@ -91,14 +95,15 @@ class ParamDistribution(BaseModel):
 class ThetaInUse(BaseModel):
     theta: dict[str, int]
     natural: dict[str, float]
-    flows: int
-    hosts: int
+    flows: int = Field(description="over the window, from the trials' sums")
+    hosts: int = Field(description="hosts that reported it in the newest reports")
 
 
 class ThetaDistributionOut(BaseModel):
-    hours: float = Field(description="the window: the policy's history_hours")
+    hours: float = Field(description="the window of flows: the policy's history_hours")
     flows: int
-    hosts: int
+    hosts: int = Field(description="hosts in the newest reports (``reports``) that ran Fusion")
+    reports: int = Field(description="newest reports of the window read for hosts")
     thetas: list[ThetaInUse] = Field(description="most flows first")
     params: list[ParamDistribution]
 
@@ -116,8 +121,8 @@ class PercentilesOut(BaseModel):
     label: str
     hours: float
     quantiles: list[float]
-    aggregates: int
-    truncated: bool = Field(description="only the newest aggregates were merged")
+    reports: int = Field(description="newest reports of the window read")
+    truncated: bool = Field(description="the window held more reports than were read")
     delay_note: str
     arms: list[ArmPercentiles]
 
@@ -214,17 +219,61 @@ def rounds(
     )
 
 
-def _recent_aggregates(policy: Policy):
-    """Raw aggregates of ``policy`` from reports whose interval ended within the window."""
+def _recent_reports(policy: Policy, limit: int = MAX_RECENT_REPORTS):
+    """The newest ``limit`` reports of ``policy`` within its history window, as a subquery of
+    id and host."""
     return (
-        select()
-        .select_from(ReportAggregate)
-        .join(Report, Report.id == ReportAggregate.report_pk)
+        select(Report.id, Report.host_id)
         .where(
-            ReportAggregate.policy_id == policy.id,
+            Report.policy_id == policy.id,
             Report.interval_end >= func.now() - _window(policy),
         )
+        .order_by(Report.id.desc())
+        .limit(limit)
+        .subquery()
     )
+
+
+def _count_recent_reports(conn: Connection, policy: Policy) -> tuple[int, bool]:
+    """How many reports ``_recent_reports`` reads, and whether the window held more."""
+    more = _recent_reports(policy, MAX_RECENT_REPORTS + 1)
+    n = conn.execute(select(func.count()).select_from(more)).scalar_one()
+    return min(n, MAX_RECENT_REPORTS), n > MAX_RECENT_REPORTS
+
+
+def _theta_flows(engine: Engine, policy: Policy) -> dict[str, int]:
+    """θ key → Fusion flows over the history window, from the trials' sums."""
+    q = (
+        select(TrialRow.theta_key, func.sum(TrialRow.flow_count))
+        .where(
+            TrialRow.policy_id == policy.id,
+            TrialRow.cc == "",
+            TrialRow.bucket >= func.now() - _window(policy),
+        )
+        .group_by(TrialRow.theta_key)
+    )
+    with engine.connect() as conn:
+        return {key: int(n) for key, n in conn.execute(q)}
+
+
+def _theta_hosts(engine: Engine, policy: Policy) -> tuple[dict[str, int], int, int]:
+    """θ key → hosts that reported Fusion flows under it in the newest reports; the hosts in
+    all, and how many reports were read."""
+    recent = _recent_reports(policy)
+    fusion = (
+        select(ReportAggregate.theta_key, recent.c.host_id)
+        .join(recent, recent.c.id == ReportAggregate.report_pk)
+        .where(ReportAggregate.cc == "")
+        .subquery()
+    )
+    per_theta = select(fusion.c.theta_key, func.count(func.distinct(fusion.c.host_id))).group_by(
+        fusion.c.theta_key
+    )
+    with engine.connect() as conn:
+        hosts = {key: int(n) for key, n in conn.execute(per_theta)}
+        total = conn.execute(select(func.count(func.distinct(fusion.c.host_id)))).scalar_one()
+        reports, _ = _count_recent_reports(conn, policy)
+    return hosts, int(total), reports
 
 
 def _param_distributions(booster: Booster, thetas: list[ThetaInUse]) -> list[ParamDistribution]:
@@ -242,29 +291,27 @@ def _param_distributions(booster: Booster, thetas: list[ThetaInUse]) -> list[Par
 
 @router.get("/theta", responses=NOT_FOUND)
 def theta_distribution(policy: PolicyDep, booster: BoosterDep) -> ThetaDistributionOut:
-    """The θ Fusion flows ran under across hosts over the history window: per θ and, per
-    parameter, per value, the flows and the hosts that reported them."""
-    base = _recent_aggregates(policy).where(ReportAggregate.cc == "")
-    per_theta = base.add_columns(
-        ReportAggregate.theta_key,
-        func.sum(ReportAggregate.flow_count),
-        func.count(func.distinct(Report.host_id)),
-    ).group_by(ReportAggregate.theta_key)
-    total_hosts = base.add_columns(func.count(func.distinct(Report.host_id)))
-    with booster.engine.connect() as conn:
-        rows = conn.execute(per_theta).all()
-        hosts = conn.execute(total_hosts).scalar_one()
+    """The θ Fusion flows ran under over the history window: per θ and, per parameter, per
+    value, the flows, and the hosts that reported it in the newest reports."""
+    flows = _theta_flows(booster.engine, policy)
+    hosts, total_hosts, reports = _theta_hosts(booster.engine, policy)
     thetas = []
-    for key, flows, n_hosts in rows:
+    for key in flows.keys() | hosts.keys():
         theta = booster.spec.from_key(key)
         thetas.append(
-            ThetaInUse(theta=theta, natural=booster.spec.natural(theta), flows=flows, hosts=n_hosts)
+            ThetaInUse(
+                theta=theta,
+                natural=booster.spec.natural(theta),
+                flows=flows.get(key, 0),
+                hosts=hosts.get(key, 0),
+            )
         )
     thetas.sort(key=lambda t: (-t.flows, sorted(t.theta.items())))
     return ThetaDistributionOut(
         hours=policy.history_hours,
         flows=sum(t.flows for t in thetas),
-        hosts=hosts,
+        hosts=total_hosts,
+        reports=reports,
         thetas=thetas,
         params=_param_distributions(booster, thetas),
     )
@@ -303,22 +350,22 @@ def percentiles(policy: PolicyDep, booster: BoosterDep, context: ContextQuery) -
     Agents sketch throughput only; queueing delay is its mean and standard deviation."""
     context_id = _context_id(booster.engine, context)
     incumbent, _ = _incumbent_key(booster, policy, context)
+    recent = _recent_reports(policy)
     q = (
-        _recent_aggregates(policy)
-        .add_columns(
+        select(
             ReportAggregate.cc,
             ReportAggregate.theta_key,
             ReportAggregate.sketch,
             *(getattr(ReportAggregate, f) for f in SUM_FIELDS),
         )
+        .join(recent, recent.c.id == ReportAggregate.report_pk)
         .where(ReportAggregate.context_id == context_id)
-        .order_by(ReportAggregate.id.desc())
-        .limit(MAX_SKETCHED_AGGREGATES + 1)
     )
     with booster.engine.connect() as conn:
+        reports, truncated = _count_recent_reports(conn, policy)
         rows = conn.execute(q).all()
     arms: dict[str, _Arm] = defaultdict(_Arm)
-    for cc, key, raw, n, *sums in rows[:MAX_SKETCHED_AGGREGATES]:
+    for cc, key, raw, n, *sums in rows:
         flow_sums = FlowSums(int(n), *map(float, sums))
         names = [cc] if cc else [FUSION_ARM] + ([INCUMBENT_ARM] if key == incumbent else [])
         for name in names:
@@ -328,8 +375,8 @@ def percentiles(policy: PolicyDep, booster: BoosterDep, context: ContextQuery) -
         label=context,
         hours=policy.history_hours,
         quantiles=list(QUANTILES),
-        aggregates=min(len(rows), MAX_SKETCHED_AGGREGATES),
-        truncated=len(rows) > MAX_SKETCHED_AGGREGATES,
+        reports=reports,
+        truncated=truncated,
         delay_note="agents sketch throughput only: queueing delay is a mean and a deviation",
         arms=[arms[a].out(a) for a in order if a in arms],
     )

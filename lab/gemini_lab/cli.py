@@ -7,6 +7,7 @@ gemini-lab check        the acceptance plans (outcomes in UML, the module in qem
 gemini-lab records      short fusion flows as fast as the guest makes them; records lost?
 gemini-lab loop         Booster here + agent in the guest: the closed loop, plot in PNG
 gemini-lab landscape    utility of fixed θ on the loop's paths (--theta k=v,k=v per cell)
+gemini-lab tune         Booster tunes all of θ on scenarios (several = several contexts at once)
 gemini-lab determinism  the same flows idle and with every host core busy, compared
 """
 
@@ -16,14 +17,20 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gemini_api.theta import load_spec
+from gemini_api.theta import REGIONS, load_spec
 from gemini_lab import plans, report, scenario
 from gemini_lab.host import BACKENDS, REPO, run_plan
 from gemini_lab.vm import LabError
 
+if TYPE_CHECKING:
+    from gemini_booster.config import Settings
+
 DEFAULT_OUT = REPO / "var" / "lab"
+STALENESS_INTERVALS = 1.5  # tune: the agent falls back to the default θ this soon
 
 
 def _theta(pairs: list[str]) -> dict[str, int]:
@@ -84,30 +91,34 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_loop(args: argparse.Namespace) -> None:
+def _lab_settings(token: str) -> Callable[[str], Settings]:
+    """Booster's settings for a lab run (embedded PostgreSQL), given its gRPC address."""
     from gemini_booster.config import Settings
+
+    return lambda listen: Settings(
+        grpc_listen=listen,
+        http_port=0,
+        refit_interval_s=2,
+        bootstrap_agent_token=token,
+        allow_unbound_agent_tokens=True,  # the lab's guest hosts share one agent token
+    )
+
+
+def _agent_token() -> str:
+    return "lab-agent-" + os.urandom(8).hex()
+
+
+def cmd_loop(args: argparse.Namespace) -> None:
     from gemini_lab.loop import LoopConfig, run_loop
 
-    token = "lab-agent-" + os.urandom(8).hex()
+    token = _agent_token()
     cfg = LoopConfig(
         interval_s=args.interval,
         sigma=args.sigma,
         search_reports=args.search_reports,
         eval_reports=args.eval_reports,
     )
-    result = run_loop(
-        lambda listen: Settings(
-            grpc_listen=listen,
-            http_port=0,
-            refit_interval_s=2,
-            bootstrap_agent_token=token,
-            allow_unbound_agent_tokens=True,  # the lab's guest hosts share one agent token
-        ),
-        args.port,
-        token,
-        args.out,
-        cfg,
-    )
+    result = run_loop(_lab_settings(token), args.port, token, args.out, cfg)
     for region, values in sorted(result.rounds.items()):
         print(f"{region:>8}: " + " ".join(f"{v:6.2f}" for v in values))
         print(
@@ -127,6 +138,33 @@ def cmd_loop(args: argparse.Namespace) -> None:
         print(f"{region:>8} incumbent: {theta}")
     print(f"reports: {len(result.report_ids)}, duplicates: {result.duplicate_ids}")
     print(f"plot: {result.plot}")
+
+
+def cmd_tune(args: argparse.Namespace) -> None:
+    """One run per σ, each in its own directory; prints each run's summary and record."""
+    from gemini_lab.loop import LoopConfig
+    from gemini_lab.tune import initial_points, run_tune, summary_rows
+
+    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    for sigma in args.sigma:
+        token, out = _agent_token(), args.out / f"tune-sigma-{sigma:g}"
+        cfg = LoopConfig(
+            interval_s=args.interval,
+            sigma=sigma,
+            flow_bytes=args.flow_bytes,
+            search_reports=args.rounds,
+            eval_reports=args.eval_rounds,
+            n_initial_points=args.initial_points or initial_points(len(args.scenario)),
+            default_reports=args.default_rounds,
+            staleness_s=STALENESS_INTERVALS * args.interval,
+            duration_s=(args.rounds + 2 * args.eval_rounds + 10) * args.interval + 300,
+        )
+        result = run_tune(
+            _lab_settings(token), args.port, token, out, args.scenario, args.region, cfg, command
+        )
+        print(f"σ = {sigma:g}, {args.region} region")
+        print("\n".join(summary_rows(result)))
+        print(f"record: {out / 'tune.md'}, {result.record}; plot: {result.plot}", flush=True)
 
 
 def cmd_landscape(args: argparse.Namespace) -> None:
@@ -187,10 +225,35 @@ def main(argv: list[str] | None = None) -> None:
     land.add_argument("--flows", type=int, default=6, help="flows per cell and path")
     land.add_argument("--flow-bytes", default="3M")
     land.add_argument("--sigma", type=float, default=0.1)
+    tune = sub.add_parser("tune", help="Booster tunes all seven parameters on scenarios")
+    tune.add_argument(
+        "--scenario",
+        action="append",
+        default=None,
+        help="a scenario (repeat: one context per scenario, all tuned at once); ethernet",
+    )
+    tune.add_argument(
+        "--sigma", action="append", type=float, default=None, help="repeat: a run per σ; 0.1"
+    )
+    tune.add_argument("--region", choices=REGIONS, default="production", help="Θ or Θ′")
+    tune.add_argument("--rounds", type=int, default=30, help="reporting rounds of search ...")
+    tune.add_argument(
+        "--eval-rounds", type=int, default=8, help="... then with exploration off (tuned θ)"
+    )
+    tune.add_argument(
+        "--default-rounds",
+        type=int,
+        default=8,
+        help="... then on the default θ (Booster stopped: the agent falls back to it)",
+    )
+    tune.add_argument("--initial-points", type=int, default=0, help="0: 6 per scenario")
+    tune.add_argument("--interval", type=float, default=8)
+    tune.add_argument("--flow-bytes", default="3M")
+    tune.add_argument("--port", type=int, default=50152)
     det = sub.add_parser("determinism", help="the same flows idle and with the host busy")
     det.add_argument("--repeats", type=int, default=2)
     det.add_argument("--duration", type=int, default=20)
-    for p in (run, bench, records, loop, land, det, sub.choices["check"]):
+    for p in (run, bench, records, loop, land, tune, det, sub.choices["check"]):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     for p in (run, bench, records, det):
         p.add_argument(
@@ -218,6 +281,10 @@ def main(argv: list[str] | None = None) -> None:
             return cmd_loop(args)
         elif args.cmd == "landscape":
             return cmd_landscape(args)
+        elif args.cmd == "tune":
+            args.scenario = args.scenario or ["ethernet"]
+            args.sigma = args.sigma or [0.1]
+            return cmd_tune(args)
         elif args.cmd == "determinism":
             from gemini_lab import determinism
 

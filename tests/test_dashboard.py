@@ -6,10 +6,6 @@ refused. Skips where Chromium is not installed (scripts/install-browser.sh)."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -41,9 +37,8 @@ CHROMIUM_FLAGS = (
 WAIT_S = 20
 
 
-@contextmanager
-def chromium(profile: Path) -> Iterator[Any]:
-    """Headless Chromium under Selenium, with its own profile directory; skips without it."""
+@pytest.fixture
+def browser(tmp_path):
     if not (CHROMIUM and CHROMEDRIVER):
         pytest.skip("needs chromium and chromedriver (scripts/install-browser.sh)")
     from selenium import webdriver
@@ -51,19 +46,13 @@ def chromium(profile: Path) -> Iterator[Any]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
     try:
         yield driver
     finally:
         driver.quit()
-
-
-@pytest.fixture
-def browser(tmp_path):
-    with chromium(tmp_path / "profile") as driver:
-        yield driver
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from gemini_booster.storage import repository as repo
 
 from .conftest import OPERATOR, agent_md, auth
 from .test_cli import booster as booster_cli
-from .test_dashboard import Page, base_url, chromium
+from .test_dashboard import Page, base_url, browser  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "docs" / "dashboard"
@@ -103,12 +103,6 @@ def seed_experiment(svc, rng: random.Random, now: datetime) -> None:
             cubic = [rng.uniform(15, 23) for _ in range(8)]
             aggs = [aggregate(fusion, 6, theta=TUNED), aggregate(cubic, 12, "cubic")]
             report(svc, host, EXP_POLICY, aggs, now_ms - d * DAY_MS - 10 * 60_000)
-
-
-@pytest.fixture
-def browser(tmp_path):
-    with chromium(tmp_path / "profile") as driver:
-        yield driver
 
 
 @pytest.fixture
@@ -207,9 +201,9 @@ def shoot(page: Page, element_id: str, name: str) -> None:
     assert el.screenshot(str(SHOTS / name))
 
 
-def signed_in(browser, svc, query: str = "", token: str = OPERATOR) -> Page:
-    browser.set_window_size(*SHOT_WINDOW)
-    page = Page(browser, base_url(svc), query)
+def signed_in(driver, svc, query: str = "", token: str = OPERATOR) -> Page:
+    driver.set_window_size(*SHOT_WINDOW)
+    page = Page(driver, base_url(svc), query)
     assert "booster token create" in page.el("token-help").text
     if not query:
         shoot(page, "welcome", "sign-in.png")
@@ -228,7 +222,7 @@ def assert_estimates(plotted: dict, days: list[dict], key: str, name, metric: st
                 assert plotted[f"{n}{suffix}"][d_i] == pytest.approx(entry[metric][part]), (n, part)
 
 
-def test_charts_plot_what_the_api_answers_offline(fleet, browser):
+def test_charts_plot_what_the_api_answers_offline(fleet, browser):  # noqa: F811
     from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.keys import Keys
 
@@ -308,7 +302,7 @@ def test_charts_plot_what_the_api_answers_offline(fleet, browser):
         browser.get("http://example.com/")
 
 
-def test_auto_refresh_shows_new_flows_and_pauses(fleet, browser):
+def test_auto_refresh_shows_new_flows_and_pauses(fleet, browser):  # noqa: F811
     label = context_label(fleet)
     page = signed_in(browser, fleet, "?refresh=2")
     assert page.el("refresh-seconds").text == "2"
@@ -340,7 +334,7 @@ def test_auto_refresh_shows_new_flows_and_pauses(fleet, browser):
     page.status_contains("Auto-refresh resumed.")
 
 
-def test_every_control_is_reached_by_keyboard(fleet, browser):
+def test_every_control_is_reached_by_keyboard(fleet, browser):  # noqa: F811
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
 

@@ -12,11 +12,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gemini_agent import reporter as reporter_module
 from gemini_agent.config import AgentSettings
 from gemini_agent.daemon import Agent
+from gemini_agent.datapath import ModuleParams
 from gemini_agent.writeback import Kernel
-from gemini_api.theta import load_spec
+from gemini_api.theta import load_datapath, load_spec
 from gemini_api.v1 import booster_pb2 as pb
 
 from .conftest import OPERATOR, agent_md, auth
@@ -149,8 +152,19 @@ class Answers:
         return call
 
 
-def _agent(tmp: Path, answers: list[bytes]) -> Agent:
-    reporter_module.open_channel = lambda settings: Answers(answers)  # type: ignore[assignment]
+def _agent(
+    tmp: Path,
+    answers: list[bytes],
+    module_params: dict[str, ModuleParams] | None = None,
+    monkeypatch: pytest.MonkeyPatch | None = None,
+) -> Agent:
+    """An agent whose Booster answers ``answers`` in turn; Fusion's sysctls in a directory.
+    Without ``monkeypatch`` (in a forked worker only) the channel is replaced for good."""
+    channel = lambda settings: Answers(answers)  # noqa: E731
+    if monkeypatch is not None:
+        monkeypatch.setattr(reporter_module, "open_channel", channel)
+    else:
+        reporter_module.open_channel = channel  # type: ignore[assignment]
     fusion = tmp / "net-fusion"
     fusion.mkdir()
     for name, value in SPEC.default().items():
@@ -158,7 +172,8 @@ def _agent(tmp: Path, answers: list[bytes]) -> Agent:
     settings = AgentSettings(
         host_id="h", policy="default", spool_dir=tmp / "spool", sysctl_root=fusion
     )
-    return Agent(settings, kernel=Kernel(fusion, use_netlink=False))
+    kernel = Kernel(fusion, use_netlink=False)
+    return Agent(settings, kernel=kernel, module_params=module_params or {})
 
 
 def _runs_the_arms(tmp: Path, answers: list[bytes]) -> None:
@@ -181,3 +196,27 @@ def test_the_agent_runs_the_arms_booster_answers_and_restores_the_host(booster, 
     booster.http.post("/v1/experiments/reno-vs-cubic/stop", headers=auth(OPERATOR))
     answers.append(ask(booster, by_arm["control"]).SerializeToString())
     in_netns(functools.partial(_runs_the_arms, tmp_path, answers))
+
+
+def test_a_fixed_cubic_arm_carries_its_theta_and_bbr_cannot_be_fixed(booster) -> None:
+    cubic = load_datapath("cubic")
+    theta = cubic.default() | {"beta": 850}
+    arms = setup(
+        booster,
+        name="cubic-fixed",
+        arms=[
+            {"name": "control", "cc": "cubic"},
+            {"name": "fixed", "cc": "cubic", "params": "fixed", "theta": theta},
+        ],
+    )
+    host = next(h for h, a in arms.items() if a == "fixed")
+    arm = arm_of(booster, host)
+    assert arm is not None and arm.params == pb.ExperimentArm.FIXED
+    assert arm.fixed_theta.datapath == "cubic" and dict(arm.fixed_theta.values) == theta
+    outside = {"name": "x", "cc": "cubic", "params": "fixed", "theta": theta | {"beta": 1024}}
+    r = booster.http.post(
+        "/v1/experiments",
+        json=experiment(name="outside", arms=[{"name": "c", "cc": "cubic"}, outside]),
+        headers=auth(OPERATOR),
+    )
+    assert r.status_code == 422 and "beta" in r.text, r.text

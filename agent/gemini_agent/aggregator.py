@@ -46,6 +46,10 @@ class Aggregator:
         # is taken when an interval closes, so it holds still until the next one.
         self._recent_flows: Counter[Place] = Counter()
         self._ranking: list[Place] = []
+        # The θ of a host-wide datapath (CUBIC's module parameters) the host runs for its
+        # policy: its flows of that CC are reported as the policy's trials of that θ. The agent
+        # closes the interval before changing it.
+        self.datapath_theta: pb.DatapathTheta | None = None
 
     def add(self, flow: Flow) -> None:
         if not flow.stats.usable:
@@ -80,13 +84,21 @@ class Aggregator:
         if not slots:
             return None
         report_id = uuid.uuid5(REPORT_NAMESPACE, f"{self.host_id}/{self.policy}/{start_ms}")
+        aggregates = [
+            s.builder.to_proto(s.theta, s.version, s.context, s.cc) for s in slots.values()
+        ]
+        ran = self.datapath_theta
+        for agg in aggregates:
+            if ran is not None and agg.cc == ran.datapath:
+                # The policy's own CC: its flows are trials of the θ that ran, not a baseline
+                # (cc left empty, as for Fusion's flows; the θ in the datapath's message).
+                agg.cc = ""
+                agg.datapath_theta.CopyFrom(ran)
         return pb.ReportRequest(
             report_id=str(report_id),
             host_id=self.host_id,
             policy=self.policy,
             interval_start_unix_ms=start_ms,
             interval_end_unix_ms=end_ms,
-            aggregates=[
-                s.builder.to_proto(s.theta, s.version, s.context, s.cc) for s in slots.values()
-            ],
+            aggregates=aggregates,
         )

@@ -27,13 +27,14 @@ from gemini_agent.aggregator import Aggregator
 from gemini_agent.config import AgentSettings
 from gemini_agent.congestion import ArmApplier, NetKernel
 from gemini_agent.context import ContextResolver, MmdbTable, Place, PrefixTable
+from gemini_agent.datapath import ModuleParams, datapath_message, host_theta
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.reporter import Reporter
 from gemini_agent.sources import FusionRecordSource, SockDiagSource, Source
 from gemini_agent.spool import Spool
 from gemini_agent.table import Destinations
 from gemini_agent.writeback import Kernel, Plan, ThetaApplier
-from gemini_api.theta import ThetaError
+from gemini_api.theta import ThetaError, datapath_of, datapaths, load_datapath
 from gemini_api.v1 import booster_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,19 @@ def booster_peers(s: AgentSettings) -> frozenset[tuple[str, int]]:
     return frozenset((str(info[4][0]), int(port)) for info in infos)
 
 
+def host_datapaths() -> dict[str, ModuleParams]:
+    """A writer for each datapath whose θ is host-wide (CUBIC's module parameters)."""
+    specs = (load_datapath(d) for d in datapaths())
+    return {s.datapath: ModuleParams(s) for s in specs if s.scope == "host"}
+
+
 class Agent:
     def __init__(
-        self, settings: AgentSettings, kernel: Kernel | None = None, net: NetKernel | None = None
+        self,
+        settings: AgentSettings,
+        kernel: Kernel | None = None,
+        net: NetKernel | None = None,
+        module_params: dict[str, ModuleParams] | None = None,
     ) -> None:
         self.s = settings
         self.metrics = AgentMetrics()
@@ -80,6 +91,7 @@ class Agent:
         self.applier = ThetaApplier(self.kernel, self.metrics, settings.staleness_s)
         self.arms = ArmApplier(net or NetKernel(settings.net_ipv4_root), self.metrics)
         self.arm: pb.ExperimentArm | None = None  # Booster's last word on this host's arm
+        self.module_params = module_params if module_params is not None else host_datapaths()
         self.destinations = Destinations(self.resolver.networks())
         # without flows seen yet, the places holding the most prefixes first
         self.by_size = sorted(
@@ -153,6 +165,50 @@ class Agent:
             if self.s.apply_to_kernel:
                 self.arms.apply(None)
 
+    def host_choice(self, resp: pb.GetParametersResponse) -> tuple[str, dict[str, int] | None]:
+        """(datapath, θ) the host-wide datapaths should run: an arm of a CC with a host-wide
+        spec decides (its fixed θ; None for the kernel's own values), else the policy's plan."""
+        arm = self.arm
+        if arm is not None and arm.cc in self.module_params:
+            if arm.params == pb.ExperimentArm.FIXED:
+                return arm.cc, dict(arm.fixed_theta.values)
+            if arm.params == pb.ExperimentArm.KERNEL_DEFAULT:
+                return arm.cc, None
+        target = datapath_of(resp.target_cc)
+        return target, host_theta(resp, target)
+
+    def apply_host_theta(self, resp: pb.GetParametersResponse) -> None:
+        """Write the θ of the host-wide datapath chosen (gemini_agent.datapath); put back the
+        kernel's own values of any other one this agent changed."""
+        target, theta = self.host_choice(resp)
+        for datapath, params in self.module_params.items():
+            if datapath != target or theta is None:
+                self._restore_params(params)
+                continue
+            if not params.available():
+                continue
+            if params.written is not None and theta != params.written:
+                self.close_interval()  # each report's flows of this CC ran one θ
+            try:
+                written = params.write(theta)
+            except ThetaError as exc:
+                log.error("refusing %s θ: %s", datapath, exc)
+                self.metrics.theta_refused.inc()
+                continue
+            except OSError as exc:
+                log.error("cannot write %s θ into the kernel: %s", datapath, exc)
+                continue
+            self.aggregator.datapath_theta = datapath_message(params.spec, written)
+
+    def _restore_params(self, params: ModuleParams) -> None:
+        try:
+            params.restore()
+        except OSError as exc:
+            log.error("cannot restore %s's parameters: %s", params.spec.datapath, exc)
+        ran = self.aggregator.datapath_theta
+        if ran is not None and ran.datapath == params.spec.datapath:
+            self.aggregator.datapath_theta = None
+
     def refresh_theta(self, _retry: bool = False) -> None:
         now = dt.datetime.now(dt.UTC)
         rank = self.ranked_places()
@@ -182,6 +238,7 @@ class Agent:
         plan = self.applier.plan_from(resp, asked)
         if self.s.apply_to_kernel:
             plan = self.apply_arm(plan)
+            self.apply_host_theta(resp)
             try:
                 self.applier.apply(plan, self.destinations, rank)
             except OSError as exc:  # the sysctls are gone: the module was unloaded
@@ -246,3 +303,5 @@ class Agent:
             self.close_interval()
             if self.s.apply_to_kernel:
                 self.arms.restore()  # a clean exit leaves the host's own CC settings
+                for params in self.module_params.values():
+                    self._restore_params(params)

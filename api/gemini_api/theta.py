@@ -1,4 +1,9 @@
-"""Loader and checks for the θ specification (``theta_spec.toml``).
+"""Loader and checks for θ specifications: one per datapath.
+
+A datapath is a congestion control whose parameters Booster tunes, with a way to apply them.
+Fusion's spec is ``theta_spec.toml`` (per destination context, through the module's table);
+others are ``specs/<datapath>.toml`` (e.g. Linux CUBIC's module parameters, one θ per host).
+``load_spec()`` is Fusion's, ``load_datapath(name)`` any datapath's; the format is the same.
 
 θ is carried everywhere as integers in the spec's units (one unit = one step of granularity), the
 same integers the kernel's sysctls take. That keeps Booster, the agent and the kernel bit-exact:
@@ -14,7 +19,10 @@ from functools import cache, cached_property
 from pathlib import Path
 
 SPEC_PATH = Path(__file__).with_name("theta_spec.toml")
+SPECS_DIR = Path(__file__).with_name("specs")
 REGIONS = ("production", "wide")
+FUSION = "fusion"
+SCOPES = ("context", "host")  # one θ per destination context, or one per host
 
 
 class ThetaError(ValueError):
@@ -48,6 +56,9 @@ Bounds = Mapping[str, tuple[int, int]]
 class ThetaSpec:
     version: int
     params: tuple[ThetaParam, ...]
+    datapath: str = FUSION
+    target: str = ""  # where θ is written (Fusion: its sysctls and netlink table)
+    scope: str = "context"
 
     @cached_property
     def names(self) -> tuple[str, ...]:
@@ -123,6 +134,9 @@ class ThetaSpec:
 
 
 def _parse(raw: dict) -> ThetaSpec:
+    scope = raw.get("scope", "context")
+    if scope not in SCOPES:
+        raise ThetaError(f"spec scope {scope!r}; expected one of {SCOPES}")
     params = []
     for entry in raw["param"]:
         p = ThetaParam(
@@ -140,10 +154,39 @@ def _parse(raw: dict) -> ThetaSpec:
         if not (wlo <= plo <= p.default <= phi <= whi):
             raise ThetaError(f"spec for {p.name}: need wide ⊇ production ∋ default")
         params.append(p)
-    return ThetaSpec(version=int(raw["version"]), params=tuple(params))
+    return ThetaSpec(
+        version=int(raw["version"]),
+        params=tuple(params),
+        datapath=str(raw.get("datapath", FUSION)),
+        target=str(raw.get("target", "")),
+        scope=scope,
+    )
 
 
 @cache
 def load_spec(path: Path = SPEC_PATH) -> ThetaSpec:
     with open(path, "rb") as f:
         return _parse(tomllib.load(f))
+
+
+def datapaths() -> tuple[str, ...]:
+    """Every datapath with a spec: Fusion first, then ``specs/*.toml`` by name."""
+    return (FUSION, *sorted(p.stem for p in SPECS_DIR.glob("*.toml")))
+
+
+def datapath_of(cc: str) -> str:
+    """The datapath that tunes congestion control ``cc``: its own spec when it has one, else
+    Fusion's (a policy's target CC without a spec of its own tunes Fusion, as before)."""
+    return cc if cc != FUSION and (SPECS_DIR / f"{cc}.toml").is_file() else FUSION
+
+
+def load_datapath(datapath: str) -> ThetaSpec:
+    """The spec of ``datapath`` ("fusion", "cubic", ...); ThetaError when there is none."""
+    if datapath == FUSION:
+        return load_spec()
+    if datapath not in datapaths():
+        raise ThetaError(f"no θ spec for datapath {datapath!r}; have {datapaths()}")
+    spec = load_spec(SPECS_DIR / f"{datapath}.toml")
+    if spec.datapath != datapath:
+        raise ThetaError(f"specs/{datapath}.toml declares datapath {spec.datapath!r}")
+    return spec

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gemini_api.theta import ThetaError, load_spec
+from gemini_api.theta import ThetaError, ThetaSpec, datapath_of, load_datapath
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 HOURS_PER_YEAR = 8766  # 365.25 days
@@ -108,13 +108,19 @@ class PolicyFields(BaseModel):
     min_flows: MinFlows = 1
     max_contexts: MaxContexts = 1000
 
+    @property
+    def spec(self) -> ThetaSpec:
+        """The θ spec of the datapath this policy tunes: CUBIC's module parameters for
+        target_cc "cubic", Fusion's θ otherwise (api/gemini_api/theta.py, ``datapath_of``)."""
+        return load_datapath(datapath_of(self.target_cc))
+
     @model_validator(mode="after")
     def _bounds_fit_region(self) -> PolicyFields:
         if self.region == "custom":
             if self.bounds is None:
                 raise ValueError("bounds: required when region is 'custom'")
             try:
-                load_spec().check_bounds(self.bounds)
+                self.spec.check_bounds(self.bounds)
             except ThetaError as e:
                 raise ValueError(f"bounds: {e}") from e
         elif self.bounds is not None:
@@ -125,7 +131,7 @@ class PolicyFields(BaseModel):
         if self.region == "custom":
             assert self.bounds is not None
             return {k: (int(v[0]), int(v[1])) for k, v in self.bounds.items()}
-        return load_spec().region_bounds(self.region)
+        return self.spec.region_bounds(self.region)
 
 
 class PolicyCreate(PolicyFields):

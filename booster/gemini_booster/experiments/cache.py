@@ -22,7 +22,7 @@ from gemini_api.v1 import booster_pb2 as pb
 
 from ..storage import experiments as store
 from .assignment import Assignment, assignment
-from .domain import FUSION, ArmSpec, Experiment
+from .domain import ArmSpec, Experiment
 
 PARAMS = {
     "kernel_default": pb.ExperimentArm.KERNEL_DEFAULT,
@@ -44,7 +44,7 @@ def arm_message(found: Assignment) -> pb.ExperimentArm:
         until_unix_ms=int(found.until.timestamp() * 1000),
     )
     if arm.theta is not None:
-        msg.fixed_theta.datapath = FUSION
+        msg.fixed_theta.datapath = arm.cc  # a fixed θ's CC has a spec of its own
         msg.fixed_theta.values.update(arm.theta)
     return msg
 

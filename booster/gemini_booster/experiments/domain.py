@@ -2,10 +2,11 @@
 
 An arm is a congestion control and how its parameters are set: the kernel's defaults
 (``kernel_default``: the CC as the host would run it, Fusion with the θ spec's defaults), a
-fixed θ (``fixed``, Fusion only, inside Θ′: what the kernel accepts), or whatever a Booster
-policy plans (``policy``, the policy's target CC). The control arm is the one every other arm is
-compared with, and the one the guardrail protects. An arm runs its CC host-wide, or on the routes
-to the destination prefixes it lists only (the route's ``congctl`` attribute).
+fixed θ (``fixed``: a CC with a θ spec, Fusion or CUBIC, inside its Θ′: what the kernel
+accepts), or whatever a Booster policy plans (``policy``, the policy's target CC). The control
+arm is the one every other arm is compared with, and the one the guardrail protects. An arm runs
+its CC host-wide, or on the routes to the destination prefixes it lists only (the route's
+``congctl`` attribute).
 
 Booster keeps no inventory of hosts (a host is known only by the id its agent token is bound
 to, without region or labels), so the population is declared with the experiment: hosts per
@@ -35,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from gemini_api.theta import load_spec
+from gemini_api.theta import datapath_of, datapaths, load_datapath
 
 from ..models import NAME_PATTERN, Sigma
 
@@ -73,7 +74,7 @@ class ArmSpec(BaseModel):
         "kernel_default", description="kernel_default, fixed (θ given) or policy (policy named)"
     )
     theta: dict[str, int] | None = Field(
-        None, description="θ in spec units (params 'fixed' only), inside Θ′"
+        None, description="θ in the CC's spec units (params 'fixed' only), inside Θ′"
     )
     policy: str | None = Field(
         None, pattern=NAME_PATTERN, description="the policy that tunes θ (params 'policy' only)"
@@ -104,11 +105,11 @@ class ArmSpec(BaseModel):
     @model_validator(mode="after")
     def _params_match_mode(self) -> ArmSpec:
         if self.params == "fixed":
-            if self.cc != FUSION:
-                raise ValueError(f"theta: a fixed θ sets Fusion's parameters, not {self.cc}'s")
+            if datapath_of(self.cc) != self.cc:
+                raise ValueError(f"theta: {self.cc} has no θ spec (fixed θ: {datapaths()})")
             if self.theta is None:
                 raise ValueError("theta: required when params is 'fixed'")
-            spec = load_spec()
+            spec = load_datapath(self.cc)
             problems = spec.violations(self.theta, spec.region_bounds("wide"))
             if problems:
                 raise ValueError("theta: " + "; ".join(problems))

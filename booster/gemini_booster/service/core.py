@@ -37,7 +37,7 @@ from ..storage.ingest import ReportRow
 from .ingest_writer import IngestWriter
 from .leases import LeaseLost
 from .metrics import Metrics, PlannedUtility
-from .plan_cache import CachedPlan, PlanCache
+from .plan_cache import CachedPlan, PlanCache, ThetaMessage, theta_message
 from .refit import RefitElsewhere, RefitService
 from .sync import Follower
 from .validation import InvalidReport, context_key, report_row
@@ -61,12 +61,11 @@ class Booster:
         self.settings = settings
         self.spec = spec or load_spec()
         self.metrics = metrics or Metrics()
-        self.plans = PlanCache(self.spec)
+        self.plans = PlanCache(self.spec, self._spec_of)
         self.arms = ArmCache(engine)
         self.policies: dict[str, Policy] = {}
         self._by_id: dict[int, Policy] = {}
-        self._defaults: dict[int, pb.Theta] = {}
-        self._clip = Planner(self.spec).clip_default
+        self._defaults: dict[int, ThetaMessage] = {}
         self._lock = threading.Lock()
         self._token_listeners: list = []
         self.writer = IngestWriter(
@@ -132,11 +131,22 @@ class Booster:
                 if (old := self._by_id.get(p.id)) is None or old.revision != p.revision
             }
             # Defaults first: a request that finds a policy in ``policies`` finds its default.
-            self._defaults = {p.id: pb.Theta(**self._clip(p)) for p in policies.values()}
+            self._defaults = {p.id: self._default(p) for p in policies.values()}
             self._by_id = {p.id: p for p in policies.values()}
             self.policies = policies
         if changed:
             self.mark_dirty(changed)
+
+    def _spec_of(self, policy_id: int) -> ThetaSpec:
+        """The θ spec of the datapath a policy tunes (Fusion's for a policy not loaded)."""
+        policy = self._by_id.get(policy_id)
+        return self.spec if policy is None else policy.spec
+
+    @staticmethod
+    def _default(policy: Policy) -> ThetaMessage:
+        """The spec's default θ moved into the policy's region, as its datapath's message."""
+        spec = policy.spec
+        return theta_message(spec, Planner(spec).clip_default(policy))
 
     def policies_changed(self, policy_ids: set[int]) -> None:
         self.reload_policies()
@@ -186,10 +196,12 @@ class Booster:
             raise InvalidReport(problems)
         default = self._defaults[policy.id]
         resp = pb.GetParametersResponse(
-            default_theta=default,
-            target_cc=policy.target_cc,
-            refresh_after_seconds=self.settings.refresh_after_s,
+            target_cc=policy.target_cc, refresh_after_seconds=self.settings.refresh_after_s
         )
+        if isinstance(default, pb.Theta):
+            resp.default_theta.CopyFrom(default)
+        else:
+            resp.default_datapath_theta.CopyFrom(default)
         for msg, key in zip(req.contexts, keys, strict=True):
             resp.parameters.append(self.plans.answer(policy, default, req.host_id, msg, key))
         arm = self.arms.arm(req.host_id, datetime.now(UTC))

@@ -9,12 +9,12 @@ database outage the last plans keep being served.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from gemini_api.theta import ThetaSpec
+from gemini_api.theta import FUSION, ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 
 from ..domain import ContextKey
@@ -22,6 +22,22 @@ from ..models import Policy
 from ..policy.assignment import assign
 from ..storage import repository as repo
 from ..storage.repository import PlanRecord
+
+# θ as GetParameters carries it: Fusion's own message, or any other datapath's.
+ThetaMessage = pb.Theta | pb.DatapathTheta
+
+
+def theta_message(spec: ThetaSpec, theta: Mapping[str, int]) -> ThetaMessage:
+    if spec.datapath == FUSION:
+        return pb.Theta(**theta)
+    return pb.DatapathTheta(datapath=spec.datapath, values=theta)
+
+
+def context_answer(msg: pb.Context, theta: ThetaMessage, **fields) -> pb.ContextParameters:
+    """A context's answer with θ in the field of its datapath."""
+    if isinstance(theta, pb.Theta):
+        return pb.ContextParameters(context=msg, theta=theta, **fields)
+    return pb.ContextParameters(context=msg, datapath_theta=theta, **fields)
 
 
 @dataclass(frozen=True)
@@ -32,27 +48,31 @@ class CachedPlan:
     version: int
     incumbent_key: str
     candidate_keys: tuple[str, ...]
-    incumbent: pb.Theta
+    incumbent: ThetaMessage
     incumbent_utility: float
-    candidates: tuple[pb.Theta, ...]
+    candidates: tuple[ThetaMessage, ...]
 
 
 class PlanCache:
-    def __init__(self, spec: ThetaSpec):
+    def __init__(self, spec: ThetaSpec, spec_of: Callable[[int], ThetaSpec] | None = None):
+        """``spec_of(policy_id)``: the θ spec of the datapath the policy tunes (``spec``, for
+        every policy, when not given)."""
         self.spec = spec
+        self.spec_of = spec_of or (lambda _policy_id: spec)
         self._plans: dict[int, dict[ContextKey, CachedPlan]] = {}
         self._generations: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def cached(self, rec: PlanRecord) -> CachedPlan:
+        spec = self.spec_of(rec.policy_id)
         return CachedPlan(
             context_id=rec.context_id,
             version=rec.plan_version,
             incumbent_key=rec.incumbent_key,
             candidate_keys=tuple(rec.candidate_keys),
-            incumbent=pb.Theta(**self.spec.from_key(rec.incumbent_key)),
+            incumbent=theta_message(spec, spec.from_key(rec.incumbent_key)),
             incumbent_utility=rec.incumbent_utility or 0.0,
-            candidates=tuple(pb.Theta(**self.spec.from_key(k)) for k in rec.candidate_keys),
+            candidates=tuple(theta_message(spec, spec.from_key(k)) for k in rec.candidate_keys),
         )
 
     def _by_context(
@@ -106,19 +126,19 @@ class PlanCache:
         return self._plans.get(policy_id, {})
 
     def answer(
-        self, policy: Policy, default: pb.Theta, host: str, msg: pb.Context, key: ContextKey
+        self, policy: Policy, default: ThetaMessage, host: str, msg: pb.Context, key: ContextKey
     ) -> pb.ContextParameters:
         """What ``host`` runs in context ``key``: the incumbent, or one of the exploration
         candidates for the policy's exploring share of hosts; the default θ where no plan is."""
         plan = self._plans.get(policy.id, {}).get(key)
         if plan is None:
-            return pb.ContextParameters(context=msg, theta=default)
+            return context_answer(msg, default)
         theta, explore = assign(
             host, key, plan.incumbent, plan.candidates, policy.exploration_share
         )
-        return pb.ContextParameters(
-            context=msg,
-            theta=theta,
+        return context_answer(
+            msg,
+            theta,
             plan_version=plan.version,
             exploratory=explore,
             predicted_utility=plan.incumbent_utility,

@@ -58,7 +58,7 @@ _BEHIND = text(
 )
 
 
-_WORKER_PLANNER: Planner | None = None
+_WORKER_PLANNERS: dict[str, Planner] = {}  # by datapath, in a worker process
 
 
 # What the planner is told of the published plans: the clock, and per context the incumbent
@@ -78,12 +78,9 @@ def plan_in_worker(
     published: Published,
 ) -> tuple[dict[int, ContextPlan], PolicyState]:
     """A refit's CPU part, in a worker process: the plans and the planner's updated state."""
-    global _WORKER_PLANNER
-    if _WORKER_PLANNER is None:
-        from gemini_api.theta import load_spec
-
-        _WORKER_PLANNER = Planner(load_spec())
-    plans = _WORKER_PLANNER.plan(policy, trials, contexts, targets, state, **published)
+    spec = policy.spec
+    planner = _WORKER_PLANNERS.setdefault(spec.datapath, Planner(spec))
+    plans = planner.plan(policy, trials, contexts, targets, state, **published)
     return plans, state
 
 
@@ -167,7 +164,8 @@ class RefitService:
         self.settings = settings
         self.metrics = metrics
         self.plans = plans
-        self.planner = Planner(spec)
+        # One planner per datapath: a policy searches the θ space of the CC it tunes.
+        self.planners = {spec.datapath: Planner(spec)}
         self.spec = spec
         self.owner = replica_name(settings)
         self.leases = Leases(engine, self.owner)
@@ -339,6 +337,12 @@ class RefitService:
             "candidates": {p.context_id: p.candidate_keys for p in snapshot.values()},
         }
 
+    def planner(self, policy: Policy) -> Planner:
+        """The planner over the θ space of the datapath ``policy`` tunes."""
+        spec = policy.spec
+        with self._lock:
+            return self.planners.setdefault(spec.datapath, Planner(spec))
+
     def _plan(
         self,
         policy: Policy,
@@ -349,7 +353,8 @@ class RefitService:
     ) -> dict[int, ContextPlan]:
         state = self._states.setdefault(policy.id, PolicyState())
         if self.settings.refit_processes == 0:
-            return self.planner.plan(policy, trials, contexts, targets, state, **published)
+            planner = self.planner(policy)
+            return planner.plan(policy, trials, contexts, targets, state, **published)
         with self._lock:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
@@ -374,11 +379,12 @@ class RefitService:
     ) -> list[repo.PlanRecord]:
         """Plan rows; a context's plan version moves only when its answer changes."""
         current = self.plans.snapshot(policy.id)
+        spec = policy.spec
         records = []
         for cid, plan in plans.items():
             old = current.get(contexts[cid])
-            inc_key = self.spec.key(plan.incumbent)
-            cand_keys = tuple(self.spec.key(c) for c in plan.candidates)
+            inc_key = spec.key(plan.incumbent)
+            cand_keys = tuple(spec.key(c) for c in plan.candidates)
             if old is None:
                 version = 1
             elif (old.incumbent_key, old.candidate_keys) == (inc_key, cand_keys):

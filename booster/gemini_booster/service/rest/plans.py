@@ -10,8 +10,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel
+
+from gemini_api.theta import FUSION, datapaths, load_datapath
 
 from ...domain import ContextKey, merge_buckets
 from ...models import Sigma
@@ -48,10 +50,22 @@ class TrialOut(BaseModel):
 
 
 @router.get("/theta-spec", tags=["theta"])
-def theta_spec(_: Reader, booster: BoosterDep) -> dict[str, Any]:
+def theta_spec(
+    _: Reader,
+    booster: BoosterDep,
+    datapath: Annotated[
+        str, Query(pattern=r"^[a-z0-9_]{1,16}$", description="fusion (default), cubic, ...")
+    ] = FUSION,
+) -> dict[str, Any]:
+    """A datapath's θ spec: its parameters, units, regions and defaults."""
+    if datapath not in datapaths():
+        raise HTTPException(404, f"no θ spec for datapath {datapath!r}; have {datapaths()}")
+    spec = load_datapath(datapath)
     return {
-        "version": booster.spec.version,
-        "params": [p.__dict__ for p in booster.spec.params],
+        "version": spec.version,
+        "datapath": spec.datapath,
+        "scope": spec.scope,
+        "params": [p.__dict__ for p in spec.params],
     }
 
 
@@ -61,14 +75,14 @@ def parameters(policy: PolicyDep, booster: BoosterDep) -> list[ContextPlanOut]:
     out = []
     for key, plan in sorted(booster.plan_snapshot(policy.id).items()):
         context = ContextKey(*key)
-        theta = booster.spec.from_key(plan.incumbent_key)
+        theta = policy.spec.from_key(plan.incumbent_key)
         out.append(
             ContextPlanOut(
                 context=context.as_dict(),
                 label=context.label,
                 plan_version=plan.version,
                 incumbent=theta,
-                incumbent_natural=booster.spec.natural(theta),
+                incumbent_natural=policy.spec.natural(theta),
                 predicted_utility=plan.incumbent_utility,
                 exploration_candidates=len(plan.candidates),
             )
@@ -93,7 +107,7 @@ def trials(
         rows.append(
             TrialOut(
                 context=ContextKey(*contexts[t.context_id]).as_dict(),
-                theta=booster.spec.from_key(t.theta_key),
+                theta=policy.spec.from_key(t.theta_key),
                 flows=t.flow_count,
                 reports=t.report_count,
                 utility=u.mean,

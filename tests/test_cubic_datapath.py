@@ -1,0 +1,209 @@
+"""Linux CUBIC as a datapath: its θ spec (the module parameters that matter, the kernel's
+defaults), Booster's planning of a policy that targets cubic in CUBIC's space, and the agent's
+write-back into /sys/module/tcp_cubic/parameters of this real kernel, checked and restored.
+
+The module parameters are global to the machine: the tests that write them save the host's
+values first and put them back whatever happens.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gemini_agent.aggregator import Flow
+from gemini_agent.datapath import ModuleParams, host_theta
+from gemini_api.aggregate import AggregateBuilder, FlowStats
+from gemini_api.theta import ThetaError, datapath_of, datapaths, load_datapath, load_spec
+from gemini_api.v1 import booster_pb2 as pb
+from gemini_booster import simulation as sim
+
+from .conftest import OPERATOR, agent_md, auth
+from .test_experiment_arm import _agent
+
+CUBIC = load_datapath("cubic")
+PARAMS = Path(CUBIC.target)
+# net/ipv4/tcp_cubic.c: fast_convergence = 1, beta = 717 (/1024), tcp_friendliness = 1,
+# hystart = 1, hystart_detect = HYSTART_ACK_TRAIN | HYSTART_DELAY, hystart_low_window = 16,
+# hystart_ack_delta_us = 2000.
+KERNEL_DEFAULTS = {
+    "beta": 717,
+    "fast_convergence": 1,
+    "tcp_friendliness": 1,
+    "hystart": 1,
+    "hystart_detect": 3,
+    "hystart_low_window": 16,
+    "hystart_ack_delta_us": 2000,
+}
+on_cubic_kernel = pytest.mark.skipif(
+    not PARAMS.is_dir() or os.geteuid() != 0, reason="needs tcp_cubic's parameters, as root"
+)
+
+
+def test_the_cubic_spec_holds_the_kernels_defaults_inside_its_regions() -> None:
+    assert datapaths() == ("fusion", "cubic")
+    assert (CUBIC.datapath, CUBIC.scope) == ("cubic", "host")
+    assert CUBIC.default() == KERNEL_DEFAULTS
+    for p in CUBIC.params:
+        (wlo, whi), (plo, phi) = p.wide, p.production
+        assert wlo <= plo <= p.default <= phi <= whi, p.name
+    assert CUBIC.param("beta").to_natural(717) == pytest.approx(0.7, abs=0.001)
+    assert datapath_of("cubic") == "cubic" and datapath_of("fusion") == "fusion"
+    assert datapath_of("bbr") == "fusion"  # no spec of its own: tunes Fusion, as before
+    assert load_datapath("fusion") is load_spec()
+    with pytest.raises(ThetaError, match="no θ spec"):
+        load_datapath("vegas")
+
+
+@on_cubic_kernel
+def test_every_spec_parameter_is_a_writable_module_parameter_at_its_default() -> None:
+    for name in CUBIC.names:
+        path = PARAMS / name
+        assert path.is_file() and path.stat().st_mode & 0o200, name
+    assert not (PARAMS / "bic_scale").stat().st_mode & 0o200  # read-only: left out
+    assert ModuleParams(CUBIC).read() == KERNEL_DEFAULTS  # this host runs the kernel's defaults
+
+
+@pytest.fixture
+def host_cubic() -> Iterator[ModuleParams]:
+    """The real module parameters, the host's values saved and put back afterwards."""
+    saved = {n: (PARAMS / n).read_text() for n in CUBIC.names}
+    try:
+        yield ModuleParams(CUBIC)
+    finally:
+        for name, text in saved.items():
+            (PARAMS / name).write_text(text)
+
+
+@on_cubic_kernel
+def test_the_agent_writes_cubic_theta_reads_it_back_and_restores(host_cubic) -> None:
+    before = host_cubic.read()
+    tuned = KERNEL_DEFAULTS | {"beta": 820, "hystart_detect": 2, "hystart_low_window": 32}
+    assert host_cubic.write(tuned) == tuned
+    assert host_cubic.read() == tuned
+    with pytest.raises(ThetaError, match="beta"):  # outside Θ': refused before any write
+        host_cubic.write(tuned | {"beta": 1024, "hystart": 0})
+    assert host_cubic.read() == tuned
+    production = CUBIC.region_bounds("production")
+    with pytest.raises(ThetaError, match="hystart_ack_delta_us"):
+        host_cubic.write(tuned | {"hystart_ack_delta_us": 20_000}, production)
+    assert host_cubic.read() == tuned
+    host_cubic.restore()
+    assert host_cubic.read() == before
+
+
+def test_the_host_theta_is_the_busiest_contexts_else_the_default() -> None:
+    tuned = KERNEL_DEFAULTS | {"beta": 800}
+    default = pb.DatapathTheta(datapath="cubic", values=KERNEL_DEFAULTS)
+    resp = pb.GetParametersResponse(
+        target_cc="cubic",
+        default_datapath_theta=default,
+        parameters=[
+            pb.ContextParameters(),  # the busiest context has no plan of its own
+            pb.ContextParameters(datapath_theta=pb.DatapathTheta(datapath="cubic", values=tuned)),
+        ],
+    )
+    assert host_theta(resp, "cubic") == tuned
+    assert host_theta(pb.GetParametersResponse(default_datapath_theta=default), "cubic") == (
+        KERNEL_DEFAULTS
+    )
+    assert host_theta(pb.GetParametersResponse(), "cubic") is None
+
+
+def baseline_flows(ctx: pb.Context, cc: str) -> pb.Aggregate:
+    b = AggregateBuilder()
+    for mbps in (10, 20, 30):
+        b.add(FlowStats(int(mbps * 1e6 / 8), 1_000_000, 50_000, 40_000))
+    return b.to_proto(load_spec().default(), 1, ctx, cc)
+
+
+def test_booster_plans_a_cubic_policy_in_cubics_space(booster) -> None:
+    http = booster.http
+    r = http.post(
+        "/v1/policies", json={"name": "tcp", "target_cc": "cubic"}, headers=auth(OPERATOR)
+    )
+    assert r.status_code == 201, r.text
+    bad = {"name": "bad", "target_cc": "cubic", "region": "custom"}
+    bad["bounds"] = {k: list(v) for k, v in load_spec().region_bounds("production").items()}
+    assert http.post("/v1/policies", json=bad, headers=auth(OPERATOR)).status_code == 422
+    spec = http.get("/v1/theta-spec", params={"datapath": "cubic"}, headers=auth(OPERATOR))
+    assert [p["name"] for p in spec.json()["params"]] == list(CUBIC.names)
+    ctx = sim.ETHERNET.message()
+    # Flows of another CC bring the context in (the policy's own trials of a CUBIC θ need the
+    # ingest check to read Aggregate.datapath_theta: not yet).
+    report = sim.make_report("host-1", "tcp", [baseline_flows(ctx, "bbr")])
+    assert booster.stub().ReportAggregates(report, metadata=agent_md()).aggregates_stored == 1
+    booster.booster.refit(booster.booster.policies["tcp"])
+    req = pb.GetParametersRequest(host_id="host-1", policy="tcp", contexts=[ctx])
+    resp = booster.stub().GetParameters(req, metadata=agent_md())
+    assert resp.target_cc == "cubic" and not resp.HasField("default_theta")
+    assert resp.default_datapath_theta.datapath == "cubic"
+    assert dict(resp.default_datapath_theta.values) == KERNEL_DEFAULTS
+    [answer] = resp.parameters
+    assert answer.plan_version >= 1 and not answer.HasField("theta")
+    theta = dict(answer.datapath_theta.values)
+    assert answer.datapath_theta.datapath == "cubic" and set(theta) == set(CUBIC.names)
+    assert CUBIC.violations(theta, CUBIC.region_bounds("production")) == []
+    [plan] = http.get("/v1/policies/tcp/parameters", headers=auth(OPERATOR)).json()
+    assert set(plan["incumbent"]) == set(CUBIC.names)
+    assert plan["incumbent_natural"]["beta"] == plan["incumbent"]["beta"] / 1024
+
+
+def _answer(target_cc: str, theta: dict[str, int] | None = None) -> bytes:
+    resp = pb.GetParametersResponse(target_cc=target_cc, default_theta=pb.Theta(**FUSION_DEFAULT))
+    if theta is not None:
+        resp.default_datapath_theta.CopyFrom(pb.DatapathTheta(datapath="cubic", values=theta))
+    return resp.SerializeToString()
+
+
+FUSION_DEFAULT = load_spec().default()
+
+
+@on_cubic_kernel
+def test_the_agent_runs_its_policys_cubic_theta_reports_it_and_restores(
+    host_cubic, tmp_path, monkeypatch
+) -> None:
+    before = host_cubic.read()
+    tuned = KERNEL_DEFAULTS | {"beta": 870, "hystart": 0}
+    outside = tuned | {"hystart_low_window": 1}
+    answers = [_answer("cubic", tuned), _answer("cubic", outside), _answer("fusion")]
+    agent = _agent(tmp_path, answers, {"cubic": host_cubic}, monkeypatch)
+    agent.refresh_theta()
+    assert host_cubic.read() == tuned
+    ended = dt.datetime.now(dt.UTC)
+    stats = FlowStats(2_000_000, 1_000_000, 50_000, 40_000)
+    agent.aggregator.add(Flow("192.0.2.1", stats, {}, 0, ended, cc="cubic"))
+    agent.aggregator.add(Flow("192.0.2.1", stats, {}, 0, ended, cc="bbr"))
+    report = agent.aggregator.close_interval(0, 1)
+    assert report is not None
+    by_cc = {a.cc: a for a in report.aggregates}
+    assert set(by_cc) == {"", "bbr"}  # the policy's CC: trials of the θ that ran
+    assert dict(by_cc[""].datapath_theta.values) == tuned and not by_cc[""].HasField("theta")
+    assert not by_cc["bbr"].HasField("datapath_theta")
+    agent.refresh_theta()  # a θ outside Θ' never reaches the kernel
+    assert host_cubic.read() == tuned and agent.metrics.theta_refused._value.get() == 1
+    agent.refresh_theta()  # the policy tunes Fusion now: CUBIC's own values come back
+    assert host_cubic.read() == before and agent.aggregator.datapath_theta is None
+
+
+def test_a_cubic_arm_decides_the_host_theta_over_the_policy(tmp_path, monkeypatch) -> None:
+    """A fixed CUBIC θ arm runs its θ; a kernel-default CUBIC arm runs the kernel's own values
+    (the agent restores them); without an arm the policy's plan decides."""
+    agent = _agent(tmp_path, [], {"cubic": ModuleParams(CUBIC, tmp_path)}, monkeypatch)
+    planned = pb.GetParametersResponse.FromString(_answer("cubic", KERNEL_DEFAULTS))
+    assert agent.host_choice(planned) == ("cubic", KERNEL_DEFAULTS)
+    fixed = KERNEL_DEFAULTS | {"beta": 600}
+    agent.arm = pb.ExperimentArm(
+        cc="cubic",
+        params=pb.ExperimentArm.FIXED,
+        fixed_theta=pb.DatapathTheta(datapath="cubic", values=fixed),
+    )
+    assert agent.host_choice(planned) == ("cubic", fixed)
+    agent.arm = pb.ExperimentArm(cc="cubic", params=pb.ExperimentArm.KERNEL_DEFAULT)
+    assert agent.host_choice(planned) == ("cubic", None)
+    agent.arm = pb.ExperimentArm(cc="bbr", params=pb.ExperimentArm.KERNEL_DEFAULT)
+    assert agent.host_choice(planned) == ("cubic", KERNEL_DEFAULTS)

@@ -291,6 +291,14 @@ def test_charts_plot_what_the_api_answers_offline(fleet, browser):  # noqa: F811
     shoot(page, "theta-figure", "theta.png")
     shoot(page, "experiments-section", "experiment.png")
 
+    # an exploring fleet's many distinct values are drawn as ten bins of their range
+    values = [0.5 + i / 100 for i in range(30)]
+    bars = browser.execute_script(
+        "return thetaBars(arguments[0], arguments[1], 60)", values, [2] * 30
+    )
+    assert len(bars["labels"]) == 10 and bars["labels"][0] == "0.514"
+    assert bars["shares"] == pytest.approx([10.0] * 10)
+
     # offline: every resource came from Booster, and other origins cannot be reached at all
     base = base_url(fleet)
     loaded = browser.execute_script(

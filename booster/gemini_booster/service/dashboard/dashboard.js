@@ -194,6 +194,23 @@ function showPercentiles(p) {
   });
 }
 
+// One bar per value in use, or, past MAX_BARS values (an exploring fleet's θ are continuous),
+// one per equal-width bin of the values' range, labelled by its centre.
+const MAX_BARS = 12;
+const BINS = 10;
+const TICK_STEPS = [1, 2, 5, 10];
+const short = (x) => String(Number(x.toPrecision(3)));
+
+function thetaBars(values, flows, total) {
+  const pct = (f) => (total ? (100 * f) / total : 0);
+  if (values.length <= MAX_BARS) return { labels: values.map(short), shares: flows.map(pct) };
+  const lo = values[0];
+  const width = (values[values.length - 1] - lo) / BINS;
+  const sums = new Array(BINS).fill(0);
+  values.forEach((v, i) => { sums[Math.min(BINS - 1, Math.floor((v - lo) / width))] += flows[i]; });
+  return { labels: sums.map((_, b) => short(lo + (b + 0.5) * width)), shares: sums.map(pct) };
+}
+
 function showTheta(d) {
   const box = $("theta-charts");
   for (const id of [...charts.keys()].filter((k) => k.startsWith("theta-"))) {
@@ -214,18 +231,18 @@ function showTheta(d) {
     chart.id = `theta-chart-${p.name}`;
     div.append(chart);
     box.append(div);
-    const share = flows.map((f) => (d.flows ? (100 * f) / d.flows : 0));
+    const bars = thetaBars(values, flows, d.flows);
     plot(chart.id, { value: values, flows }, {
-      scales: { x: { time: false, range: [-0.5, values.length - 0.5] }, y: { range: [0, 100] } },
+      scales: { x: { time: false, range: [-0.5, bars.labels.length - 0.5] }, y: { range: [0, 100] } },
       legend: { show: false },
       series: [{ label: p.symbol }, {
         label: "share of flows, %", stroke: "#1f77b4", fill: "#1f77b488",
         paths: uPlot.paths.bars({ size: [0.6, 40] }), points: { show: false },
       }],
-      axes: [{ values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) && values[t] !== undefined
-        ? String(Number(values[t].toPrecision(3))) : "")), incrs: [1], space: 12, font: SMALL_FONT },
+      axes: [{ values: (u, ticks) => ticks.map((t) => bars.labels[t] ?? ""), incrs: TICK_STEPS,
+               space: 28, font: SMALL_FONT },
              { size: 48, space: 20, font: SMALL_FONT, values: (u, ticks) => ticks.map((t) => `${t}%`) }],
-    }, [values.map((_, i) => i), share], SMALL_CHART);
+    }, [bars.labels.map((_, i) => i), bars.shares], SMALL_CHART);
     p.values.forEach((v) => rows.push({ p, v }));
   }
   box.dataset.series = JSON.stringify(all);

@@ -13,7 +13,7 @@ import json
 import random
 import time
 import tomllib
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -79,8 +79,14 @@ def seed_rounds(svc, rng: random.Random, now_ms: int) -> list[float]:
     return sent
 
 
+def crossover_day(now: datetime) -> date:
+    """The experiment's middle day: the arms swap host groups at its start."""
+    return (now - timedelta(days=1)).date()
+
+
 def seed_experiment(svc, rng: random.Random, now: datetime) -> None:
-    """Cubic against Fusion on eight hosts over three UTC days, declared through REST."""
+    """Cubic against Fusion on eight hosts over three UTC days, swapping host groups on the
+    second (a crossover), declared through REST."""
     repo.create_policy(svc.engine, PolicyCreate(name=EXP_POLICY), actor="test")
     svc.booster.reload_policies()
     body = {
@@ -91,6 +97,7 @@ def seed_experiment(svc, rng: random.Random, now: datetime) -> None:
             {"name": "fusion", "cc": "fusion", "params": "fixed", "theta": TUNED},
         ],
         "population": {"regions": {"eu": EXP_HOSTS}},
+        "crossover_day": crossover_day(now).isoformat(),
         "start": (now - timedelta(days=EXP_DAYS - 1, hours=1)).isoformat(),
         "end": (now + timedelta(days=3)).isoformat(),
     }
@@ -267,6 +274,9 @@ def test_charts_plot_what_the_api_answers_offline(fleet, browser):  # noqa: F811
         diff, results["days"], "differences", lambda v: f"{v['arm']} − {v['control']}", "utility"
     )
     assert all(d["differences"][0]["utility"]["low"] is not None for d in results["days"])
+    crossover = get(fleet, f"/v1/experiments/{EXPERIMENT}")["crossover_day"]
+    assert page.el("days-chart").get_attribute("data-crossover") == crossover
+    assert [d["period"] for d in results["days"]] == [0, 1, 1]
 
     by_arm = {a["arm"]: a for a in results["days"][0]["arms"]}
     page.el("metric").send_keys("t")  # throughput, chosen by keyboard

@@ -261,6 +261,29 @@ function showTheta(d) {
 // --- experiments --------------------------------------------------------------------------------
 
 let results = null;  // the selected experiment's /results, redrawn when the metric changes
+let crossover = null;  // its crossover day (YYYY-MM-DD), or null
+
+// A uPlot hook drawing a dashed vertical line, labelled, at x = ``ts`` (the crossover).
+function markAt(ts, text) {
+  return (u) => {
+    const x = u.valToPos(ts, "x", true);
+    if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) return;
+    const ctx = u.ctx;
+    ctx.save();
+    ctx.strokeStyle = "#555";
+    ctx.setLineDash([3, 3]);
+    ctx.beginPath();
+    ctx.moveTo(x, u.bbox.top);
+    ctx.lineTo(x, u.bbox.top + u.bbox.height);
+    ctx.stroke();
+    ctx.fillStyle = "#333";
+    ctx.textAlign = "left";
+    ctx.textBaseline = "top";
+    ctx.font = `${12 * devicePixelRatio}px system-ui, sans-serif`;
+    ctx.fillText(text, x + 4 * devicePixelRatio, u.bbox.top + 2 * devicePixelRatio);
+    ctx.restore();
+  };
+}
 
 function estimateText(e, digits) {
   return [fmt(e.mean, digits), e.low === null ? "–" : `[${fmt(e.low, digits)}, ${fmt(e.high, digits)}]`];
@@ -293,7 +316,10 @@ function showExperimentMetric() {
       }
       lines.push(...withInterval(n, ARM_COLOURS[i % ARM_COLOURS.length], lines.length, bands));
     });
-    plot(id, series, { series: lines, bands, scales, axes: [dayAxis, { label }] }, names.length ? columns : [[]]);
+    const hooks = crossover ? { draw: [markAt(Date.parse(`${crossover}T00:00:00Z`) / 1000, "crossover")] } : {};
+    plot(id, series, { series: lines, bands, scales, hooks, axes: [dayAxis, { label }] },
+      names.length ? columns : [[]]);
+    $(id).dataset.crossover = crossover || "";
   };
   const label = $("metric").selectedOptions[0].textContent;
   chartOf("days-chart", arms, "arms", (a) => a.arm, label);
@@ -321,6 +347,7 @@ async function loadExperiments() {
     results = null;
     return;
   }
+  crossover = e.crossover_day;
   results = await api(`/v1/experiments/${encodeURIComponent(e.name)}/results`);
   $("experiment-summary").textContent = `${e.description || e.name}: arms ` +
     e.arms.map((a) => (a.name === e.control ? `${a.name} (control, ${a.cc})` : `${a.name} (${a.cc})`)).join(", ") +

@@ -240,6 +240,9 @@ def test_charts_plot_what_the_api_answers_offline(fleet, browser):  # noqa: F811
     plotted = series(page, "rounds-chart")
     assert plotted["bucket"] == [r["bucket"] for r in rounds["rounds"]]
     assert plotted["utility"] == pytest.approx([r["utility"] for r in rounds["rounds"]])
+    assert plotted["utility_stderr"] == pytest.approx(
+        [r["utility_stderr"] for r in rounds["rounds"]]
+    )
     assert plotted["incumbent_utility"] == pytest.approx(
         [r["incumbent_utility"] for r in rounds["rounds"]]
     )
@@ -300,6 +303,17 @@ def test_charts_plot_what_the_api_answers_offline(fleet, browser):  # noqa: F811
     shoot(page, "percentiles-figure", "percentiles.png")
     shoot(page, "theta-figure", "theta.png")
     shoot(page, "experiments-section", "experiment.png")
+
+    # the charts follow the window's width (one column of charts in a narrow window)
+    width = (
+        "const e = document.getElementById('rounds-chart');"
+        "return [e.clientWidth, e.querySelector('canvas').width];"
+    )
+    before, drawn_at = browser.execute_script(width)
+    assert before == drawn_at
+    browser.set_window_size(700, SHOT_WINDOW[1])
+    page.wait.until(lambda d: (w := d.execute_script(width))[0] != before and w[0] == w[1])
+    browser.set_window_size(*SHOT_WINDOW)
 
     # an exploring fleet's many distinct values are drawn as ten bins of their range
     values = [0.5 + i / 100 for i in range(30)]

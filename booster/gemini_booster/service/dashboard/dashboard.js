@@ -8,6 +8,7 @@
 const TOKEN_KEY = "gemini-booster-token";
 const DEFAULT_REFRESH_S = 30;
 const MIN_REFRESH_S = 2;
+const Z95 = 1.959964;  // a normal 95 % interval: mean ± Z95 · s.e. (the rounds' many flows)
 const CHART_HEIGHT = 240;
 const SMALL_CHART = { width: 270, height: 150 };
 const SMALL_FONT = "10px system-ui, sans-serif";
@@ -100,6 +101,17 @@ function plot(id, series, options, data, size = null) {
   charts.set(id, chart);
 }
 
+// Full-width charts follow their box's width (the window's, a scroll bar appearing); small
+// multiples keep theirs.
+const resized = new ResizeObserver((entries) => {
+  for (const { target } of entries) {
+    const chart = charts.get(target.id);
+    const width = Math.max(320, target.clientWidth);
+    if (chart && chart.width !== width) chart.setSize({ width, height: CHART_HEIGHT });
+  }
+});
+for (const id of ["rounds-chart", "percentiles-chart", "days-chart", "difference-chart"]) resized.observe($(id));
+
 const isoOf = (t) => new Date(t * 1000).toISOString();
 // Time axes in UTC, 24 h: hours (with the date at midnight and first) or whole days.
 const HOUR_INCRS = [3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800];
@@ -133,26 +145,32 @@ function showRounds(r) {
   $("rounds-sigma").textContent = `(σ = ${r.sigma}, ${r.bucket_hours} h rounds)`;
   const inc = r.incumbent;
   $("rounds-note").textContent = inc
-    ? `One round is one trial bucket. Marked: today's incumbent θ (${thetaText(inc.natural)}), ` +
+    ? "One round is one trial bucket; the band is the 95 % interval of its mean utility. " +
+      `Marked: today's incumbent θ (${thetaText(inc.natural)}), ` +
       `predicted utility ${fmt(inc.predicted_utility)}; Booster keeps no incumbent history, so ` +
       "earlier rounds are marked with today's incumbent where it ran."
-    : "One round is one trial bucket. This context has no published plan yet.";
+    : "One round is one trial bucket; the band is the 95 % interval of its mean utility. " +
+      "This context has no published plan yet.";
   const x = r.rounds.map((b) => unixSeconds(b.bucket));
   const all = r.rounds.map((b) => b.utility);
+  const stderr = r.rounds.map((b) => b.utility_stderr);
   const incumbent = r.rounds.map((b) => b.incumbent_utility);
   const predicted = r.rounds.map(() => (inc ? inc.predicted_utility : null));
+  const bands = [];
   plot("rounds-chart",
-    { bucket: r.rounds.map((b) => b.bucket), utility: all, incumbent_utility: incumbent },
+    { bucket: r.rounds.map((b) => b.bucket), utility: all, utility_stderr: stderr, incumbent_utility: incumbent },
     {
       series: [
         { label: "round (UTC)" },
-        line("all Fusion flows", "#1f77b4"),
+        ...withInterval("all Fusion flows", "#1f77b4", 1, bands),
         line("today's incumbent θ", "#d62728", { width: 0, points: { show: true, size: 10, fill: "#d62728" } }),
         { label: "incumbent, predicted", stroke: "#d62728", width: 1, dash: [6, 4], points: { show: false } },
       ],
+      bands,
       axes: [hourAxis, { label: "utility (eq. 9)" }],
     },
-    [x, all, incumbent, predicted]);
+    [x, all, all.map((u, i) => u - Z95 * stderr[i]), all.map((u, i) => u + Z95 * stderr[i]), incumbent,
+     predicted]);
   fill("rounds-table", r.rounds, (row, b) => {
     cell(row, b.bucket.replace("T", " ").replace(/:00(\+00:00|Z)$/, ""));
     cell(row, String(b.flows), true);

@@ -323,6 +323,9 @@ def test_charts_plot_what_the_api_answers_offline(fleet, browser):  # noqa: F811
     assert len(bars["labels"]) == 10 and bars["labels"][0] == "0.514"
     assert bars["shares"] == pytest.approx([10.0] * 10)
 
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == [], errors
+
     # offline: every resource came from Booster, and other origins cannot be reached at all
     base = base_url(fleet)
     loaded = browser.execute_script(
@@ -409,9 +412,27 @@ def test_vendored_chart_library_ships_in_the_package():
     ]["gemini_booster.service.dashboard"]
     for name in VENDOR:
         assert (DASHBOARD_DIR / name).is_file(), name
-        assert any(fnmatch.fnmatch(name, g) for g in globs), name
+    for path in DASHBOARD_DIR.iterdir():  # every file the page may load ships in the wheel
+        assert any(fnmatch.fnmatch(path.name, g) for g in globs), path.name
     notes = (DASHBOARD_DIR / "VENDORED.md").read_text()
     assert "uplot@1.6.32" in notes
     assert "v1.6.32" in (DASHBOARD_DIR / VENDOR[0]).read_text()[:200]
     html = (DASHBOARD_DIR / "index.html").read_text()
     assert "http://" not in html and "https://" not in html  # no other origin, no CDN
+
+
+def test_a_new_booster_says_what_is_missing_without_errors(booster, browser):  # noqa: F811
+    """No policy, no experiment: the page says so and draws nothing, and the browser logs no
+    error (a chart fed nothing must not throw)."""
+    repo.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
+    booster.booster.reload_policies()
+    page = Page(browser, base_url(booster))
+    page.sign_in(OPERATOR)
+    page.status_contains("Signed in.")
+    page.wait.until(lambda _: page.el("rounds-chart").get_attribute("data-series"))
+    assert page.el("no-experiments").is_displayed()
+    assert "No data yet." in page.el("rounds-chart").text
+    assert "No data yet." in page.el("percentiles-chart").text
+    assert series(page, "theta-charts") == {p.name: {"value": [], "flows": []} for p in SPEC.params}
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == [], errors

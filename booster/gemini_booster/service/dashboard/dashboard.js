@@ -167,7 +167,7 @@ function showRounds(r) {
         { label: "incumbent, predicted", stroke: "#d62728", width: 1, dash: [6, 4], points: { show: false } },
       ],
       bands,
-      axes: [hourAxis, { label: "utility (eq. 9)" }],
+      axes: [{ ...hourAxis }, { label: "utility (eq. 9)" }],
     },
     [x, all, all.map((u, i) => u - Z95 * stderr[i]), all.map((u, i) => u + Z95 * stderr[i]), incumbent,
      predicted]);
@@ -335,7 +335,7 @@ function showExperimentMetric() {
       lines.push(...withInterval(n, ARM_COLOURS[i % ARM_COLOURS.length], lines.length, bands));
     });
     const hooks = crossover ? { draw: [markAt(Date.parse(`${crossover}T00:00:00Z`) / 1000, "crossover")] } : {};
-    plot(id, series, { series: lines, bands, scales, hooks, axes: [dayAxis, { label }] },
+    plot(id, series, { series: lines, bands, scales, hooks, axes: [{ ...dayAxis }, { label }] },
       names.length ? columns : [[]]);
     $(id).dataset.crossover = crossover || "";
   };

@@ -256,41 +256,44 @@ def trial_table(
     return out
 
 
+Window = tuple[dt.datetime, dt.datetime]  # of reporting intervals, host clock
+
+
 def plot_rounds(
-    rounds: dict[str, list[tuple[dt.datetime, float]]], eval_from, path: Path, title: str
+    rounds: dict[str, list[tuple[dt.datetime, float]]],
+    phases: dict[str, Window | None],
+    interval_s: float,
+    path: Path,
+    title: str,
 ) -> Path:
+    """Fig. 6: utility per reporting interval per context. The x axis counts the host's
+    intervals, so contexts without flows in some intervals stay aligned with the others; the
+    evaluation and default-θ phases are shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    starts = sorted({start for values in rounds.values() for start, _ in values})
+    index = {start: i for i, start in enumerate(starts, 1)}
     fig, ax = plt.subplots(figsize=(7, 4))
     for region, values in sorted(rounds.items()):
-        ax.plot(range(1, len(values) + 1), [u for _, u in values], marker="o", label=region)
-    first = min(
-        (
-            i
-            for values in rounds.values()
-            for i, (start, _) in enumerate(values, 1)
-            if eval_from is not None and start >= eval_from
-        ),
-        default=None,
-    )
-    if first is not None:
-        ax.axvline(first - 0.5, color="grey", linestyle="--", linewidth=1)
-        ax.text(first - 0.3, ax.get_ylim()[1], " exploration off", color="grey", va="top")
-    ax.set_xlabel("reporting round")
+        ax.plot([index[s] for s, _ in values], [u for _, u in values], marker="o", label=region)
+    length = dt.timedelta(seconds=interval_s)
+    for (name, window), color in zip(phases.items(), ("tab:green", "tab:grey"), strict=False):
+        inside = [index[s] for s in starts if window and _inside(s, window, length)]
+        if inside:
+            ax.axvspan(min(inside) - 0.5, max(inside) + 0.5, color=color, alpha=0.12)
+            ax.text(min(inside) - 0.3, ax.get_ylim()[1], f" {name}", color=color, va="top")
+    ax.set_xlabel("reporting interval of the host")
     ax.set_ylabel("utility: mean(throughput − σ·delay), Mbit/s")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(title="destination region")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-Window = tuple[dt.datetime, dt.datetime]  # of reporting intervals, host clock
 
 
 class _PlanLog:
@@ -574,7 +577,13 @@ def run_closed_loop(
     log = round_log(rounds, timeline.plans.entries, cfg.interval_s, phases)
     utilities = {region: [u for _, u in values] for region, values in rounds.items()}
     png = (
-        plot_rounds(rounds, eval_from, out_dir / f"{search.name}-convergence.png", search.title)
+        plot_rounds(
+            rounds,
+            {"evaluation": evaluated, "default θ": on_default},
+            cfg.interval_s,
+            out_dir / f"{search.name}-convergence.png",
+            search.title,
+        )
         if rounds
         else None
     )

@@ -117,6 +117,18 @@ def round_rows(rounds: list[dict]) -> list[str]:
     return lines
 
 
+def _hours_note(plans: list[dict]) -> str:
+    """Contexts include the hour of day: a run across an hour's end is two contexts per path."""
+    hours = sorted({p["hour"] for p in plans})
+    if len(hours) < 2:
+        return ""
+    return (
+        f"- The run crossed an hour (plans for hours {', '.join(map(str, hours))}): from then on "
+        "the host asked for a new context per path, whose plans lean on the first through "
+        "Booster's context kernel. Rounds are listed per path whatever the hour."
+    )
+
+
 def markdown(result: LoopResult, search: Search, cfg: LoopConfig, command: str) -> str:
     """The run's record: set-up, summary per context, then every round per context."""
     paths = "; ".join(f"{p.region}: {p.scenario.description}" for p in search.paths)
@@ -137,6 +149,7 @@ def markdown(result: LoopResult, search: Search, cfg: LoopConfig, command: str) 
         f"{cfg.interval_s:g} s intervals, back-to-back {cfg.flow_bytes} flows on each path.",
         f"- Reports stored: {len(result.report_ids)}, duplicates {result.duplicate_ids}; "
         f"plans seen: {len(result.plans)}. {' '.join(result.notes)}",
+        _hours_note(result.plans),
         "",
         "Utility = mean(throughput − σ·queueing delay), Mbit/s, per round from the stored "
         "aggregates; mean ± std over rounds (rounds).",

@@ -12,6 +12,7 @@ as exceptions); this kernel has reno, bbr and cubic built in.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import socket
@@ -191,34 +192,27 @@ def test_per_route_arm_sets_congctl_and_restores_the_routes() -> None:
     in_netns(_per_route_and_restore)
 
 
-def _unavailable_cc_is_refused() -> None:
+def _refused(cc: str, reason: str) -> None:
+    """``cc`` is refused for ``reason`` and the namespace's CC stays what it was."""
     metrics = AgentMetrics()
     applier = ArmApplier(NetKernel(), metrics)
     before = sysctl_cc()
-    assert not applier.apply(arm("vegas"))
+    assert not applier.apply(arm(cc))
     assert sysctl_cc() == before
     assert metrics.registry.get_sample_value(
-        "gemini_agent_experiment_arm_failures_total", {"reason": "unavailable_cc"}
+        "gemini_agent_experiment_arm_failures_total", {"reason": reason}
     )
     assert metrics.arm_active._value.get() == 0
 
 
 def test_a_cc_the_kernel_does_not_offer_is_refused_and_nothing_changes() -> None:
-    in_netns(_unavailable_cc_is_refused)
+    in_netns(functools.partial(_refused, "vegas", "unavailable_cc"))
 
 
 def _not_allowed_in_this_namespace() -> None:
-    metrics = AgentMetrics()
-    applier = ArmApplier(NetKernel(), metrics)
-    before = sysctl_cc()
     with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control") as f:
         allowed = f.read().split()
-    [refused] = [cc for cc in CCS if cc not in allowed][:1]
-    assert not applier.apply(arm(refused))
-    assert sysctl_cc() == before
-    assert metrics.registry.get_sample_value(
-        "gemini_agent_experiment_arm_failures_total", {"reason": "not_allowed"}
-    )
+    _refused(next(cc for cc in CCS if cc not in allowed), "not_allowed")
 
 
 def test_a_cc_not_allowed_in_a_network_namespace_is_refused_and_nothing_changes() -> None:

@@ -109,22 +109,6 @@ def test_a_stopped_arm_and_a_host_that_left_get_no_arm_the_others_keep_theirs(bo
     assert all(arm_of(booster, h) is not None for h in control[1:])
 
 
-def test_a_fixed_fusion_arm_carries_its_theta(booster) -> None:
-    theta = SPEC.default() | {"mult_decrease": 70}
-    arms = setup(
-        booster,
-        name="fusion-fixed",
-        arms=[
-            {"name": "control", "cc": "cubic"},
-            {"name": "fixed", "cc": "fusion", "params": "fixed", "theta": theta},
-        ],
-    )
-    host = next(h for h, a in arms.items() if a == "fixed")
-    arm = arm_of(booster, host)
-    assert arm is not None and arm.params == pb.ExperimentArm.FIXED
-    assert arm.fixed_theta.datapath == "fusion" and dict(arm.fixed_theta.values) == theta
-
-
 def test_per_route_arms_need_network_prefixes(booster) -> None:
     r = booster.http.post("/v1/policies", json={"name": "default"}, headers=auth(OPERATOR))
     bad = experiment(
@@ -198,25 +182,33 @@ def test_the_agent_runs_the_arms_booster_answers_and_restores_the_host(booster, 
     in_netns(functools.partial(_runs_the_arms, tmp_path, answers))
 
 
-def test_a_fixed_cubic_arm_carries_its_theta_and_bbr_cannot_be_fixed(booster) -> None:
-    cubic = load_datapath("cubic")
-    theta = cubic.default() | {"beta": 850}
+@pytest.mark.parametrize(
+    ("cc", "change", "outside"),
+    [
+        ("fusion", {"mult_decrease": 70}, {"mult_decrease": 100}),
+        ("cubic", {"beta": 850}, {"beta": 1024}),
+    ],
+)
+def test_a_fixed_arm_carries_its_theta_checked_against_its_ccs_spec(
+    booster, cc: str, change: dict[str, int], outside: dict[str, int]
+) -> None:
+    theta = load_datapath(cc).default() | change
     arms = setup(
         booster,
-        name="cubic-fixed",
+        name="fixed-theta",
         arms=[
             {"name": "control", "cc": "cubic"},
-            {"name": "fixed", "cc": "cubic", "params": "fixed", "theta": theta},
+            {"name": "fixed", "cc": cc, "params": "fixed", "theta": theta},
         ],
     )
     host = next(h for h, a in arms.items() if a == "fixed")
     arm = arm_of(booster, host)
     assert arm is not None and arm.params == pb.ExperimentArm.FIXED
-    assert arm.fixed_theta.datapath == "cubic" and dict(arm.fixed_theta.values) == theta
-    outside = {"name": "x", "cc": "cubic", "params": "fixed", "theta": theta | {"beta": 1024}}
+    assert arm.fixed_theta.datapath == cc and dict(arm.fixed_theta.values) == theta
+    refused = {"name": "x", "cc": cc, "params": "fixed", "theta": theta | outside}
     r = booster.http.post(
         "/v1/experiments",
-        json=experiment(name="outside", arms=[{"name": "c", "cc": "cubic"}, outside]),
+        json=experiment(name="outside", arms=[{"name": "c", "cc": "cubic"}, refused]),
         headers=auth(OPERATOR),
     )
-    assert r.status_code == 422 and "beta" in r.text, r.text
+    assert r.status_code == 422 and next(iter(outside)) in r.text, r.text

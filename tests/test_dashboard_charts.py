@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gemini_api.aggregate import AggregateBuilder, FlowStats
-from gemini_api.theta import load_spec
+from gemini_api.theta import load_datapath, load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
@@ -168,6 +168,16 @@ def test_chart_endpoints_answer_from_the_stored_sums_and_sketches(fleet):
     assert by_value[0.7]["hosts"] == len(FLEET) - 1
     for p in theta["params"]:
         assert sum(v["flows"] for v in p["values"]) == theta["flows"]
+
+    # a policy tuning CUBIC shows θ in CUBIC's parameters
+    cubic = fleet.http.post(
+        "/v1/policies", json={"name": "cubic-tuned", "target_cc": "cubic"}, headers=auth(OPERATOR)
+    )
+    assert cubic.status_code == 201, cubic.text
+    cubic_theta = get(fleet, "/v1/policies/cubic-tuned/charts/theta")
+    assert cubic_theta["datapath"] == "cubic" and cubic_theta["flows"] == 0
+    assert [p["name"] for p in cubic_theta["params"]] == list(load_datapath("cubic").names)
+    assert theta["datapath"] == "fusion"
 
     missing = fleet.http.get(
         f"/v1/policies/{POLICY}/charts/rounds?context=x/y->z/w@3", headers=auth(OPERATOR)

@@ -58,7 +58,7 @@ function fill(tableId, rows, render) {
 const fmt = (x, digits = 2) => (x === null || x === undefined ? "–" : Number(x).toFixed(digits));
 const pm = (mean, se, digits = 2) => `${fmt(mean, digits)} ± ${fmt(se, digits)}`;
 const UNIT_TEXT = { percent: " %", ratio: "", packets: " pkts" };
-let spec = {};  // θ parameter name → its entry in /v1/theta-spec (symbol, unit)
+let spec = {};  // θ parameter name → its symbol and unit, in the shown policy's datapath
 
 function unitText(unit) {
   return unit in UNIT_TEXT ? UNIT_TEXT[unit] : ` ${unit}`;
@@ -454,6 +454,7 @@ async function loadPolicy(refill = true) {
     api(base), api(`${base}/parameters`), api(`${base}/comparison?${sigmaQuery()}`),
     api(`${base}/charts/theta`),
   ]);
+  spec = Object.fromEntries(theta.params.map((p) => [p.name, p]));  // the policy's datapath's
   showPolicy(policy, refill);
   showPlans(plans);
   showComparison(comparison, previewSigma === null ? policy.sigma : previewSigma, previewSigma !== null);
@@ -462,8 +463,7 @@ async function loadPolicy(refill = true) {
 }
 
 async function loadPolicies(refill = true) {
-  const [policies, thetaSpec] = await Promise.all([api("/v1/policies"), api("/v1/theta-spec")]);
-  spec = Object.fromEntries(thetaSpec.params.map((p) => [p.name, p]));
+  const policies = await api("/v1/policies");
   const chosen = $("policy").value;
   $("policy").replaceChildren(...policies.map((p) => new Option(p.name, p.name)));
   if (policies.some((p) => p.name === chosen)) $("policy").value = chosen;

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import Connection, Engine, func, select
 
 from gemini_api import sketch as sketches
+from gemini_api.theta import ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 
 from ...domain import SUM_FIELDS, ContextKey, FlowSums
@@ -100,6 +101,7 @@ class ThetaInUse(BaseModel):
 
 
 class ThetaDistributionOut(BaseModel):
+    datapath: str = Field(description="whose θ: the policy's datapath (fusion, cubic, ...)")
     hours: float = Field(description="the window of flows: the policy's history_hours")
     flows: int
     hosts: int = Field(description="hosts in the newest reports (``reports``) that ran Fusion")
@@ -206,9 +208,9 @@ def rounds(
     key, predicted = _incumbent_key(booster, policy, context)
     incumbent = None
     if key:
-        theta = booster.spec.from_key(key)
+        theta = policy.spec.from_key(key)
         incumbent = IncumbentOut(
-            theta=theta, natural=booster.spec.natural(theta), predicted_utility=predicted
+            theta=theta, natural=policy.spec.natural(theta), predicted_utility=predicted
         )
     return RoundsOut(
         label=context,
@@ -276,9 +278,9 @@ def _theta_hosts(engine: Engine, policy: Policy) -> tuple[dict[str, int], int, i
     return hosts, int(total), reports
 
 
-def _param_distributions(booster: Booster, thetas: list[ThetaInUse]) -> list[ParamDistribution]:
+def _param_distributions(spec: ThetaSpec, thetas: list[ThetaInUse]) -> list[ParamDistribution]:
     out = []
-    for p in booster.spec.params:
+    for p in spec.params:
         flows: dict[float, int] = defaultdict(int)
         hosts: dict[float, int] = defaultdict(int)
         for t in thetas:
@@ -291,29 +293,31 @@ def _param_distributions(booster: Booster, thetas: list[ThetaInUse]) -> list[Par
 
 @router.get("/theta", responses=NOT_FOUND)
 def theta_distribution(policy: PolicyDep, booster: BoosterDep) -> ThetaDistributionOut:
-    """The θ Fusion flows ran under over the history window: per θ and, per parameter, per
-    value, the flows, and the hosts that reported it in the newest reports."""
+    """The θ the policy's flows ran under over the history window (in its datapath's spec): per
+    θ and, per parameter, per value, the flows, and the hosts that reported it in the newest
+    reports."""
     flows = _theta_flows(booster.engine, policy)
     hosts, total_hosts, reports = _theta_hosts(booster.engine, policy)
     thetas = []
     for key in flows.keys() | hosts.keys():
-        theta = booster.spec.from_key(key)
+        theta = policy.spec.from_key(key)
         thetas.append(
             ThetaInUse(
                 theta=theta,
-                natural=booster.spec.natural(theta),
+                natural=policy.spec.natural(theta),
                 flows=flows.get(key, 0),
                 hosts=hosts.get(key, 0),
             )
         )
     thetas.sort(key=lambda t: (-t.flows, sorted(t.theta.items())))
     return ThetaDistributionOut(
+        datapath=policy.spec.datapath,
         hours=policy.history_hours,
         flows=sum(t.flows for t in thetas),
         hosts=total_hosts,
         reports=reports,
         thetas=thetas,
-        params=_param_distributions(booster, thetas),
+        params=_param_distributions(policy.spec, thetas),
     )
 
 

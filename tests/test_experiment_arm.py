@@ -24,6 +24,7 @@ from gemini_api.v1 import booster_pb2 as pb
 
 from .conftest import OPERATOR, agent_md, auth
 from .test_agent_congestion import in_netns, route_congctl, sysctl_cc
+from .test_experiments_api import host_arm
 
 HOSTS = [f"h-{i:02d}" for i in range(10)]
 PREFIX = "10.77.0.0/24"
@@ -66,10 +67,7 @@ def setup(booster, **overrides: Any) -> dict[str, str]:
     body = experiment(**overrides)
     r = booster.http.post("/v1/experiments", json=body, headers=auth(OPERATOR))
     assert r.status_code == 201, r.text
-    out = {}
-    for h in HOSTS:
-        got = booster.http.get(f"/v1/hosts/{h}/experiment", headers=auth(OPERATOR)).json()
-        out[h] = got["experiment"]["arm"]["name"]
+    out = {h: host_arm(booster.http, h)["arm"]["name"] for h in HOSTS}  # type: ignore[index]
     assert set(out.values()) == {a["name"] for a in body["arms"]}
     return out
 

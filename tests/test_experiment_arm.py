@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import subprocess
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -169,6 +171,32 @@ def _runs_the_arms(tmp: Path, answers: list[bytes]) -> None:
     agent.refresh_theta()  # the experiment stopped
     assert sysctl_cc() == start and route_congctl(PREFIX) is None
     assert agent.arm is None and agent.metrics.arm_active._value.get() == 0
+
+
+def _exit_restores(tmp: Path, answers: list[bytes]) -> None:
+    """The daemon's loop (no flow sources) runs the arm; a stop (SIGTERM's path) restores."""
+    agent = _agent(tmp, answers * 10)
+    agent.make_sources = lambda: []  # type: ignore[method-assign]
+    start = sysctl_cc()
+    runner = threading.Thread(target=agent.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 30
+        while sysctl_cc() != "reno" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sysctl_cc() == "reno"
+    finally:
+        agent.stopped.set()
+        runner.join(timeout=30)
+    assert not runner.is_alive() and sysctl_cc() == start
+
+
+def test_a_clean_exit_of_the_agent_restores_the_host(booster, tmp_path) -> None:
+    arms = setup(booster)
+    control = next(h for h, a in arms.items() if a == "control")
+    in_netns(
+        functools.partial(_exit_restores, tmp_path, [ask(booster, control).SerializeToString()])
+    )
 
 
 def test_the_agent_runs_the_arms_booster_answers_and_restores_the_host(booster, tmp_path) -> None:

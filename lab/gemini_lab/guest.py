@@ -31,12 +31,21 @@ from gemini_lab.experiment import (
     start_flow,
 )
 from gemini_lab.flowgen import FLOW_BYTES
-from gemini_lab.netem import SENDER_NS, Topology, receiver_addr, receiver_ns, sh
+from gemini_lab.netem import (
+    SENDER_NS,
+    RateSchedule,
+    Topology,
+    receiver_addr,
+    receiver_ns,
+    sh,
+)
 from gemini_lab.scenario import Scenario
 
 CLONE_NEWNET = 0x40000000
 REPO = Path(__file__).resolve().parents[2]
 MODULE = REPO / "fusion-kmod" / "tcp_fusion.ko"
+# the running rate schedules by path index; a flow restarts its path's schedule (see RateSchedule)
+SCHEDULES: dict[int, RateSchedule] = {}
 
 
 def enter_netns(name: str) -> None:
@@ -55,6 +64,8 @@ def default_theta() -> dict[str, int]:
 def exp_flow(e: dict, out: Path) -> dict:
     set_default_theta({**default_theta(), **e.get("theta", {})})
     with RecordCollector(out / f"records-{e['label'].replace('/', '-')}.jsonl") as rc:
+        if e["path"] in SCHEDULES:
+            SCHEDULES[e["path"]].restart()
         result = run_flow(
             e["path"],
             e["cc"],
@@ -502,6 +513,7 @@ def main() -> None:
         topo = Topology([Scenario(**p) for p in plan["paths"]])
         topo.build()
         schedules = topo.start_schedules()
+        SCHEDULES.update({s.path: s for s in schedules})
         enter_netns(SENDER_NS)
         for e in plan["experiments"]:
             t0 = time.monotonic()

@@ -152,38 +152,67 @@ class Topology:
 
 
 class RateSchedule(threading.Thread):
-    """Replays a scenario's rate schedule on its path's netem qdisc, looping."""
+    """Replays a scenario's rate schedule on its path's netem qdisc, looping.
+
+    A flow's figures depend on where in the schedule it starts (a flow that meets the first
+    rise after 1 s and one that meets it after 3.9 s see different paths), so ``restart``
+    puts the schedule back at its first row just before a flow starts: every flow on the path,
+    whatever ran before it, sees the same capacity sequence from its first packet."""
 
     def __init__(self, path: int, scenario: Scenario) -> None:
         super().__init__(daemon=True)
         self.path = path
         self.scenario = scenario
         self.stopped = threading.Event()
+        self._wake = threading.Event()  # stop or restart: leave the current replay
+        self._at_start = threading.Event()  # the first row of a fresh replay is applied
 
     def run(self) -> None:
         rows = self.scenario.schedule()
         period = rows[-1][0] + (rows[1][0] - rows[0][0])
-        start = time.monotonic()
         while not self.stopped.is_set():
+            self._wake.clear()
+            self._replay(rows, period, time.monotonic())
+
+    def _replay(self, rows: list[tuple[float, int]], period: float, start: float) -> None:
+        """Apply the rows at their times from ``start`` on, looping, until woken."""
+        fresh = True
+        while True:
             for at, rate in rows:
                 delay = start + at - time.monotonic()
-                if delay > 0 and self.stopped.wait(delay):
+                if delay > 0 and self._wake.wait(delay):
                     return
-                sh(
-                    "tc",
-                    "qdisc",
-                    "change",
-                    "dev",
-                    f"path{self.path}",
-                    "root",
-                    "handle",
-                    "1:",
-                    "tbf",
-                    *tbf_args(rate),
-                    ns=ROUTER_NS,
-                    check=False,
-                )
+                if self._wake.is_set():
+                    return
+                self._apply(rate)
+                if fresh:
+                    self._at_start.set()
+                    fresh = False
             start += period
+
+    def _apply(self, rate: int) -> None:
+        sh(
+            "tc",
+            "qdisc",
+            "change",
+            "dev",
+            f"path{self.path}",
+            "root",
+            "handle",
+            "1:",
+            "tbf",
+            *tbf_args(rate),
+            ns=ROUTER_NS,
+            check=False,
+        )
+
+    def restart(self, timeout_s: float = 5.0) -> None:
+        """Back to the schedule's first row; returns once that row's rate is in force."""
+        self._at_start.clear()
+        self._wake.set()
+        if not self._at_start.wait(timeout_s):
+            raise RuntimeError(f"path{self.path}: rate schedule did not restart")
 
     def stop(self) -> None:
         self.stopped.set()
+        self._wake.set()

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -256,3 +257,26 @@ def test_route_lines_round_trip_through_ip_route_words() -> None:
     )
     u = RouteLine.parse(4, "unreachable 198.51.100.0/24 metric 5")
     assert u.with_dst("198.51.100.7/32").words[:2] == ("unreachable", "198.51.100.7/32")
+
+
+def _recovers_after_a_crash(journal: str) -> None:
+    path = Path(journal)
+    subprocess.run(["ip", "route", "add", "10.88.0.0/16", "dev", "lo"], check=True)
+    before = sysctl_cc()
+    for crashing in (arm("reno"), arm("cubic", "b", prefixes=("10.88.1.0/24", "10.88.0.0/16"))):
+        crashed = ArmApplier(NetKernel(), AgentMetrics(), path)
+        assert crashed.apply(crashing) and path.exists()
+        assert sysctl_cc() != before or route_congctl("10.88.1.0/24") == "cubic"
+        # The agent dies here, without restoring; the next run reads the journal.
+        again = ArmApplier(NetKernel(), AgentMetrics(), path)
+        again.recover()
+        assert sysctl_cc() == before and not path.exists()
+        assert route_congctl("10.88.1.0/24") == "absent" and route_congctl("10.88.0.0/16") is None
+        again.recover()  # nothing left to do
+        assert sysctl_cc() == before
+
+
+def test_an_agent_that_died_with_an_arm_applied_restores_the_host_when_it_starts(
+    tmp_path,
+) -> None:
+    in_netns(functools.partial(_recovers_after_a_crash, str(tmp_path / "arm.json")))

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import json
 import logging
 import subprocess
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gemini_agent.metrics import AgentMetrics
@@ -166,14 +166,63 @@ def arm_key(arm: pb.ExperimentArm | None) -> tuple | None:
     return (arm.experiment, arm.arm, arm.cc, tuple(arm.destination_prefixes))
 
 
+@dataclass(frozen=True)
+class Undo:
+    """One change to take back: ``sysctl`` (write ``value`` back), ``route`` (replace the route
+    with ``words``, as it was) or ``added`` (delete the route of ``words``, which the arm added).
+    Plain data, so that the journal can keep it across a crash of the agent."""
+
+    kind: str
+    value: str = ""
+    family: int = 4
+    words: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.kind == "sysctl":
+            return f"net.ipv4.tcp_congestion_control = {self.value}"
+        return f"route {' '.join(self.words)} ({self.kind})"
+
+
 @dataclass
 class ArmApplier:
-    """Applies one arm at a time and remembers how to undo it."""
+    """Applies one arm at a time and remembers how to undo it: in memory, and in ``journal``
+    (a JSON file) when given, so that an agent that died with an arm applied restores the host
+    when it starts again (``recover``)."""
 
     net: NetKernel
     metrics: AgentMetrics
+    journal: Path | None = None
     applied: tuple | None = None
-    _undo: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+    _undo: list[Undo] = field(default_factory=list)
+
+    def _remember(self, undo: Undo) -> None:
+        self._undo.append(undo)
+        self._save()
+
+    def _save(self) -> None:
+        if self.journal is None:
+            return
+        if not self._undo:
+            self.journal.unlink(missing_ok=True)
+            return
+        tmp = self.journal.with_suffix(".tmp")
+        tmp.write_text(json.dumps([asdict(u) for u in self._undo]))
+        tmp.replace(self.journal)  # atomic: the journal is either the old list or the new
+
+    def recover(self) -> None:
+        """Undo what a previous run of the agent left applied (its journal), if anything."""
+        if self.journal is None or not self.journal.exists():
+            return
+        try:
+            entries = json.loads(self.journal.read_text())
+            self._undo = [Undo(**{**e, "words": tuple(e["words"])}) for e in entries]
+        except (ValueError, TypeError, KeyError) as exc:
+            log.error("unreadable arm journal %s (%s): nothing restored", self.journal, exc)
+            self.journal.unlink(missing_ok=True)
+            return
+        log.warning("an arm was left applied by a previous run: restoring the host")
+        self.applied = ("recovered",)
+        self.restore()
 
     def apply(self, arm: pb.ExperimentArm | None) -> bool:
         """Run ``arm`` (None: no arm, restore); False when it was refused and the host runs
@@ -235,37 +284,48 @@ class ArmApplier:
     def _host_cc(self, cc: str) -> None:
         before = self.net.host_cc()
         # Undo first: a write whose read-back differs may still have changed the sysctl.
-        self._undo.append(
-            (f"net.ipv4.tcp_congestion_control = {before}", lambda: self._set(before))
-        )
-        self.net.set_host_cc(cc)
-
-    def _set(self, cc: str) -> None:
+        self._remember(Undo("sysctl", value=before))
         self.net.set_host_cc(cc)
 
     def _route_cc(self, prefix: str, cc: str) -> None:
         before = self.net.route(prefix)
+        # Each change is journalled before it is made (a crash in between restores a route to
+        # what it already is); a route that could not be added has nothing to delete.
         if before is not None:
+            self._remember(Undo("route", family=before.family, words=before.words))
             self.net.replace_route(before.with_congctl(cc))
-            self._undo.append((f"route {prefix} as it was", lambda: self.net.replace_route(before)))
             return
         covering = self.net.covering_route(prefix)
         if covering is None:
             raise OSError(f"no route covers {prefix}")
         added = covering.with_dst(prefix).with_congctl(cc)
-        self.net.replace_route(added)  # a failed write leaves no route behind: nothing to undo
-        self._undo.append((f"route {prefix} removed", lambda: self.net.delete_route(added)))
+        self._remember(Undo("added", family=added.family, words=added.words))
+        try:
+            self.net.replace_route(added)
+        except OSError:
+            self._undo.pop()
+            self._save()
+            raise
+
+    def _take_back(self, undo: Undo) -> None:
+        if undo.kind == "sysctl":
+            self.net.set_host_cc(undo.value)
+        elif undo.kind == "route":
+            self.net.replace_route(RouteLine(undo.family, undo.words))
+        else:
+            self.net.delete_route(RouteLine(undo.family, undo.words))
 
     def restore(self) -> None:
         """Undo every change of the current arm, the last first; a step that fails is logged
         and the others still run."""
         while self._undo:
-            what, undo = self._undo.pop()
+            undo = self._undo.pop()
             try:
-                undo()
+                self._take_back(undo)
             except (OSError, subprocess.SubprocessError) as exc:
                 self.metrics.arm_failures.labels("restore_error").inc()
-                log.error("could not restore %s: %s", what, exc)
+                log.error("could not restore %s: %s", undo.describe(), exc)
+            self._save()
         if self.applied is not None:
             log.info("arm ended: the host's own congestion control settings are back")
         self.applied = None

@@ -40,6 +40,7 @@ from gemini_api.v1 import booster_pb2 as pb
 log = logging.getLogger(__name__)
 MIN_REFRESH_S = 1.0  # whatever Booster says, at most one GetParameters per second
 FUSION = "fusion"
+ARM_JOURNAL = "experiment-arm.json"  # what an applied arm changed, to undo after a crash
 
 
 def make_resolver(s: AgentSettings) -> ContextResolver:
@@ -89,7 +90,9 @@ class Agent:
         self.reporter = Reporter(settings, self.spool, self.metrics)
         self.kernel = kernel or Kernel(sysctl_root=settings.sysctl_root)
         self.applier = ThetaApplier(self.kernel, self.metrics, settings.staleness_s)
-        self.arms = ArmApplier(net or NetKernel(settings.net_ipv4_root), self.metrics)
+        # The journal sits with the spool: state the agent keeps across its own restarts.
+        journal = settings.spool_dir.parent / ARM_JOURNAL
+        self.arms = ArmApplier(net or NetKernel(settings.net_ipv4_root), self.metrics, journal)
         self.arm: pb.ExperimentArm | None = None  # Booster's last word on this host's arm
         self.module_params = module_params if module_params is not None else host_datapaths()
         self.destinations = Destinations(self.resolver.networks())
@@ -282,6 +285,8 @@ class Agent:
         sources = self.make_sources()
         for source in sources:
             source.start()
+        if self.s.apply_to_kernel:
+            self.arms.recover()  # an arm a previous run left applied (it did not exit cleanly)
         self.refresh_theta()
         next_close = time.monotonic() + self.s.interval_s
         last_refresh = time.monotonic()

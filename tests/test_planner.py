@@ -191,6 +191,66 @@ def test_polish_climbs_to_the_maximum_from_poor_starts():
     assert np.allclose(out, peak, atol=0.02), out
 
 
+def test_acquisitions_are_scikit_optimizes():
+    """EI, PI and LCB computed from a posterior equal scikit-optimize's functions on it."""
+    from skopt.acquisition import gaussian_ei, gaussian_lcb, gaussian_pi
+
+    rng = np.random.default_rng(3)
+    loss, std = rng.normal(0, 1, 500), np.abs(rng.normal(0, 0.5, 500))
+    std[:20] = 0.0  # a point measured without noise: EI and PI give it nothing
+
+    class Fixed:
+        def predict(self, X, return_std=True):
+            return loss, std
+
+    X, y_opt = np.zeros((500, 2)), -0.3
+    theirs = {
+        "EI": gaussian_ei(X, Fixed(), y_opt=y_opt, xi=acquisition.XI),
+        "PI": gaussian_pi(X, Fixed(), y_opt=y_opt, xi=acquisition.XI),
+        "LCB": -gaussian_lcb(X, Fixed(), kappa=acquisition.KAPPA),
+    }
+    ours = acquisition.scores(X, lambda _: (loss, std), y_opt)
+    for kind in acquisition.ACQUISITIONS:
+        assert np.allclose(ours[kind], theirs[kind], rtol=1e-12, atol=1e-15), kind
+
+
+def _two_call_polish(score, starts: np.ndarray, dims: int) -> np.ndarray:
+    """The walk as first written: a gradient and a move scored separately at every step."""
+    x = np.clip(starts.astype(float), 0.0, 1.0)
+    step = np.full(len(x), acquisition.POLISH_STEP0)
+    eye = np.eye(dims) * acquisition.POLISH_FD
+    for _ in range(acquisition.POLISH_STEPS):
+        probes = np.vstack([x, (x[:, None, :] + eye[None, :, :]).reshape(-1, dims)])
+        values = score(np.clip(probes, 0.0, 1.0))
+        here = values[: len(x)]
+        grad = (values[len(x) :].reshape(len(x), dims) - here[:, None]) / acquisition.POLISH_FD
+        norm = np.linalg.norm(grad, axis=1, keepdims=True)
+        direction = np.divide(grad, norm, out=np.zeros_like(grad), where=norm > 0)
+        moved = np.clip(x + step[:, None] * direction, 0.0, 1.0)
+        better = score(moved) > here
+        x = np.where(better[:, None], moved, x)
+        step = np.where(better, step * acquisition.POLISH_GROW, step / 2)
+    return x
+
+
+def test_polish_takes_the_same_walk_with_one_prediction_per_step():
+    """Scoring a move with its own probes changes the cost, not the walk."""
+    rng = np.random.default_rng(11)
+    centres = rng.uniform(0, 1, (5, 4))
+    calls = {"n": 0}
+
+    def score(X: np.ndarray) -> np.ndarray:  # several bumps: moves that fail happen
+        calls["n"] += 1
+        d2 = ((X[:, None, :] - centres[None, :, :]) ** 2).sum(axis=2)
+        return np.exp(-d2 / 0.02).sum(axis=1)
+
+    starts = rng.uniform(0, 1, (6, 4))
+    expected = _two_call_polish(score, starts, 4)
+    calls["n"] = 0
+    assert np.array_equal(acquisition.polish(score, starts, 4), expected)
+    assert calls["n"] == acquisition.POLISH_STEPS + 1
+
+
 def test_the_local_posterior_is_scikit_learns_gp_at_that_context():
     """The numpy posterior at one context equals scikit-learn's GP over (θ, h) with the same
     fitted kernel: the same means, variances and covariances."""

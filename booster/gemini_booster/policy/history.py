@@ -197,15 +197,16 @@ def observations(
     contexts = np.asarray([groups[g][0] for g in keep])
     noise = _noise(n[keep], var_of_mean[keep], contexts)
     names = spec.names
+    columns = zip(  # Python values in one conversion each: per-element numpy indexing is slow
+        keep.tolist(),
+        values[keep].tolist(),
+        mean[keep].tolist(),
+        noise.tolist(),
+        n[keep].astype(int).tolist(),
+        newest[keep].tolist(),
+        strict=True,
+    )
     return [
-        Observation(
-            groups[g][0],
-            dict(zip(names, values[g].tolist(), strict=True)),
-            groups[g][1],
-            float(mean[g]),
-            float(noise[i]),
-            int(n[g]),
-            float(newest[g]),
-        )
-        for i, g in enumerate(keep)
+        Observation(groups[g][0], dict(zip(names, row, strict=True)), groups[g][1], u, v, f, t)
+        for g, row, u, v, f, t in columns
     ]

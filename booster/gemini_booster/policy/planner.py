@@ -62,6 +62,7 @@ from .surrogate import CONTEXT_ATTRIBUTES, ThetaSpace, fit_surrogate
 N_CANDIDATES = 8
 ANCHORS = 5  # the best observed θ of a context whose neighbourhoods are searched
 LOCAL_OWN_MAX = 400  # a context's own observations in its local model, most-measured first
+NEAREST_CHUNK = 256  # points per distance block in _nearest
 SWITCH_Z = 1.5  # a challenger must beat the incumbent by this many std of the difference (chosen
 # on benchmarks/optimiser.py: 2.0 held worse incumbents longer, 1.0 changed them more often)
 KEEP_SCORE_SHARE = 0.1  # an unrun candidate keeps its slot above this share of the best score
@@ -264,6 +265,7 @@ class _Refit:
         self.credits: dict[str, list[float]] = defaultdict(list)
         self.shared: _Model | None = None
         self.fit_points: list[Observation] = []
+        self.fit_keys: set[tuple[int, str]] = set()
         self.fit_theta = np.empty((0, space.dims))
         self.fit_codes: np.ndarray | None = None
         self.params: KernelParams | None = None
@@ -323,7 +325,8 @@ class _Refit:
         self.y_mean, self.y_std = fitted.y_mean, fitted.y_std
         self.fit_theta = self.space.encode([o.theta for o in self.fit_points])
         self.fit_codes = self._codes(self.fit_points)
-        self.used.update((o.context_id, o.theta_key) for o in self.fit_points)
+        self.fit_keys = {(o.context_id, o.theta_key) for o in self.fit_points}
+        self.used.update(self.fit_keys)
         self.base = self._training(self.fit_points, self.fit_theta, self.fit_codes)
         if self.mode == "standard":
             self.shared = _Model(LocalGP(self.params, self.base, None), self.y_mean, self.y_std)
@@ -353,11 +356,10 @@ class _Refit:
         if self.mode == "independent":
             return self._independent_model(context_id, own)
         assert self.encoder is not None and self.params is not None and self.base is not None
-        fit_keys = {(o.context_id, o.theta_key) for o in self.fit_points}
         extra = [
             o
             for o in most_measured(own)[:LOCAL_OWN_MAX]
-            if (o.context_id, o.theta_key) not in fit_keys
+            if (o.context_id, o.theta_key) not in self.fit_keys
         ]
         self.used.update((o.context_id, o.theta_key) for o in extra)
         training = self.base
@@ -418,7 +420,7 @@ class _Refit:
         """(θ, its posterior loss, the best observed points as search anchors, the challenger:
         the best θ by posterior mean when it is not yet better with confidence)."""
         if not eligible:
-            X = self.space.encode(self.space.sample(acquisition.POOL_RANDOM, self.rng))
+            X = self.space.sample_points(acquisition.POOL_RANDOM, self.rng)
             loss, _ = model.posterior(X)
             best = int(np.argmin(loss))
             return self.space.decode(X[best : best + 1])[0], float(loss[best]), X[:0], None
@@ -478,14 +480,11 @@ class _Refit:
                 kept.append(x)
         free = [i for i, s in enumerate(slots) if s is None]
         if run:  # a θ already run here is known to the model: hosts explore new ones
-            ran = self.space.encode([self.planner.spec.from_key(k) for k in run])
-            seen = np.min([np.max(np.abs(X - r), axis=1) for r in ran], axis=0) < 1e-9
+            ran = set(self.space.grid_rows(self.space.encode([o.theta for o in own])))
+            seen = [row in ran for row in self.space.grid_rows(X)]
             score = np.where(seen, -np.inf, score)
         if kept:
-            far = (
-                np.min([np.max(np.abs(X - k), axis=1) for k in kept], axis=0)
-                > acquisition.MIN_CANDIDATE_DISTANCE
-            )
+            far = _nearest(X, np.asarray(kept)) > acquisition.MIN_CANDIDATE_DISTANCE
             score = np.where(far, score, -np.inf)
         fresh = [
             self.space.decode(X[j : j + 1])[0] for j in acquisition.diverse_top(X, score, len(free))
@@ -538,3 +537,14 @@ class _Refit:
                 incumbent, inc_u, tuple(self.space.sample(N_CANDIDATES, self.rng)), "random"
             )
         return ContextPlan(incumbent, inc_u, todo, "initial design")
+
+
+def _nearest(X: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Each row of X's L∞ distance to the nearest of ``points`` (normalised θ units), in
+    chunks of NEAREST_CHUNK points so that a context with thousands of θ stays small."""
+    nearest = np.full(len(X), np.inf)
+    for i in range(0, len(points), NEAREST_CHUNK):
+        chunk = points[i : i + NEAREST_CHUNK]
+        gaps = np.abs(X[:, None, :] - chunk[None, :, :]).max(axis=2)
+        nearest = np.minimum(nearest, gaps.min(axis=1))
+    return nearest

@@ -52,8 +52,25 @@ class ThetaSpace:
         return len(self.free)
 
     def sample(self, n: int, rng: np.random.Generator) -> list[dict[str, int]]:
-        seed = int(rng.integers(2**31 - 1))
-        return [self.theta(row) for row in self.space.rvs(n, random_state=seed)]
+        """``n`` θ drawn uniformly from the region's grid."""
+        return self.decode(self.sample_points(n, rng))
+
+    def sample_points(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``n`` grid points drawn uniformly, already encoded (every parameter's integers
+        equally likely, as scikit-optimize's Integer dimension draws them)."""
+        steps = rng.integers(0, self._span.astype(np.int64) + 1, size=(n, self.dims))
+        return steps / self._span
+
+    def grid_rows(self, points: np.ndarray) -> list[tuple[int, ...]]:
+        """Grid points as tuples of steps from the lower bounds: exact keys for comparing
+        points (e.g. membership in a set) where float rows would need a tolerance."""
+        steps = np.rint(np.clip(points, 0.0, 1.0) * self._span).astype(np.int64)
+        return [tuple(r) for r in steps.tolist()]
+
+    def snap(self, points: np.ndarray) -> np.ndarray:
+        """Points of [0, 1]^d moved onto the nearest grid point: ``encode(decode(points))``
+        without building a θ for each."""
+        return np.rint(np.clip(points, 0.0, 1.0) * self._span) / self._span
 
     def design(self, n: int, seed: int) -> list[dict[str, int]]:
         """``n`` space-filling θ for a cold start: a maximin Latin hypercube (every parameter's

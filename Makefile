@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench proto clean kmod kmod-theta uml lab-check lab-6.12 lab-bench images debs
+.PHONY: demo test lint bench screenshots proto clean kmod kmod-theta uml lab-check lab-6.12 lab-bench images debs
 
 COMPONENTS := api agent booster lab
 
@@ -34,6 +34,9 @@ bench: $(STAMP)  ## the benchmarks; results are written to benchmarks/results/
 	$(BIN)/python -m benchmarks.replicas
 	$(BIN)/python -m benchmarks.quota
 	$(BIN)/python -m benchmarks.agent_lookup
+
+screenshots: $(STAMP)  ## re-record the dashboard screenshots in docs/dashboard/ (headless Chromium)
+	GEMINI_DASHBOARD_SHOTS=$(CURDIR)/docs/dashboard $(BIN)/python -m pytest -q tests/test_dashboard_charts.py
 
 proto: $(STAMP)  ## regenerate protobuf/gRPC stubs after editing api/gemini_api/v1/*.proto
 	$(BIN)/python scripts/gen_proto.py

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import random
+import tempfile
 import time
 import tomllib
 from datetime import UTC, date, datetime, timedelta
@@ -31,7 +33,12 @@ from .test_cli import booster as booster_cli
 from .test_dashboard import Page, base_url, browser  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
-SHOTS = ROOT / "docs" / "dashboard"
+# The recorded screenshots (docs/dashboard/) are refreshed by `make screenshots`; a plain test
+# run writes its own elsewhere, so running the tests leaves the working tree as it was.
+SHOTS = Path(
+    os.environ.get("GEMINI_DASHBOARD_SHOTS")
+    or Path(tempfile.gettempdir()) / "gemini-dashboard-shots"
+)
 SPEC = load_spec()
 POLICY, EXP_POLICY, EXPERIMENT = "cdn", "exp", "cubic-vs-fusion"
 TUNED = SPEC.default() | {"mult_decrease": 70}

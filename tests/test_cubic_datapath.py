@@ -9,11 +9,13 @@ values first and put them back whatever happens.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
 
 from gemini_agent.aggregator import Flow
 from gemini_agent.datapath import ModuleParams, host_theta
@@ -21,6 +23,8 @@ from gemini_api.aggregate import AggregateBuilder, FlowStats
 from gemini_api.theta import ThetaError, datapath_of, datapaths, load_datapath, load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
+from gemini_booster.storage import database
+from gemini_booster.storage import repository as repo
 
 from .conftest import OPERATOR, agent_md, auth
 from .test_experiment_arm import _agent
@@ -207,3 +211,35 @@ def test_a_cubic_arm_decides_the_host_theta_over_the_policy(tmp_path, monkeypatc
     assert agent.host_choice(planned) == ("cubic", None)
     agent.arm = pb.ExperimentArm(cc="bbr", params=pb.ExperimentArm.KERNEL_DEFAULT)
     assert agent.host_choice(planned) == ("cubic", KERNEL_DEFAULTS)
+
+
+def test_migration_moves_cubic_policies_into_cubics_space(db_url) -> None:
+    """0006 → head: a cubic policy's bounds are CUBIC's (a custom region in Fusion's
+    parameters becomes production); a Fusion policy is untouched; both load."""
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
+    database.migrate(engine, "0006")
+    fusion = json.dumps(load_spec().region_bounds("production"))
+    with engine.begin() as conn:
+        for name, target, region in (
+            ("f", "fusion", "custom"),
+            ("c", "cubic", "custom"),
+            ("w", "cubic", "wide"),
+        ):
+            conn.execute(
+                text(
+                    "INSERT INTO policies (name, sigma, region, bounds, mode, target_cc, acq_func,"
+                    " exploration_share, n_initial_points, min_flows, history_hours,"
+                    " time_buckets, max_model_points, revision) VALUES (:n, 1, :r,"
+                    " CAST(:b AS jsonb), 'contextual', :t, 'gp_hedge', 0.1, 5, 1, 24, 1, 500, 1)"
+                ),
+                {"n": name, "r": region, "b": fusion, "t": target},
+            )
+    database.migrate(engine)
+    policies = {p.name: p for p in repo.list_policies(engine)}
+    engine.dispose()
+    assert policies["f"].resolved_bounds() == load_spec().region_bounds("production")
+    assert policies["c"].region == "production" and policies["c"].revision == 2
+    assert policies["c"].resolved_bounds() == CUBIC.region_bounds("production")
+    assert policies["w"].resolved_bounds() == CUBIC.region_bounds("wide")

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -137,8 +138,7 @@ def test_booster_plans_a_cubic_policy_in_cubics_space(booster) -> None:
     spec = http.get("/v1/theta-spec", params={"datapath": "cubic"}, headers=auth(OPERATOR))
     assert [p["name"] for p in spec.json()["params"]] == list(CUBIC.names)
     ctx = sim.ETHERNET.message()
-    # Flows of another CC bring the context in (the policy's own trials of a CUBIC θ need the
-    # ingest check to read Aggregate.datapath_theta: not yet).
+    # flows of another CC bring the context in (its own flows: the test below)
     report = sim.make_report("host-1", "tcp", [baseline_flows(ctx, "bbr")])
     assert booster.stub().ReportAggregates(report, metadata=agent_md()).aggregates_stored == 1
     booster.booster.refit(booster.booster.policies["tcp"])
@@ -155,6 +155,47 @@ def test_booster_plans_a_cubic_policy_in_cubics_space(booster) -> None:
     [plan] = http.get("/v1/policies/tcp/parameters", headers=auth(OPERATOR)).json()
     assert set(plan["incumbent"]) == set(CUBIC.names)
     assert plan["incumbent_natural"]["beta"] == plan["incumbent"]["beta"] / 1024
+
+
+def cubic_flows(ctx: pb.Context, theta: dict[str, int], datapath: str = "cubic") -> pb.Aggregate:
+    """A CUBIC policy's own flows: cc empty, the host's CUBIC θ as datapath_theta."""
+    a = baseline_flows(ctx, "")
+    a.ClearField("theta")
+    a.datapath_theta.CopyFrom(pb.DatapathTheta(datapath=datapath, values=theta))
+    return a
+
+
+def _refused(booster, aggregate: pb.Aggregate) -> str:
+    report = sim.make_report("host-1", "tcp", [aggregate])
+    with pytest.raises(grpc.RpcError) as e:
+        booster.stub().ReportAggregates(report, metadata=agent_md())
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    return e.value.details()
+
+
+def test_booster_learns_from_a_cubic_policys_own_flows(booster) -> None:
+    """A CUBIC θ reported as datapath_theta is stored as a trial of that θ, and the refit
+    plans from it; a θ of the wrong datapath, incomplete or outside the region is refused
+    whole, naming the field."""
+    r = booster.http.post(
+        "/v1/policies", json={"name": "tcp", "target_cc": "cubic"}, headers=auth(OPERATOR)
+    )
+    assert r.status_code == 201, r.text
+    ctx, tuned = sim.ETHERNET.message(), KERNEL_DEFAULTS | {"beta": 800}
+    report = sim.make_report("host-1", "tcp", [cubic_flows(ctx, tuned)])
+    assert booster.stub().ReportAggregates(report, metadata=agent_md()).aggregates_stored == 1
+    [trial] = booster.http.get("/v1/policies/tcp/trials", headers=auth(OPERATOR)).json()
+    assert trial["flows"] == 3 and trial["theta"] == tuned
+    [plan] = booster.booster.refit(booster.booster.policies["tcp"]).values()
+    assert set(plan.incumbent) == set(CUBIC.names)
+
+    assert "datapath_theta.datapath: 'bic'" in _refused(booster, cubic_flows(ctx, tuned, "bic"))
+    partial = {k: v for k, v in tuned.items() if k != "hystart"}
+    assert "datapath_theta.values.hystart: missing" in _refused(booster, cubic_flows(ctx, partial))
+    outside = tuned | {"beta": CUBIC.region_bounds("wide")["beta"][1] + 1}
+    assert "theta.beta" in _refused(booster, cubic_flows(ctx, outside))
+    fusion = baseline_flows(ctx, "")  # Fusion's θ on a CUBIC policy
+    assert "carry datapath_theta" in _refused(booster, fusion)
 
 
 def _answer(target_cc: str, theta: dict[str, int] | None = None) -> bytes:

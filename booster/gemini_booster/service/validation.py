@@ -184,15 +184,34 @@ def _counts(a: pb.Aggregate, path: str, problems: list[str]) -> tuple[int, ...]:
 def _theta_key(
     a: pb.Aggregate, path: str, spec: ThetaSpec, policy: Policy, problems: list[str]
 ) -> str | None:
-    """A Fusion aggregate's θ, checked against the policy's region; a baseline's is ''."""
+    """The tuned flows' θ, checked against the policy's region; a baseline's is ''. Fusion's
+    θ comes as ``theta``, another datapath's (the policy's spec: CUBIC's module parameters for
+    target_cc "cubic") as ``datapath_theta``."""
     if a.cc:
         if not CC_NAME.fullmatch(a.cc):
             problems.append(f"{path}.cc: {a.cc[:32]!r} is not a kernel congestion-control name")
         elif a.cc == policy.target_cc:
             problems.append(f"{path}.cc: {a.cc!r} flows leave cc empty and carry theta")
-        elif a.HasField("theta"):
+        elif a.HasField("theta") or a.HasField("datapath_theta"):
             problems.append(f"{path}.theta: a baseline ({a.cc}) aggregate carries no theta")
         return ""
+    if policy.spec.datapath != spec.datapath:
+        theta = _datapath_theta(a, path, policy.spec, problems)
+        spec = policy.spec
+    else:
+        theta = _fusion_theta(a, path, spec, problems)
+    if theta is None:
+        return None
+    problems += [f"{path}.theta.{v}" for v in spec.violations(theta, policy.resolved_bounds())]
+    return spec.key(theta)
+
+
+def _fusion_theta(
+    a: pb.Aggregate, path: str, spec: ThetaSpec, problems: list[str]
+) -> dict[str, int] | None:
+    if a.HasField("datapath_theta"):
+        problems.append(f"{path}.datapath_theta: a {spec.datapath} policy's flows carry theta")
+        return None
     if not a.HasField("theta"):
         problems.append(f"{path}.theta: missing")
         return None
@@ -200,9 +219,33 @@ def _theta_key(
     if missing:
         problems += [f"{path}.theta.{name}: missing" for name in missing]
         return None
-    theta = spec.from_message(a.theta)
-    problems += [f"{path}.theta.{v}" for v in spec.violations(theta, policy.resolved_bounds())]
-    return spec.key(theta)
+    return spec.from_message(a.theta)
+
+
+def _datapath_theta(
+    a: pb.Aggregate, path: str, spec: ThetaSpec, problems: list[str]
+) -> dict[str, int] | None:
+    where = f"{path}.datapath_theta"
+    if a.HasField("theta"):
+        problems.append(f"{path}.theta: a {spec.datapath} policy's flows carry datapath_theta")
+        return None
+    if not a.HasField("datapath_theta"):
+        problems.append(f"{where}: missing")
+        return None
+    got = a.datapath_theta
+    if got.datapath != spec.datapath:
+        problems.append(
+            f"{where}.datapath: {got.datapath[:32]!r}, the policy tunes {spec.datapath!r}"
+        )
+        return None
+    values = dict(got.values)
+    unknown = sorted(set(values) - set(spec.names))
+    problems += [f"{where}.values.{name[:32]}: not a {spec.datapath} parameter" for name in unknown]
+    missing = [name for name in spec.names if name not in values]
+    problems += [f"{where}.values.{name}: missing" for name in missing]
+    if unknown or missing:
+        return None
+    return {name: values[name] for name in spec.names}
 
 
 def aggregate_row(

@@ -48,6 +48,8 @@ class SyncTarget(Protocol):
 
     def tokens_changed(self) -> None: ...
 
+    def experiments_changed(self, experiment_ids: set[int] | None = None) -> None: ...
+
 
 def libpq_url(engine: Engine) -> str:
     """The engine's URL as libpq takes it (no SQLAlchemy driver suffix)."""
@@ -128,3 +130,5 @@ class Follower:
             self.target.data_arrived(ids)
         elif kind == "tokens":
             self.target.tokens_changed()
+        elif kind == "experiments":
+            self.target.experiments_changed(ids)

@@ -6,7 +6,9 @@ channel, delivered to every listener when (and only if) the transaction commits:
 - ``policy:<id>``: a policy's settings changed (or it was created);
 - ``plans:<id>``: the refit owner published new plans for the policy;
 - ``data:<id>``: reports with new flows for the policy were stored (the owner refits);
-- ``tokens``: a credential was created or revoked.
+- ``tokens``: a credential was created or revoked;
+- ``experiments:<id>``: an A/B experiment was created, changed or stopped (replicas reload the
+  arms they answer agents with).
 
 A listener that loses its connection may miss notifications, so after reconnecting it must
 resynchronise everything (``Follower`` in ``service/sync.py`` does).
@@ -20,7 +22,7 @@ from typing import Literal
 from sqlalchemy import Connection, text
 
 CHANNEL = "gemini_changes"
-Kind = Literal["policy", "plans", "data", "tokens"]
+Kind = Literal["policy", "plans", "data", "tokens", "experiments"]
 
 
 def payload(kind: Kind, policy_id: int | None = None) -> str:

@@ -66,7 +66,7 @@ from .schema import Base
 CREATE_LOCK = 0x6578_7074  # pg_advisory_xact_lock key: one experiment creation at a time
 SALT_BYTES = 8
 AUDITED_HOSTS = 100  # host ids named in a join or leave audit entry (the count is always kept)
-NOTIFY_KIND = "experiments"  # payload "experiments:<id>" on the changes channel
+NOTIFY_KIND: changes.Kind = "experiments"  # payload "experiments:<id>" on the changes channel
 
 
 def _now_column() -> Mapped[datetime]:
@@ -152,10 +152,7 @@ class ExperimentHostDay(Base):
 
 def _notify(conn: Connection, experiment_id: int) -> None:
     """Tell other replicas (and their assignment caches) that this experiment changed."""
-    conn.execute(
-        text("SELECT pg_notify(:channel, :payload)"),
-        {"channel": changes.CHANNEL, "payload": f"{NOTIFY_KIND}:{experiment_id}"},
-    )
+    changes.notify(conn, NOTIFY_KIND, [experiment_id])
 
 
 def _audit_detail(spec: ExperimentCreate, salt: str) -> dict[str, Any]:

@@ -91,14 +91,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lab_settings(token: str) -> Callable[[str], Settings]:
-    """Booster's settings for a lab run (embedded PostgreSQL), given its gRPC address."""
+def _lab_settings(token: str, out: Path) -> Callable[[str], Settings]:
+    """Booster's settings for a lab run, given its gRPC address: an embedded PostgreSQL of the
+    run's own under ``out`` (a database kept from an earlier run keeps that run's bootstrap
+    token, and would refuse this run's agent)."""
     from gemini_booster.config import Settings
 
     return lambda listen: Settings(
         grpc_listen=listen,
         http_port=0,
         refit_interval_s=2,
+        data_dir=(out / "booster").resolve(),
         bootstrap_agent_token=token,
         allow_unbound_agent_tokens=True,  # the lab's guest hosts share one agent token
     )
@@ -118,7 +121,7 @@ def cmd_loop(args: argparse.Namespace) -> None:
         search_reports=args.search_reports,
         eval_reports=args.eval_reports,
     )
-    result = run_loop(_lab_settings(token), args.port, token, args.out, cfg)
+    result = run_loop(_lab_settings(token, args.out), args.port, token, args.out, cfg)
     for region, values in sorted(result.rounds.items()):
         print(f"{region:>8}: " + " ".join(f"{v:6.2f}" for v in values))
         print(
@@ -160,7 +163,14 @@ def cmd_tune(args: argparse.Namespace) -> None:
             duration_s=(args.rounds + 2 * args.eval_rounds + 10) * args.interval + 300,
         )
         result = run_tune(
-            _lab_settings(token), args.port, token, out, args.scenario, args.region, cfg, command
+            _lab_settings(token, out),
+            args.port,
+            token,
+            out,
+            args.scenario,
+            args.region,
+            cfg,
+            command,
         )
         print(f"σ = {sigma:g}, {args.region} region")
         print("\n".join(summary_rows(result)))

@@ -146,7 +146,10 @@ def maximise(
     if not len(found):
         return X, s
     more = scores(found, posterior, y_opt)
-    return np.vstack([X, found]), {k: np.concatenate([s[k], more[k]]) for k in s}
+    # in sorted row order, as np.unique gives the pool: ties between equal scores then break
+    # the same way whether a point came from the pool or the polish
+    X, order = np.unique(np.vstack([X, found]), axis=0, return_index=True)
+    return X, {k: np.concatenate([s[k], more[k]])[order] for k in s}
 
 
 def _new_rows(points: np.ndarray, known: np.ndarray) -> np.ndarray:

@@ -53,13 +53,17 @@ class ThetaSpace:
 
     def sample(self, n: int, rng: np.random.Generator) -> list[dict[str, int]]:
         """``n`` θ drawn uniformly from the region's grid."""
-        return self.decode(self.sample_points(n, rng))
+        seed = int(rng.integers(2**31 - 1))
+        return [self.theta(row) for row in self.space.rvs(n, random_state=seed)]
 
     def sample_points(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        """``n`` grid points drawn uniformly, already encoded (every parameter's integers
-        equally likely, as scikit-optimize's Integer dimension draws them)."""
-        steps = rng.integers(0, self._span.astype(np.int64) + 1, size=(n, self.dims))
-        return steps / self._span
+        """``n`` grid points drawn uniformly by scikit-optimize's space, already encoded (the
+        same draws as ``sample``, without a θ dict for each)."""
+        if self.dims == 0:
+            return np.zeros((n, 0))
+        seed = int(rng.integers(2**31 - 1))
+        rows = np.asarray(self.space.rvs(n, random_state=seed), dtype=float)
+        return (rows.reshape(n, self.dims) - self._low) / self._span
 
     def grid_rows(self, points: np.ndarray) -> list[tuple[int, ...]]:
         """Grid points as tuples of steps from the lower bounds: exact keys for comparing

@@ -77,9 +77,14 @@ class Page:
     """The dashboard as an operator sees it: by element ids, waiting for the API's answers."""
 
     def __init__(self, driver, base: str, query: str = ""):
+        from selenium.common.exceptions import StaleElementReferenceException
         from selenium.webdriver.support.ui import WebDriverWait
 
-        self.driver, self.wait = driver, WebDriverWait(driver, WAIT_S)
+        # A condition that read an element the page re-rendered meanwhile is asked again.
+        self.driver = driver
+        self.wait = WebDriverWait(
+            driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,)
+        )
         driver.get(f"{base}/dashboard/{query}")
 
     def el(self, element_id: str):
@@ -96,13 +101,14 @@ class Page:
         self.el("sign-in").submit()
 
     def rows(self, table: str) -> list[list[str]]:
-        from selenium.webdriver.common.by import By
-
-        body = self.el(table).find_element(By.TAG_NAME, "tbody")
-        return [
-            [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-            for tr in body.find_elements(By.TAG_NAME, "tr")
-        ]
+        """The table's body cells, read in one script call: an auto-refresh that re-renders
+        the table between reading a row and its cells cannot leave a stale element."""
+        return self.driver.execute_script(
+            "const body = document.getElementById(arguments[0]).tBodies[0];"
+            "return body ? Array.from(body.rows, r => Array.from(r.cells,"
+            " c => c.innerText.replace(/[ \\t]+/g, ' ').trim())) : [];",
+            table,
+        )
 
     def set_field(self, element_id: str, value: str) -> None:
         field = self.el(element_id)

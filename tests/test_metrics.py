@@ -125,25 +125,39 @@ def test_the_utility_gauge_has_one_series_per_planned_context(svc: Running) -> N
     assert [labels["context"] for labels, _ in series] == [kept.label]
 
 
+def counter(svc: Running, name: str) -> float:
+    return sum(value for _, value in samples(scrape(svc), name))
+
+
 def test_refit_failures_are_counted(svc: Running, monkeypatch: pytest.MonkeyPatch) -> None:
     policy = svc.booster.policies[POLICY]
+    # Settle the background worker: a refit it began (after taking the lease) ends here, and
+    # after this explicit refit it waits refit_interval_s (an hour here) before another.
+    svc.booster.refit(policy)
+    svc.booster.refit_dirty()
+    before = counter(svc, "gemini_booster_refits_total")
+
     send_round(svc, 0)
     svc.booster.refit(policy)
     refits = samples(scrape(svc), "gemini_booster_refits_total")
-    assert refits == [({"policy": POLICY}, 1.0)]
+    assert refits == [({"policy": POLICY}, before + 1)]
     assert samples(scrape(svc), "gemini_booster_last_refit_timestamp_seconds")[0][1] > 0
 
     refit_service = svc.booster.refits
     assert refit_service is not None
+    attempts: list[int] = []
 
     def broken(*args, **kwargs):
+        attempts.append(1)
         raise RuntimeError("the model could not be fit")
 
     monkeypatch.setattr(refit_service, "_plan", broken)
     refit_service.mark_dirty({policy.id})
     svc.booster.refit_dirty()
+    assert attempts == [1]
     failures = samples(scrape(svc), "gemini_booster_refit_failures_total")
     assert failures == [({"policy": POLICY}, 1.0)]
+    assert counter(svc, "gemini_booster_refits_total") == before + 1
 
 
 def test_refusals_are_counted_by_reason(svc: Running) -> None:

@@ -120,14 +120,28 @@ def plan_order(
 
 
 class _Worker:
-    """One owned policy's refit loop."""
+    """One owned policy's refit loop.
 
-    def __init__(self, policy_id: int, run: Callable[[int], None], min_interval_s: float):
+    A dirty mark is consumed by exactly one refit: the worker's, or ``run_now``'s when a
+    caller wants the refit done in its own thread. The worker refits at most once per
+    ``min_interval_s`` counted from the policy's last refit of any kind (``last_started``),
+    so an explicit refit is not followed by a redundant background one."""
+
+    def __init__(
+        self,
+        policy_id: int,
+        run: Callable[[int], None],
+        min_interval_s: float,
+        last_started: Callable[[int], float | None],
+    ):
         self.policy_id = policy_id
         self._run_refit = run
         self._min_interval_s = min_interval_s
+        self._last_started = last_started
         self.dirty = threading.Event()
         self.stopping = threading.Event()
+        self._busy = False
+        self._state = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name=f"refit-{policy_id}", daemon=True)
 
     def start(self) -> None:
@@ -140,14 +154,44 @@ class _Worker:
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
 
+    def run_now(self) -> None:
+        """Refit now in this thread if dirty; else wait for a refit the worker has begun.
+        On return, no refit of this policy marked before the call is pending or running."""
+        if self._take():
+            self._run()
+            return
+        with self._state:
+            self._state.wait_for(lambda: not self._busy)
+
+    def _take(self) -> bool:
+        with self._state:
+            if self.stopping.is_set() or not self.dirty.is_set():
+                return False
+            self.dirty.clear()
+            self._busy = True
+            return True
+
+    def _run(self) -> None:
+        try:
+            self._run_refit(self.policy_id)
+        finally:
+            with self._state:
+                self._busy = False
+                self._state.notify_all()
+
+    def _until_due(self) -> float:
+        last = self._last_started(self.policy_id)
+        if last is None:
+            return 0.0
+        return max(0.0, last + self._min_interval_s - time.monotonic())
+
     def _loop(self) -> None:
         while not self.stopping.is_set():
             self.dirty.wait()
-            if self.stopping.is_set():
-                return
-            self.dirty.clear()
-            self._run_refit(self.policy_id)
-            self.stopping.wait(self._min_interval_s)
+            while not self.stopping.is_set() and (wait := self._until_due()) > 0:
+                self.stopping.wait(wait)
+            if self._take():
+                self._run()
 
 
 class RefitService:
@@ -174,6 +218,7 @@ class RefitService:
         self._planned_at: dict[int, dict[int, datetime]] = {}
         self._workers: dict[int, _Worker] = {}
         self._locks: dict[int, threading.Lock] = {}
+        self._started: dict[int, float] = {}  # policy id -> monotonic start of its last refit
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._errors = RateLimitedLog(log, 30.0)
@@ -232,7 +277,9 @@ class RefitService:
         with self._lock:
             w = self._workers.get(policy_id)
             if w is None:
-                w = _Worker(policy_id, self._background, self.settings.refit_interval_s)
+                w = _Worker(
+                    policy_id, self._background, self.settings.refit_interval_s, self._started.get
+                )
                 self._workers[policy_id] = w
                 w.start()
             return w
@@ -251,12 +298,12 @@ class RefitService:
                     w.dirty.set()
 
     def refit_dirty(self) -> None:
-        """Refit every owned, dirty policy now, in this thread."""
+        """Refit every owned, dirty policy now, in this thread, and wait for refits the
+        workers have begun: on return none is pending or running (for the CLI and tests)."""
         with self._lock:
-            due = [w for w in self._workers.values() if w.dirty.is_set()]
-        for w in due:
-            w.dirty.clear()
-            self._background(w.policy_id)
+            workers = list(self._workers.values())
+        for w in workers:
+            w.run_now()
 
     def _background(self, policy_id: int) -> None:
         policy = self._policies().get(policy_id)
@@ -286,6 +333,7 @@ class RefitService:
         with self._lock:
             lock = self._locks.setdefault(policy.id, threading.Lock())
         with lock:  # one refit of a policy at a time in this process, as across replicas
+            self._started[policy.id] = time.monotonic()
             return self._refit_locked(policy)
 
     def _refit_locked(self, policy: Policy) -> dict[ContextKey, ContextPlan]:

@@ -9,6 +9,7 @@ gemini-lab loop         Booster here + agent in the guest: the closed loop, plot
 gemini-lab landscape    utility of fixed θ on the loop's paths (--theta k=v,k=v per cell)
 gemini-lab tune         Booster tunes all of θ on scenarios (several = several contexts at once)
 gemini-lab determinism  the same flows idle and with every host core busy, compared
+gemini-lab fairness     RTT fairness and cubic-friendliness, two flows on one bottleneck (UML)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gemini_api.theta import REGIONS, load_spec
-from gemini_lab import plans, report, scenario
+from gemini_lab import fairness, plans, report, scenario
 from gemini_lab.host import BACKENDS, REPO, run_plan
 from gemini_lab.vm import LabError
 
@@ -189,6 +190,37 @@ def cmd_landscape(args: argparse.Namespace) -> None:
     print(landscape_table(results))
 
 
+def cmd_fairness(args: argparse.Namespace) -> None:
+    try:
+        theta = fairness.load_theta(args.tuned_theta) if args.tuned_theta else None
+    except ValueError as exc:
+        raise SystemExit(f"--tuned-theta: {exc}") from exc
+    cfg = fairness.FairnessConfig(
+        parts=tuple(args.part or ["rtt", "friendliness"]),
+        tuned_theta=theta,
+        tuned_source=args.tuned_source,
+        only=tuple(args.contender or ()),
+        xs=tuple(args.rtt or fairness.RTT_XS_MS),
+        buffers=tuple(args.buffer or fairness.BUFFERS_BDP),
+        rtt_rate_mbit=args.rate,
+        settings=args.settings,
+        seed=args.seed,
+        duration_s=args.duration,
+        omit_s=args.omit,
+    )
+    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    record = None if args.no_record else args.record
+    print(
+        fairness.run(
+            cfg,
+            args.out,
+            command,
+            record,
+            lambda label, r: print(fairness.progress_line(label, r), flush=True),
+        )
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="gemini-lab", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -263,7 +295,23 @@ def main(argv: list[str] | None = None) -> None:
     det = sub.add_parser("determinism", help="the same flows idle and with the host busy")
     det.add_argument("--repeats", type=int, default=2)
     det.add_argument("--duration", type=int, default=20)
-    for p in (run, bench, records, loop, land, tune, det, sub.choices["check"]):
+    fair = sub.add_parser("fairness", help="RTT fairness and cubic-friendliness (Figs. 7, 8)")
+    fair.add_argument("--part", action="append", choices=("rtt", "friendliness"), default=None)
+    fair.add_argument("--tuned-theta", help="fusion-tuned's θ: JSON (spec units) or a JSON file")
+    fair.add_argument("--tuned-source", default="given", help="where the tuned θ comes from")
+    fair.add_argument("--rtt", action="append", type=float, help="x in ms (repeat); 10 20 40 80")
+    fair.add_argument("--buffer", action="append", type=float, help="BDPs (repeat); 0.5 1 2 4")
+    fair.add_argument(
+        "--contender", action="append", choices=fairness.CONTENDERS, help="repeat; all"
+    )
+    fair.add_argument("--rate", type=float, default=100.0, help="RTT fairness link, Mbit/s")
+    fair.add_argument("--settings", type=int, default=8, help="friendliness: random settings")
+    fair.add_argument("--seed", type=int, default=1)
+    fair.add_argument("--duration", type=int, default=25, help="seconds per pair (simulated)")
+    fair.add_argument("--omit", type=int, default=5, help="seconds of each flow not counted")
+    fair.add_argument("--record", type=Path, default=REPO / "benchmarks/results/fairness.md")
+    fair.add_argument("--no-record", action="store_true", help="print only")
+    for p in (run, bench, records, loop, land, tune, det, fair, sub.choices["check"]):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     for p in (run, bench, records, det):
         p.add_argument(
@@ -295,6 +343,8 @@ def main(argv: list[str] | None = None) -> None:
             args.scenario = args.scenario or ["ethernet"]
             args.sigma = args.sigma or [0.1]
             return cmd_tune(args)
+        elif args.cmd == "fairness":
+            return cmd_fairness(args)
         elif args.cmd == "determinism":
             from gemini_lab import determinism
 

@@ -30,6 +30,7 @@ from gemini_lab.experiment import (
     set_default_theta,
     start_flow,
 )
+from gemini_lab.fairness import exp_fairness
 from gemini_lab.flowgen import FLOW_BYTES
 from gemini_lab.netem import (
     SENDER_NS,
@@ -498,6 +499,7 @@ EXPERIMENTS = {
     "landscape": exp_landscape,
     "writeback": exp_writeback,
     "sockdiag": exp_sockdiag,
+    "fairness": exp_fairness,
 }
 
 

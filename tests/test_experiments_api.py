@@ -62,6 +62,7 @@ def test_operator_creates_an_audited_experiment(booster) -> None:
     e = r.json()
     assert e["status"] == "running" and e["hosts"] == 40 and e["created_by"] == "bootstrap-operator"
     assert e["split"] == [0.5, 0.5] and e["control"] == "control"
+    assert e["day_seconds"] == 86_400 and e["crossover_at"] is None  # UTC calendar days
     assert e["balance"] == {
         "eu": {"control": 10, "fusion": 10},
         "us": {"control": 10, "fusion": 10},

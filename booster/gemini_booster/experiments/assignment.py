@@ -18,9 +18,10 @@ population (``experiment_hosts.grp``) because, unlike a bare hash split (each ho
 decides, and a region of 500 hosts is then off its split by more than 5 points in one arm of
 one region out of a few dozen), a stratified cut depends on who else was there.
 
-Crossover: the two groups swap arms from the crossover day, so group g runs arm (g + period)
-mod 2. A host whose current arm was stopped, which left, or whose experiment is not running,
-runs nothing from the experiment: its own defaults are restored.
+Crossover: the two groups swap arms from the crossover day's first instant (a UTC midnight, or
+a compressed day's boundary: ``domain.Days``), so group g runs arm (g + period) mod 2. A host
+whose current arm was stopped, which left, or whose experiment is not running, runs nothing
+from the experiment: its own defaults are restored.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from itertools import accumulate
 
-from .domain import ArmSpec, Experiment, Member
+from .domain import ArmSpec, Days, Experiment, Member
 
 POSITION_BYTES = 8  # 64 bits of the digest: positions are distinct for any fleet size
 _SCALE = float(1 << (8 * POSITION_BYTES))
@@ -114,7 +115,8 @@ def arm_index(experiment: Experiment, group: int, day: date) -> int:
 
 @dataclass(frozen=True)
 class Assignment:
-    """What one host runs now, and until when (the next time it may change)."""
+    """What one host runs at an instant, and until when (the next time it may change: the
+    crossover's instant, or the end); with the experiment's days, which its flows count by."""
 
     experiment: str
     experiment_id: int
@@ -123,6 +125,7 @@ class Assignment:
     period: int
     region: str
     until: datetime
+    calendar: Days
 
 
 def assignment(experiment: Experiment, host: str, at: datetime) -> Assignment | None:
@@ -131,14 +134,21 @@ def assignment(experiment: Experiment, host: str, at: datetime) -> Assignment | 
     m = experiment.hosts.get(host)
     if m is None or not m.present(at) or not experiment.live_at(at):
         return None
-    day = at.astimezone(UTC).date()
+    day = experiment.day_of(at)
     arm = experiment.arms[arm_index(experiment, m.group, day)]
     if not experiment.arm_live_at(arm.name, at):
         return None
     crossover = experiment.crossover_at
     until = crossover if crossover is not None and at < crossover else experiment.end
     return Assignment(
-        experiment.name, experiment.id, arm, m.group, experiment.period(day), m.region, until
+        experiment.name,
+        experiment.id,
+        arm,
+        m.group,
+        experiment.period(day),
+        m.region,
+        until,
+        experiment.calendar,
     )
 
 

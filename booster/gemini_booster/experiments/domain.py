@@ -13,8 +13,20 @@ to, without region or labels), so the population is declared with the experiment
 region (``population.regions``), and hosts without a region (``population.hosts``, region
 ``""``). Regions are the strata that assignment keeps balanced and that results can be read by.
 
-Days are UTC calendar days. A crossover day swaps the two arms' host groups at 00:00 UTC of that
-day, so every day lies wholly in one period and each host runs each arm for one period.
+Days: results, the crossover and the stored per-host sums go by experiment day, and a day is
+labelled by a date everywhere (``crossover_day``, results rows, ``experiment_host_days.day``).
+A day lasts ``day_seconds``: 86,400 by default, the UTC calendar day; shorter for a lab or
+staging rehearsal that must see a crossover in minutes, not weeks. Day boundaries are the
+multiples of ``day_seconds`` since the Unix epoch, and day k of the experiment (k = 0 for the
+day holding ``start``) is labelled the UTC date of ``start`` plus k days. So with the default
+the boundaries are the UTC midnights and the labels the calendar dates; with 120 s, an
+experiment started at 2026-11-23T08:01:10Z has day 0 = [08:00:00, 08:02:00) labelled
+2026-11-23, day 1 = [08:02, 08:04) labelled 2026-11-24, and so on. ``Days`` is that mapping,
+the one place an instant becomes a day and a day its first instant; other modules ask the
+experiment (``Experiment.day_of``, ``Experiment.day_start``), never ``.date()`` or midnight.
+
+A crossover day swaps the two arms' host groups at its first instant, so every day lies wholly
+in one period and each host runs each arm for one period.
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ import ipaddress
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -49,7 +61,10 @@ MAX_HOSTS = 100_000  # a fleet's worth; the create body stays well under the RES
 MAX_DAYS = 366  # results are computed per day: bound the work of one results call
 SPLIT_TOLERANCE = 1e-6  # shares must add up to 1 within this
 NO_REGION = ""  # the region of hosts declared without one
-DAY = timedelta(days=1)
+DAY = timedelta(days=1)  # from one day's label to the next, whatever the day's length
+CALENDAR_DAY_SECONDS = 86_400  # the default day: the UTC calendar day
+MIN_DAY_SECONDS = 60  # the shortest day (see ``ExperimentCreate.day_seconds``)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # day boundaries are multiples of a day since then
 
 # A CC name as the kernel knows it (TCP_CA_NAME_MAX is 16 with the NUL), as agents report it.
 CCName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,15}$", description="e.g. fusion, cubic")]
@@ -163,8 +178,40 @@ class PopulationSpec(BaseModel):
         return out
 
 
-def midnight(day: date) -> datetime:
-    return datetime.combine(day, time(0), tzinfo=UTC)
+@dataclass(frozen=True)
+class Days:
+    """An experiment's days: boundaries at the multiples of ``seconds`` since the epoch, day k
+    (k = 0 holding ``start``) labelled ``start``'s UTC date + k days (the module docstring).
+
+    With ``seconds`` = 86,400 a boundary is a UTC midnight and a label the calendar date, for
+    any instant. Exact in integer microseconds (no float timestamps): a report at the last
+    microsecond of a day counts for that day."""
+
+    start: datetime
+    seconds: int = CALENDAR_DAY_SECONDS
+
+    def _index(self, at: datetime) -> int:
+        """Which day since the epoch ``at`` falls in (days of ``seconds``)."""
+        return (at - EPOCH) // timedelta(seconds=self.seconds)
+
+    @property
+    def first(self) -> date:
+        """The label of day 0, the day holding ``start``: its UTC date."""
+        return self.start.astimezone(UTC).date()
+
+    def day_of(self, at: datetime) -> date:
+        """The label of the day ``at`` falls in (before ``start``: earlier labels)."""
+        return self.first + (self._index(at) - self._index(self.start)) * DAY
+
+    def day_start(self, day: date) -> datetime:
+        """The first instant of the day labelled ``day``."""
+        k = self._index(self.start) + (day - self.first).days
+        return EPOCH + k * timedelta(seconds=self.seconds)
+
+    def between(self, start: datetime, end: datetime) -> list[date]:
+        """The labels of every day that [start, end) touches, in order."""
+        first, last = self.day_of(start), self.day_of(end - timedelta(microseconds=1))
+        return [first + i * DAY for i in range((last - first).days + 1)]
 
 
 class ExperimentCreate(BaseModel):
@@ -181,10 +228,19 @@ class ExperimentCreate(BaseModel):
         None, description="each arm's share of the hosts, in (0, 1), adding up to 1: equal"
     )
     population: PopulationSpec
+    day_seconds: int = Field(
+        CALENDAR_DAY_SECONDS,
+        ge=MIN_DAY_SECONDS,
+        le=CALENDAR_DAY_SECONDS,
+        description="an experiment day, in seconds, dividing 86400: 86400 for UTC calendar "
+        "days, e.g. 120 for a rehearsal whose days are two minutes",
+    )
     start: AwareDatetime
     end: AwareDatetime
     crossover_day: date | None = Field(
-        None, description="UTC day from whose 00:00 the two arms swap host groups"
+        None,
+        description="the day (its label) from whose first instant the two arms swap host "
+        "groups: 00:00 UTC of that date with calendar days",
     )
     sigma: Sigma = 1.0
     guardrail: GuardrailSpec | None = None
@@ -222,15 +278,33 @@ class ExperimentCreate(BaseModel):
             raise ValueError(f"split: shares add up to {sum(split)}, not 1")
         return split
 
+    @field_validator("day_seconds")
+    @classmethod
+    def _day_tiles_a_calendar_day(cls, seconds: int) -> int:
+        """A day divides the calendar day, so every UTC midnight is a boundary: boundaries fall
+        on round clock times (120 s: every even minute) that a rehearsal can be scheduled on
+        and read off a clock, and a calendar day holds a whole number of experiment days, so a
+        compressed experiment is a real one scaled down. The floor of 60 s keeps a day longer
+        than a GetParameters refresh and an agent's report interval can usefully be made: a
+        host changes arm only when it next asks, and a report counts for the day its interval
+        starts in."""
+        if CALENDAR_DAY_SECONDS % seconds:
+            raise ValueError(
+                f"day_seconds: {seconds} does not divide {CALENDAR_DAY_SECONDS} "
+                "(e.g. 60, 120, 300, 600, 3600, 86400)"
+            )
+        return seconds
+
     @field_validator("end")
     @classmethod
     def _end_after_start(cls, end: datetime, info: ValidationInfo) -> datetime:
         start = info.data.get("start")
+        seconds = info.data.get("day_seconds", CALENDAR_DAY_SECONDS)
         if start is not None:
             if end <= start:
                 raise ValueError("end: must be after start")
-            if end - start > MAX_DAYS * DAY:
-                raise ValueError(f"end: an experiment lasts at most {MAX_DAYS} days")
+            if end - start > MAX_DAYS * timedelta(seconds=seconds):
+                raise ValueError(f"end: an experiment lasts at most {MAX_DAYS} days of {seconds} s")
         if end <= datetime.now(UTC):
             raise ValueError("end: already past")
         return end
@@ -240,14 +314,25 @@ class ExperimentCreate(BaseModel):
     def _crossover_inside(cls, day: date | None, info: ValidationInfo) -> date | None:
         if day is None:
             return None
-        arms, start, end = (info.data.get(k) for k in ("arms", "start", "end"))
+        arms, start, end, seconds = (
+            info.data.get(k) for k in ("arms", "start", "end", "day_seconds")
+        )
         if arms is not None and len(arms) != 2:
             raise ValueError("crossover_day: a crossover swaps exactly two arms")
-        if start is not None and end is not None and not start < midnight(day) < end:
+        if start is None or end is None or seconds is None:
+            return day
+        at = Days(start, seconds).day_start(day)
+        if not start < at < end:
             raise ValueError(
-                f"crossover_day: {day} 00:00 UTC is not strictly between start and end"
+                f"crossover_day: {day} begins at {at.isoformat()} (days of day_seconds = "
+                f"{seconds}), not strictly between start and end"
             )
         return day
+
+    @property
+    def calendar(self) -> Days:
+        """The experiment's days (``Days``)."""
+        return Days(self.start, self.day_seconds)
 
 
 @dataclass(frozen=True)
@@ -296,6 +381,7 @@ class Experiment:
     stopped_by: str | None = None
     stop_reason: str | None = None
     arm_stops: Mapping[str, ArmStop] = field(default_factory=dict)
+    day_seconds: int = CALENDAR_DAY_SECONDS
 
     @property
     def arm_names(self) -> tuple[str, ...]:
@@ -308,8 +394,22 @@ class Experiment:
         raise KeyError(name)
 
     @property
+    def calendar(self) -> Days:
+        """The experiment's days (``Days``): every instant ↔ day mapping goes through it."""
+        return Days(self.start, self.day_seconds)
+
+    def day_of(self, at: datetime) -> date:
+        """The label of the experiment day ``at`` falls in."""
+        return self.calendar.day_of(at)
+
+    def day_start(self, day: date) -> datetime:
+        """The first instant of the experiment day labelled ``day``."""
+        return self.calendar.day_start(day)
+
+    @property
     def crossover_at(self) -> datetime | None:
-        return None if self.crossover_day is None else midnight(self.crossover_day)
+        """The instant the two groups swap arms: the first of the crossover day."""
+        return None if self.crossover_day is None else self.day_start(self.crossover_day)
 
     def status(self, now: datetime) -> Status:
         if self.stopped_at is not None and self.stopped_at <= now:
@@ -325,10 +425,14 @@ class Experiment:
         return int(self.crossover_day is not None and day >= self.crossover_day)
 
     def days(self) -> list[date]:
-        """Every UTC day the experiment touches, in order."""
-        last = (self.end - timedelta(microseconds=1)).astimezone(UTC).date()
-        first = self.start.astimezone(UTC).date()
-        return [first + i * DAY for i in range((last - first).days + 1)]
+        """Every day the experiment touches, in order."""
+        return self.calendar.between(self.start, self.end)
+
+    def days_begun(self, at: datetime) -> list[date]:
+        """The experiment's days that have begun by ``at`` (its days so far). Compared as
+        instants, not as labels, so a long-past compressed experiment never needs the label
+        of ``at``, which could lie beyond year 9999."""
+        return [d for d in self.days() if self.day_start(d) <= at]
 
     def live_at(self, at: datetime) -> bool:
         return self.status(at) == "running"

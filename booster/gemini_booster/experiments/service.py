@@ -19,12 +19,11 @@ GUARDRAIL_ACTOR = "guardrail"
 def experiment_results(
     engine: Engine, name: str, sigma: float | None = None, day: date | None = None
 ) -> tuple[Experiment, Results]:
-    """Results per day (every day so far, or ``day`` only) and overall, at ``sigma`` (the
-    experiment's own σ when None). NotFound for an unknown experiment."""
+    """Results per experiment day (every day begun so far, or ``day`` only) and overall, at
+    ``sigma`` (the experiment's own σ when None). NotFound for an unknown experiment."""
     experiment = store.get_experiment(engine, name)
     records = store.host_days(engine, experiment.id)
-    today = datetime.now(UTC).date()
-    days = [d for d in experiment.days() if d <= today] if day is None else [day]
+    days = experiment.days_begun(datetime.now(UTC)) if day is None else [day]
     return experiment, results(experiment, records, sigma, days)
 
 

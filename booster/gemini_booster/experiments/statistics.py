@@ -154,7 +154,7 @@ def upper_bound(r: Ratios, confidence: float) -> Array:
 
 @dataclass(frozen=True)
 class HostDay:
-    """One arm's flows on one host on one UTC day (a row of ``experiment_host_days``)."""
+    """One arm's flows on one host on one experiment day (a row of ``experiment_host_days``)."""
 
     arm: str
     host: str

@@ -1,5 +1,7 @@
 """Experiments in PostgreSQL: their declarations, populations, stopped arms, and the flows of
-each arm per host and UTC day (migration 0006).
+each arm per host and experiment day (migration 0006; an experiment's ``day_seconds``, 0008).
+A day is stored as its label, a date (``experiments/domain.py``: a UTC calendar date with the
+default day of 86,400 s, the start's date + k for day k of a compressed experiment).
 
 ``experiment_host_days`` holds, per (experiment, arm, host, day), the running sums of eq. 9
 (``FlowSums``) and the slow flows, so results per day and per arm, at any σ and with intervals
@@ -22,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    CheckConstraint,
     Connection,
     Date,
     DateTime,
@@ -49,7 +52,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 from ..domain import SUM_FIELDS, FlowSums
 from ..experiments.assignment import Assignment, assignment, initial_groups, join_groups
 from ..experiments.domain import (
+    CALENDAR_DAY_SECONDS,
     FUSION,
+    MIN_DAY_SECONDS,
     ArmSpec,
     ArmStop,
     Experiment,
@@ -81,6 +86,13 @@ class ExperimentRow(Base):
     """One experiment as declared, and whether (and why) it was stopped early."""
 
     __tablename__ = "experiments"
+    __table_args__ = (
+        CheckConstraint(
+            f"day_seconds BETWEEN {MIN_DAY_SECONDS} AND {CALENDAR_DAY_SECONDS}"
+            f" AND {CALENDAR_DAY_SECONDS} % day_seconds = 0",
+            name="experiments_day_seconds",
+        ),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
     description: Mapped[str] = mapped_column(Text, nullable=False, server_default="")
@@ -91,6 +103,9 @@ class ExperimentRow(Base):
     start_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     end_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     crossover_day: Mapped[date | None] = mapped_column(Date)
+    day_seconds: Mapped[int] = mapped_column(
+        Integer, nullable=False, server_default=str(CALENDAR_DAY_SECONDS)
+    )
     sigma: Mapped[float] = mapped_column(Double, nullable=False)
     guardrail: Mapped[dict | None] = mapped_column(JSONB)
     created_at: Mapped[datetime] = _now_column()
@@ -130,7 +145,8 @@ class ExperimentArmStop(Base):
 
 
 class ExperimentHostDay(Base):
-    """The flows one host ran under one arm on one UTC day: eq. 9's running sums."""
+    """The flows one host ran under one arm on one experiment day (its label): eq. 9's
+    running sums."""
 
     __tablename__ = "experiment_host_days"
     experiment_id: Mapped[int] = mapped_column(
@@ -212,6 +228,7 @@ def create_experiment(engine: Engine, spec: ExperimentCreate, actor: str) -> Exp
                 start_at=spec.start,
                 end_at=spec.end,
                 crossover_day=spec.crossover_day,
+                day_seconds=spec.day_seconds,
                 sigma=spec.sigma,
                 guardrail=None if spec.guardrail is None else spec.guardrail.model_dump(),
                 created_by=actor,
@@ -289,6 +306,7 @@ def _load(
             stopped_by=r.stopped_by,
             stop_reason=r.stop_reason,
             arm_stops=stops[r.id],
+            day_seconds=r.day_seconds,
         )
         for r in rows
     ]
@@ -527,8 +545,10 @@ def arm_flows(
 ) -> ArmFlows | None:
     """What one report adds to its host's arm: of ``parts`` (cc, sums, slow flows) per
     aggregate, as stored in ``report_aggregates``, where cc is '' for Fusion's flows), those
-    of the arm's CC, on the UTC day of ``at`` (the report's interval start); None without any.
-    ``found`` is ``assignment(experiment, host_id, at)`` (or ``host_assignment``)."""
+    of the arm's CC, on the experiment day of ``at`` (the report's interval start: the whole
+    report counts for that day, so a rehearsal's agents report at intervals no longer than its
+    day); None without any. ``found`` is ``assignment(experiment, host_id, at)`` (or
+    ``host_assignment``)."""
     wanted = "" if found.arm.cc == FUSION else found.arm.cc
     mine = [(sums, slow) for cc, sums, slow in parts if cc == wanted]
     if not mine or not any(s.flow_count for s, _ in mine):
@@ -537,7 +557,7 @@ def arm_flows(
         found.experiment_id,
         found.arm.name,
         host_id,
-        at.astimezone(UTC).date(),
+        found.calendar.day_of(at),
         FlowSums.total(s for s, _ in mine),
         sum(slow for _, slow in mine),
     )

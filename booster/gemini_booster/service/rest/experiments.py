@@ -66,6 +66,10 @@ class ExperimentOut(BaseModel):
     start: datetime
     end: datetime
     crossover_day: date | None
+    crossover_at: datetime | None = Field(
+        description="the instant the two groups swap arms: the crossover day's first"
+    )
+    day_seconds: int = Field(description="an experiment day, in seconds (86400: UTC days)")
     sigma: float
     guardrail: GuardrailSpec | None
     salt: str
@@ -99,6 +103,8 @@ class ExperimentOut(BaseModel):
             start=e.start,
             end=e.end,
             crossover_day=e.crossover_day,
+            crossover_at=e.crossover_at,
+            day_seconds=e.day_seconds,
             sigma=e.sigma,
             guardrail=e.guardrail,
             salt=e.salt,
@@ -127,13 +133,15 @@ class LeftOut(BaseModel):
 
 
 class HostArmOut(BaseModel):
-    """The arm a host runs now and until when it holds (a crossover, the end)."""
+    """The arm a host runs now, on which experiment day, and until when it holds (a crossover,
+    the end)."""
 
     experiment: str
     arm: ArmSpec
     group: int
     period: int
     region: str
+    day: date = Field(description="the experiment day now (its label)")
     until: datetime
 
 
@@ -395,7 +403,10 @@ def experiment_results(
     sigma: Annotated[
         Sigma | None, Query(description="eq. 9's σ (the experiment's by default)")
     ] = None,
-    day: Annotated[date | None, Query(description="this UTC day only (overall: every day)")] = None,
+    day: Annotated[
+        date | None,
+        Query(description="this experiment day only, by its label (overall: every day)"),
+    ] = None,
 ) -> ResultsOut:
     """Per day and per arm, and over the whole experiment: flows, hosts, mean utility,
     throughput, queueing delay and slow-flow share with 95 % intervals over hosts, and each
@@ -413,7 +424,8 @@ def experiment_results(
 @router.get("/hosts/{host_id}/experiment")
 def host_experiment(_: Reader, host_id: HostPath, booster: BoosterDep) -> HostAssignmentOut:
     """The arm ``host_id`` runs now, or null: in no running experiment, or its arm stopped."""
-    a = store.host_assignment(booster.engine, host_id, datetime.now(UTC))
+    now = datetime.now(UTC)
+    a = store.host_assignment(booster.engine, host_id, now)
     if a is None:
         return HostAssignmentOut(host_id=host_id, experiment=None)
     out = HostArmOut(
@@ -422,6 +434,7 @@ def host_experiment(_: Reader, host_id: HostPath, booster: BoosterDep) -> HostAs
         group=a.group,
         period=a.period,
         region=a.region,
+        day=a.calendar.day_of(now),
         until=a.until,
     )
     return HostAssignmentOut(host_id=host_id, experiment=out)

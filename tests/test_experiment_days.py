@@ -17,7 +17,6 @@ from pydantic import ValidationError
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import IntegrityError
 
-from gemini_api.aggregate import AggregateBuilder, FlowStats
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
@@ -33,6 +32,7 @@ from gemini_booster.storage import database
 from gemini_booster.storage import experiments as store
 
 from .conftest import OPERATOR, agent_md, auth
+from .test_experiment_ingest import aggregate
 
 SPEC = load_spec()
 SECOND = timedelta(seconds=1)
@@ -55,6 +55,51 @@ def boundary_before(at: datetime, seconds: int) -> datetime:
     from ``Days`` (whole seconds since the epoch, floored)."""
     whole = int((at - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds())
     return datetime.fromtimestamp(whole - whole % seconds, UTC)
+
+
+def experiment(
+    crossover: date | None = None,
+    start: datetime = STARTED,
+    end: datetime | None = None,
+    seconds: int = 86_400,
+) -> Experiment:
+    """Two arms on four hosts, two per group."""
+    return Experiment(
+        id=1,
+        name="days",
+        description="",
+        salt="days",
+        arms=(ArmSpec(name="arm0", cc="cubic"), ArmSpec(name="arm1", cc="reno")),
+        control="arm0",
+        split=(0.5, 0.5),
+        hosts={h: Member("eu", i % 2) for i, h in enumerate(HOSTS)},
+        start=start,
+        end=end or start + timedelta(days=3),
+        crossover_day=crossover,
+        sigma=1.0,
+        guardrail=None,
+        created_at=start,
+        created_by="test",
+        day_seconds=seconds,
+    )
+
+
+def create_body(now: datetime, seconds: int, **overrides: Any) -> dict[str, Any]:
+    """Cubic against Fusion at a fixed θ on four hosts, days of ``seconds``; it started 70 s
+    after a boundary an hour before ``now`` and ends an hour after."""
+    start = boundary_before(now - timedelta(hours=1), seconds) + 70 * SECOND
+    return {
+        "name": "compressed",
+        "arms": [
+            {"name": "control", "cc": "cubic"},
+            {"name": "fusion", "cc": "fusion", "params": "fixed", "theta": SPEC.default()},
+        ],
+        "population": {"regions": {"eu": HOSTS}},
+        "day_seconds": seconds,
+        "start": start.isoformat(),
+        "end": (now + timedelta(hours=1)).isoformat(),
+        "salt": "days",
+    } | overrides
 
 
 # --- the mapping --------------------------------------------------------------------------
@@ -137,51 +182,6 @@ def test_day_seconds_must_be_in_range_and_divide_a_day() -> None:
 # --- through a real Booster ---------------------------------------------------------------
 
 
-def experiment(
-    crossover: date | None = None,
-    start: datetime = STARTED,
-    end: datetime | None = None,
-    seconds: int = 86_400,
-) -> Experiment:
-    """Two arms on four hosts, two per group."""
-    return Experiment(
-        id=1,
-        name="days",
-        description="",
-        salt="days",
-        arms=(ArmSpec(name="arm0", cc="cubic"), ArmSpec(name="arm1", cc="reno")),
-        control="arm0",
-        split=(0.5, 0.5),
-        hosts={h: Member("eu", i % 2) for i, h in enumerate(HOSTS)},
-        start=start,
-        end=end or start + timedelta(days=3),
-        crossover_day=crossover,
-        sigma=1.0,
-        guardrail=None,
-        created_at=start,
-        created_by="test",
-        day_seconds=seconds,
-    )
-
-
-def create_body(now: datetime, seconds: int, **overrides: Any) -> dict[str, Any]:
-    """Cubic against Fusion at a fixed θ on four hosts, days of ``seconds``; it started 70 s
-    after a boundary an hour before ``now`` and ends an hour after."""
-    start = boundary_before(now - timedelta(hours=1), seconds) + 70 * SECOND
-    return {
-        "name": "compressed",
-        "arms": [
-            {"name": "control", "cc": "cubic"},
-            {"name": "fusion", "cc": "fusion", "params": "fixed", "theta": SPEC.default()},
-        ],
-        "population": {"regions": {"eu": HOSTS}},
-        "day_seconds": seconds,
-        "start": start.isoformat(),
-        "end": (now + timedelta(hours=1)).isoformat(),
-        "salt": "days",
-    } | overrides
-
-
 def start_of(body: dict[str, Any]) -> datetime:
     return datetime.fromisoformat(body["start"])
 
@@ -212,12 +212,15 @@ def create(booster, body: dict[str, Any]) -> dict[str, Any]:
         ({"day_seconds": 86_401}, "day_seconds"),
         ({"day_seconds": 7_000}, "day_seconds"),  # does not divide a day
         ({"day_seconds": "two minutes"}, "day_seconds"),
-        # a 120 s experiment may last 366 of its days: 12.2 hours
-        ({"end": (datetime.now(UTC) + timedelta(hours=13)).isoformat()}, "end"),
+        # a 120 s experiment may last 366 of its days, 12.2 hours: this one 14 (from its start)
+        ({"end": timedelta(hours=14)}, "end"),
     ],
 )
 def test_bad_day_seconds_is_a_422_naming_the_field(booster, overrides, field) -> None:
-    r = post(booster, create_body(datetime.now(UTC), SHORT, **overrides))
+    body = create_body(datetime.now(UTC), SHORT)
+    if "end" in overrides:
+        overrides = {"end": (start_of(body) + overrides["end"]).isoformat()}
+    r = post(booster, body | overrides)
     assert r.status_code == 422, r.text
     assert [e["loc"][-1] for e in r.json()["detail"]] == [field]
 
@@ -244,14 +247,6 @@ def test_experiment_shows_its_days(booster) -> None:
     calendar.pop("day_seconds")
     e = create(booster, calendar)
     assert e["day_seconds"] == 86_400 and e["crossover_at"] is None
-
-
-def aggregate(mbps: float, flows: int, cc: str) -> pb.Aggregate:
-    """``flows`` flows of 1 s at ``mbps`` with no queueing, of ``cc`` ('' is Fusion)."""
-    b = AggregateBuilder()
-    for _ in range(flows):
-        b.add(FlowStats(int(mbps * 1e6 / 8), 1_000_000, 40_000, 40_000))
-    return b.to_proto(SPEC.default(), 1, sim.ETHERNET.message(), cc)
 
 
 def send(booster, host: str, at: datetime, fusion: int, cubic: int) -> None:

@@ -329,11 +329,6 @@ class ExperimentCreate(BaseModel):
             )
         return day
 
-    @property
-    def calendar(self) -> Days:
-        """The experiment's days (``Days``)."""
-        return Days(self.start, self.day_seconds)
-
 
 @dataclass(frozen=True)
 class Member:

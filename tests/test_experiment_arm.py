@@ -238,3 +238,37 @@ def test_a_fixed_arm_carries_its_theta_checked_against_its_ccs_spec(
         headers=auth(OPERATOR),
     )
     assert r.status_code == 422 and next(iter(outside)) in r.text, r.text
+
+
+def compressed(name: str, hosts: list[str], start: datetime, crossover: int, days: int) -> dict:
+    """The test's experiment in days of 120 s: crossover on day ``crossover`` (its label)."""
+    return experiment(
+        name=name,
+        population={"hosts": hosts},
+        start=start.isoformat(),
+        end=(start + days * timedelta(seconds=120)).isoformat(),
+        crossover_day=(start.date() + timedelta(days=crossover)).isoformat(),
+        day_seconds=120,
+    )
+
+
+def test_an_agent_is_told_to_ask_again_by_its_next_arm_change(booster) -> None:
+    """A host asks again within refresh_after_seconds: by the start of an experiment it is
+    scheduled in, by the crossover of one it runs; a host in no experiment at the usual pace.
+    (Compressed days of 120 s put both instants minutes ahead.)"""
+    day = timedelta(seconds=120)
+    b = datetime.fromtimestamp(datetime.now(UTC).timestamp() // 120 * 120, UTC)  # a boundary
+    r = booster.http.post("/v1/policies", json={"name": "default"}, headers=auth(OPERATOR))
+    assert r.status_code == 201, r.text
+    for body in (
+        compressed("scheduled", HOSTS, b + 2 * day, crossover=1, days=3),
+        compressed("running", ["x-1"], b - day, crossover=2, days=4),  # swaps at b + day
+    ):
+        r = booster.http.post("/v1/experiments", json=body, headers=auth(OPERATOR))
+        assert r.status_code == 201, r.text
+    usual = booster.server.settings.refresh_after_s
+    asked = datetime.now(UTC)
+    assert 1 <= ask(booster, HOSTS[0]).refresh_after_seconds <= (b + 2 * day - asked).seconds + 1
+    assert 1 <= ask(booster, "x-1").refresh_after_seconds <= (b + day - asked).seconds + 1
+    assert (b + 2 * day - asked).seconds + 1 < usual
+    assert ask(booster, "not-enrolled").refresh_after_seconds == usual

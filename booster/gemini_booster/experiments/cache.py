@@ -80,6 +80,17 @@ class ArmCache:
                 return found
         return None
 
+    def next_change(self, host: str, at: datetime) -> datetime | None:
+        """The first instant after ``at`` at which the host's arm may change (an experiment's
+        start, crossover or end), or None: the agent should ask again by then."""
+        instants = [
+            t
+            for e in self._by_host.get(host, ())
+            for t in (e.start, e.crossover_at, e.end)
+            if t is not None and t > at
+        ]
+        return min(instants, default=None)
+
     def arm(self, host: str, at: datetime) -> pb.ExperimentArm | None:
         found = self.assignment(host, at)
         return None if found is None else arm_message(found)

@@ -18,6 +18,7 @@ them, everything through PostgreSQL.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -195,8 +196,9 @@ class Booster:
         if problems:
             raise InvalidReport(problems)
         default = self._defaults[policy.id]
+        now = datetime.now(UTC)
         resp = pb.GetParametersResponse(
-            target_cc=policy.target_cc, refresh_after_seconds=self.settings.refresh_after_s
+            target_cc=policy.target_cc, refresh_after_seconds=self._refresh_after(req, now)
         )
         if isinstance(default, pb.Theta):
             resp.default_theta.CopyFrom(default)
@@ -204,10 +206,21 @@ class Booster:
             resp.default_datapath_theta.CopyFrom(default)
         for msg, key in zip(req.contexts, keys, strict=True):
             resp.parameters.append(self.plans.answer(policy, default, req.host_id, msg, key))
-        arm = self.arms.arm(req.host_id, datetime.now(UTC))
+        arm = self.arms.arm(req.host_id, now)
         if arm is not None:
             resp.experiment_arm.CopyFrom(arm)
         return resp
+
+    def _refresh_after(self, req: pb.GetParametersRequest, now: datetime) -> int:
+        """Seconds until the agent should ask again: ``refresh_after_s``, or sooner when its
+        arm changes sooner (an experiment's start, crossover or end), so that a host takes
+        its next arm within one of its own intervals of that instant (its reports and θ
+        refreshes still come every interval)."""
+        change = self.arms.next_change(req.host_id, now)
+        if change is None:
+            return self.settings.refresh_after_s
+        left = math.ceil((change - now).total_seconds())
+        return max(1, min(self.settings.refresh_after_s, left))
 
     # -- refits ----------------------------------------------------------------------------
 

@@ -309,10 +309,20 @@ def _pairs(results: dict, prefix: str) -> dict[str, dict]:
     return out
 
 
+FAIR_BAND = (0.8, 1.25)  # the ratios counted as fair
+
+
+def _within(ratios: list[float]) -> int:
+    return sum(1 for r in ratios if FAIR_BAND[0] <= r <= FAIR_BAND[1])
+
+
 def rtt_table(results: dict, cs: list[Contender], xs: tuple[float, ...], buffers: tuple) -> str:
     pairs = _pairs(results, "rtt/")
     head = "| CC | buffer (BDP of 10 ms) | " + " | ".join(f"x = {x:g} ms" for x in xs)
-    lines = [head + " | link use |", "|---|---:|" + "---:|" * len(xs) + "---:|"]
+    lines = [
+        head + " | link use | within [0.8, 1.25] |",
+        "|---|---:|" + "---:|" * len(xs) + "---:|---:|",
+    ]
     for c in cs:
         for b in buffers:
             cells = [pairs.get(f"rtt/{c.name}/buf{b:g}/x{x:g}") for x in xs]
@@ -321,7 +331,10 @@ def rtt_table(results: dict, cs: list[Contender], xs: tuple[float, ...], buffers
                 continue
             ratios = " | ".join(f"{fairness_ratio(p):.2f}" if p else "–" for p in cells)
             use = min(utilisation(p) for p in done)
-            lines.append(f"| {c.name} | {b:g} | {ratios} | ≥ {100 * use:.0f} % |")
+            within = _within([fairness_ratio(p) for p in done])
+            lines.append(
+                f"| {c.name} | {b:g} | {ratios} | ≥ {100 * use:.0f} % | {within} of {len(done)} |"
+            )
     return "\n".join(lines)
 
 
@@ -350,7 +363,7 @@ def friendliness_table(results: dict, cs: list[Contender]) -> str:
         if not r:
             continue
         q1, q2, q3 = _quartiles(r)
-        within = sum(1 for v in r if 0.8 <= v <= 1.25)
+        within = _within(r)
         lines.append(
             f"| {c.name} | {len(r)} | {q2:.2f} | {q1:.2f} – {q3:.2f} | "
             f"{min(r):.2f} – {max(r):.2f} | {within} of {len(r)} |"

@@ -113,3 +113,28 @@ def test_rtt_buffers_are_bdps_of_the_base_rtt():
     assert pair["queue_packets"] == 167
     assert [f["rtt_ms"] for f in pair["flows"]] == [10.0, 80.0]
     assert fairness.queue_packets(1.0, 2.0, 0.5) == fairness.MIN_QUEUE_PACKETS
+
+
+def _ran(pair: dict, tpts: list[float]) -> dict:
+    """A plan's pair as the guest returns it, with these throughputs."""
+    flows = [{**f, "throughput_mbps": t} for f, t in zip(pair["flows"], tpts, strict=True)]
+    return {"rate_kbit": pair["rate_kbit"], "queue_packets": pair["queue_packets"], "flows": flows}
+
+
+def test_ratios_follow_the_marked_flow_in_either_position():
+    cubic = fairness.Contender("cubic", "cubic", {})
+    (first,) = fairness.rtt_plan([cubic], (40.0,), (1.0,), 20.0, 8, 2, "first")
+    (second,) = fairness.rtt_plan([cubic], (40.0,), (1.0,), 20.0, 8, 2, "second")
+    assert [f["rtt_ms"] for f in second["flows"]] == [40.0, 10.0]
+    assert fairness.fairness_ratio(_ran(first, [12.0, 6.0])) == 2.0
+    assert fairness.fairness_ratio(_ran(second, [6.0, 12.0])) == 2.0
+    setting = fairness.Setting(20.0, 30.0, 2.0)
+    bbr = fairness.Contender("bbr", "bbr", {})
+    (a,) = fairness.friendliness_plan([bbr], [setting], 8, 2, "first")
+    (b,) = fairness.friendliness_plan([bbr], [setting], 8, 2, "second")
+    assert [f["cc"] for f in b["flows"]] == ["cubic", "bbr"]
+    ideal = 20.0 * fairness.GOODPUT_SHARE / 2
+    assert fairness.friendliness_ratio(_ran(a, [ideal, 1.0])) == pytest.approx(1.0)
+    assert fairness.friendliness_ratio(_ran(b, [1.0, ideal / 2])) == pytest.approx(0.5)
+    results = {"experiments": {a["label"]: _ran(a, [ideal, 1.0]), b["label"]: _ran(b, [1, ideal])}}
+    assert fairness.both_positions(results) == {"bbr": {0: pytest.approx(1.0)}}

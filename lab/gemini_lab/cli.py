@@ -200,6 +200,7 @@ def cmd_fairness(args: argparse.Namespace) -> None:
         tuned_theta=theta,
         tuned_source=args.tuned_source,
         only=tuple(args.contender or ()),
+        positions=tuple(args.position or fairness.POSITIONS),
         xs=tuple(args.rtt or fairness.RTT_XS_MS),
         buffers=tuple(args.buffer or fairness.BUFFERS_BDP),
         rtt_rate_mbit=args.rate,
@@ -217,6 +218,7 @@ def cmd_fairness(args: argparse.Namespace) -> None:
             command,
             record,
             lambda label, r: print(fairness.progress_line(label, r), flush=True),
+            args.merge,
         )
     )
 
@@ -311,6 +313,12 @@ def main(argv: list[str] | None = None) -> None:
     fair.add_argument("--omit", type=int, default=5, help="seconds of each flow not counted")
     fair.add_argument("--record", type=Path, default=REPO / "benchmarks/results/fairness.md")
     fair.add_argument("--no-record", action="store_true", help="print only")
+    fair.add_argument(
+        "--position", action="append", choices=tuple(fairness.POSITIONS), help="repeat; both"
+    )
+    fair.add_argument(
+        "--merge", action="append", type=Path, help="render these results.json, run nothing"
+    )
     for p in (run, bench, records, loop, land, tune, det, fair, sub.choices["check"]):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     for p in (run, bench, records, det):

@@ -128,6 +128,11 @@ def test_ratios_follow_the_marked_flow_in_either_position():
     assert [f["rtt_ms"] for f in second["flows"]] == [40.0, 10.0]
     assert fairness.fairness_ratio(_ran(first, [12.0, 6.0])) == 2.0
     assert fairness.fairness_ratio(_ran(second, [6.0, 12.0])) == 2.0
+    runs = {
+        "experiments": {first["label"]: _ran(first, [8, 2]), second["label"]: _ran(second, [4, 4])}
+    }
+    both = fairness.rtt_table(runs, [cubic], (40.0,), (1.0,), "both")
+    assert both.splitlines()[-1].startswith("| cubic | 1 | 2.00 |")  # √(4 · 1)
     setting = fairness.Setting(20.0, 30.0, 2.0)
     bbr = fairness.Contender("bbr", "bbr", {})
     (a,) = fairness.friendliness_plan([bbr], [setting], 8, 2, "first")

@@ -262,10 +262,10 @@ def random_settings(n: int, seed: int) -> list[Setting]:
 # Where the CC under test runs in a friendliness pair (and the 10 ms flow in an RTT pair,
 # RTT_POSITIONS): the first flow (sender fair0) or the second. The position matters on the
 # simulated clock: cubic against cubic gave the first flow 1.19 of its fair share (median of
-# 16 settings, 15 of 16 above 0.98) and the second 0.8 or so, in one boot as in another. Our
-# reading, not shown: with one RTT the two flows send in lockstep, the guest handles their
-# events in the same order at every instant, and in a full queue the first flow's packet
-# finds the room. Each setting run in both positions cancels it.
+# 16 settings, 15 of 16 above 0.98; benchmarks/results/fairness.md). Our reading, not shown:
+# with one RTT the two flows send in lockstep, the guest handles their events in the same
+# order at every instant, and in a full queue the first flow's packet finds the room. Each
+# setting run in both positions cancels it.
 POSITIONS = {"first": "friendly/", "second": "friendly-second/"}
 
 
@@ -337,6 +337,19 @@ def _within(ratios: list[float]) -> int:
     return sum(1 for r in ratios if FAIR_BAND[0] <= r <= FAIR_BAND[1])
 
 
+def _rtt_cell(pairs: dict[str, dict], key: str, position: str) -> tuple[float, float] | None:
+    """(ratio, link use) of one cell; ``both``: the geometric mean of the two positions'
+    ratios and the lower link use, when both ran."""
+    found = [pairs.get(f"{RTT_POSITIONS[p]}{key}") for p in RTT_POSITIONS]
+    if position != "both":
+        pair = found[list(RTT_POSITIONS).index(position)]
+        return (fairness_ratio(pair), utilisation(pair)) if pair else None
+    if not all(found):
+        return None
+    ratios = [fairness_ratio(p) for p in found if p]
+    return math.prod(ratios) ** (1 / len(ratios)), min(utilisation(p) for p in found if p)
+
+
 def rtt_table(
     results: dict,
     cs: list[Contender],
@@ -344,7 +357,8 @@ def rtt_table(
     buffers: tuple,
     position: str = "first",
 ) -> str:
-    pairs = _pairs(results, RTT_POSITIONS[position])
+    """Ratios per CC and buffer, with the 10 ms flow first, second, or ``both``."""
+    pairs = {**_pairs(results, "rtt/"), **_pairs(results, "rtt-second/")}
     head = "| CC | buffer (BDP of 10 ms) | " + " | ".join(f"x = {x:g} ms" for x in xs)
     lines = [
         head + " | link use | within [0.8, 1.25] |",
@@ -352,13 +366,13 @@ def rtt_table(
     ]
     for c in cs:
         for b in buffers:
-            cells = [pairs.get(f"{RTT_POSITIONS[position]}{c.name}/buf{b:g}/x{x:g}") for x in xs]
-            done = [p for p in cells if p]
+            cells = [_rtt_cell(pairs, f"{c.name}/buf{b:g}/x{x:g}", position) for x in xs]
+            done = [cell for cell in cells if cell]
             if not done:
                 continue
-            ratios = " | ".join(f"{fairness_ratio(p):.2f}" if p else "–" for p in cells)
-            use = min(utilisation(p) for p in done)
-            within = _within([fairness_ratio(p) for p in done])
+            ratios = " | ".join(f"{cell[0]:.2f}" if cell else "–" for cell in cells)
+            use = min(u for _, u in done)
+            within = _within([r for r, _ in done])
             lines.append(
                 f"| {c.name} | {b:g} | {ratios} | ≥ {100 * use:.0f} % | {within} of {len(done)} |"
             )
@@ -493,14 +507,16 @@ def render(results: dict, cfg: FairnessConfig, command: str) -> str:
             "",
             f"## RTT fairness: AvgTpt(10 ms) / AvgTpt(x), {cfg.rtt_rate_mbit:g} Mbit/s",
         ]
-        for position in RTT_POSITIONS:
-            if _pairs(results, RTT_POSITIONS[position]):
-                parts += [
-                    "",
-                    f"The 10 ms flow as the {position} flow:",
-                    "",
-                    rtt_table(results, cs, cfg.xs, cfg.buffers, position),
-                ]
+        ran = [p for p in RTT_POSITIONS if _pairs(results, RTT_POSITIONS[p])]
+        for position in ran + (["both"] if len(ran) > 1 else []):
+            parts += [
+                "",
+                f"The 10 ms flow as the {position} flow:"
+                if position != "both"
+                else "Both positions (geometric mean of the two ratios, where both ran):",
+                "",
+                rtt_table(results, cs, cfg.xs, cfg.buffers, position),
+            ]
     if "friendliness" in cfg.parts:
         settings = random_settings(cfg.settings, cfg.seed)
         parts += [

@@ -1,9 +1,10 @@
 """Experiments over storage: results read from the stored per-host-day sums, and the guardrail
-applied to live experiments. The REST routes call these; so can a periodic task (e.g. the
-refit loop calling ``enforce_guardrails`` every few minutes)."""
+applied to live experiments. The REST routes call these, and so does the periodic guardrail
+task (``service/guardrail_task.py``) for every experiment ``guarded_experiments`` names."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, date, datetime
 
 from sqlalchemy import Engine
@@ -14,6 +15,7 @@ from .guardrail import Decision, decide
 from .statistics import Results, results
 
 GUARDRAIL_ACTOR = "guardrail"
+ALREADY_STOPPED = "already stopped, or the experiment no longer running"
 
 
 def experiment_results(
@@ -29,7 +31,10 @@ def experiment_results(
 
 def enforce_guardrail(engine: Engine, name: str, actor: str = GUARDRAIL_ACTOR) -> list[Decision]:
     """Decide on every arm of a running experiment and stop the harmful ones (audited as
-    ``actor``); nothing for an experiment without a guardrail or not running."""
+    ``actor``); nothing for an experiment without a guardrail or not running. A decision says
+    ``stop`` only for an arm this call stopped: one stopped meanwhile by another caller (an
+    operator, another replica's round) or the experiment's end is not stopped or audited
+    twice."""
     experiment = store.get_experiment(engine, name)
     spec = experiment.guardrail
     if spec is None or experiment.status(datetime.now(UTC)) != "running":
@@ -37,14 +42,20 @@ def enforce_guardrail(engine: Engine, name: str, actor: str = GUARDRAIL_ACTOR) -
     records = store.host_days(engine, experiment.id)
     sigma = experiment.sigma if spec.sigma is None else spec.sigma
     decisions = decide(experiment, results(experiment, records, sigma, days=[]), spec)
-    for d in decisions:
-        if d.stop:
-            detail = {"difference": d.difference, "upper_bound": d.upper_bound, "sigma": sigma}
-            store.stop_arm(engine, name, d.arm, actor, d.reason, detail)
-    return decisions
+    return [_enforce(engine, name, d, actor, sigma) for d in decisions]
 
 
-def enforce_guardrails(engine: Engine) -> dict[str, list[Decision]]:
-    """The guardrail of every running experiment that has one."""
+def _enforce(engine: Engine, name: str, d: Decision, actor: str, sigma: float) -> Decision:
+    """Stop the arm if ``d`` says so; the decision as it turned out."""
+    if not d.stop:
+        return d
+    detail = {"difference": d.difference, "upper_bound": d.upper_bound, "sigma": sigma}
+    if store.stop_arm(engine, name, d.arm, actor, d.reason, detail):
+        return d
+    return dataclasses.replace(d, stop=False, reason=f"{ALREADY_STOPPED} ({d.reason})")
+
+
+def guarded_experiments(engine: Engine) -> list[str]:
+    """The names of the live experiments that have a guardrail (what a round checks)."""
     live = store.live_experiments(engine, datetime.now(UTC))
-    return {e.name: enforce_guardrail(engine, e.name) for e in live if e.guardrail is not None}
+    return [e.name for e in live if e.guardrail is not None]

@@ -82,6 +82,13 @@ class Settings(BaseSettings):
         le=100_000,
         description="contexts planned per refit; contexts with new data first, the rest next",
     )
+    guardrail_interval_s: float = Field(
+        default=300.0,
+        ge=0,
+        le=86_400,
+        description="how often the experiments' guardrails are checked (one replica at a time "
+        "across the fleet); 0: only when an operator asks",
+    )
     token_max_stale_s: float = Field(
         default=600.0,
         ge=0,

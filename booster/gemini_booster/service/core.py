@@ -10,6 +10,8 @@ REST adapters.
 - **Ingestion** (``ingest_writer.py``): checked reports stored exactly once, in group commits.
 - **Refit owner** (``refit.py``, ``leases.py``): refits the policies whose advisory lock this
   replica holds; other replicas follow its published plans. Front processes run no refits.
+- **Guardrail** (``guardrail_task.py``): every ``guardrail_interval_s``, one replica of the
+  fleet stops the experiment arms their guardrails find harmful. Not in front processes.
 
 Any number of replicas can run on one database: nothing here is shared through memory between
 them, everything through PostgreSQL.
@@ -35,6 +37,7 @@ from ..models import Policy
 from ..policy.planner import ContextPlan, Planner
 from ..storage import repository as repo
 from ..storage.ingest import ReportRow
+from .guardrail_task import GuardrailTask
 from .ingest_writer import IngestWriter
 from .leases import LeaseLost
 from .metrics import Metrics, PlannedUtility
@@ -82,6 +85,13 @@ class Booster:
             if refits
             else None
         )
+        self.guardrail = (
+            GuardrailTask(
+                engine, settings.guardrail_interval_s, self.metrics, self.experiments_changed
+            )
+            if refits
+            else None
+        )
         self.follower = Follower(engine, self)
         self.metrics.plans.source = self.planned_utilities
 
@@ -93,8 +103,12 @@ class Booster:
         self.follower.start()
         if self.refits is not None:
             self.refits.start()
+        if self.guardrail is not None:
+            self.guardrail.start()
 
     def stop(self) -> None:
+        if self.guardrail is not None:
+            self.guardrail.stop()
         self.follower.stop()
         if self.refits is not None:
             self.refits.stop()

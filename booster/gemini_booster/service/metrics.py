@@ -165,6 +165,18 @@ class Metrics:
             ["api", "reason"],
             registry=r,
         )
+        self.guardrail_stops = Counter(
+            "gemini_booster_guardrail_stops",
+            "Experiment arms stopped by the scheduled guardrail of this replica (each arm is "
+            "stopped once, by one replica)",
+            registry=r,
+        )
+        self.guardrail_failures = Counter(
+            "gemini_booster_guardrail_failures",
+            "Scheduled guardrail rounds that failed, wholly (database unreachable) or for some "
+            "experiment (the others were still checked); the next round tries again",
+            registry=r,
+        )
 
         self.unbound_agent_calls = Counter(
             "gemini_booster_unbound_agent_calls",

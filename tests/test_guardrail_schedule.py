@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import httpx
+import pytest
 from sqlalchemy import create_engine, text
 
 from gemini_api.aggregate import AggregateBuilder, FlowStats
@@ -191,37 +192,40 @@ def test_two_replicas_stop_the_arm_once(db_url) -> None:
             eventually(lambda r=replica: all(arm_of(r, h) is None for h in fusion), "arm gone")
 
 
-def test_a_round_is_skipped_while_another_holds_the_lock(db_url) -> None:
+@pytest.fixture
+def unscheduled(db_url) -> Iterator[tuple[Running, GuardrailTask]]:
+    """A Booster with no rounds of its own (interval 0), its harmful experiment's flows
+    stored, and its guardrail task (for rounds by hand)."""
     with serve(db_url, guardrail_interval_s=0) as booster:
         setup_policy(booster)
-        arms = create(booster, "harmful")
-        report(booster, arms, HARMFUL)
+        report(booster, create(booster, "harmful"), HARMFUL)
         task = booster.booster.guardrail
         assert task is not None
-        elsewhere = create_engine(db_url)
-        try:
-            with elsewhere.connect() as conn:  # another replica's round, under way
-                held = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": LOCK_KEY})
-                assert held.scalar() is True
-                assert task.run_once() is None
-                assert fusion_stopped(booster, "harmful") is None
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LOCK_KEY})
-        finally:
-            elsewhere.dispose()
-        assert task.run_once() == 1
-        assert fusion_stopped(booster, "harmful") is not None
+        yield booster, task
 
 
-def test_an_interval_of_zero_runs_nothing(db_url) -> None:
-    with serve(db_url, guardrail_interval_s=0) as booster:
-        setup_policy(booster)
-        arms = create(booster, "harmful")
-        report(booster, arms, HARMFUL)
-        task = booster.booster.guardrail
-        assert task is not None and not task.running  # no rounds of its own
-        assert fusion_stopped(booster, "harmful") is None
-        assert arm_stops(booster, "harmful") == []
-        assert task.run_once() == 1  # what a round would have done: the data are harmful
+def test_a_round_is_skipped_while_another_holds_the_lock(db_url, unscheduled) -> None:
+    booster, task = unscheduled
+    elsewhere = create_engine(db_url)
+    try:
+        with elsewhere.connect() as conn:  # another replica's round, under way
+            held = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": LOCK_KEY})
+            assert held.scalar() is True
+            assert task.run_once() is None
+            assert fusion_stopped(booster, "harmful") is None
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LOCK_KEY})
+    finally:
+        elsewhere.dispose()
+    assert task.run_once() == 1
+    assert fusion_stopped(booster, "harmful") is not None
+
+
+def test_an_interval_of_zero_runs_nothing(unscheduled) -> None:
+    booster, task = unscheduled
+    assert not task.running  # no rounds of its own
+    assert fusion_stopped(booster, "harmful") is None
+    assert arm_stops(booster, "harmful") == []
+    assert task.run_once() == 1  # what a round would have done: the data are harmful
 
 
 def test_a_failed_round_is_counted_and_the_task_carries_on() -> None:

@@ -3,7 +3,11 @@
     python -m gemini_lab.bulk recv PORT FLOWS OMIT_S DURATION_S   one JSON line at the end
     python -m gemini_lab.bulk send ADDR PORT CC FLOWS DURATION_S  one JSON line at the end
     python -m gemini_lab.bulk put ADDR PORT CC BYTES   one transfer of BYTES (k/M/G suffixes) to
-                                                        a ``gemini_lab.flowgen serve`` receiver
+                                                        a ``gemini_lab.flowgen serve`` receiver;
+                                                        CC ``-``: the host's (sysctl or route)
+    python -m gemini_lab.bulk puts ADDR PORT CC BYTES STOP DEADLINE   back-to-back transfers
+                                                        until the file STOP exists or the unix
+                                                        time DEADLINE: a JSON line per flow
 
 Why not iperf3: it waits in a loop of short select() timeouts, and on the UML lab's simulated
 clock (gemini_lab.uml) every wake-up is work that lets no simulated time pass, so a flow runs at
@@ -20,6 +24,7 @@ retransmitted segments at the end.
 from __future__ import annotations
 
 import json
+import os
 import selectors
 import socket
 import struct
@@ -35,6 +40,7 @@ TCPI_RTT_US_OFFSET = 68
 TCPI_SND_CWND_OFFSET = 80
 TCPI_TOTAL_RETRANS_OFFSET = 100
 TCPI_MIN_RTT_US_OFFSET = 148
+HOST_CC = "-"  # as a CC argument: set none, the kernel picks (route congctl, else the sysctl)
 
 
 def tcp_info(s: socket.socket) -> dict[str, int]:
@@ -141,7 +147,8 @@ def parse_size(text: str) -> int:
 def put(addr: str, port: int, cc: str, size: int) -> dict:
     """Send ``size`` bytes and wait until the receiver has read them all and closed."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+        if cc != HOST_CC:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
         s.connect((addr, port))
         left = size
         payload = b"\0" * CHUNK_BYTES
@@ -150,7 +157,31 @@ def put(addr: str, port: int, cc: str, size: int) -> dict:
         s.shutdown(socket.SHUT_WR)
         while s.recv(CHUNK_BYTES):
             pass  # the receiver closes once it has read to EOF
-        return {"bytes": size, "port": s.getsockname()[1], **tcp_info(s)}
+        cc_run = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+        return {
+            "bytes": size,
+            "port": s.getsockname()[1],
+            "cc": cc_run.rstrip(b"\0").decode(),
+            **tcp_info(s),
+        }
+
+
+PUT_TIMEOUT_S = 120  # a transfer stalled this long is abandoned (and counted as failed)
+
+
+def puts(addr: str, port: int, cc: str, size: int, stop: str, deadline: float) -> None:
+    """Back-to-back ``put``s in this one process (a process per flow costs seconds of
+    interpreter start-up under emulation): one line per flow, [start, end, the CC its
+    socket ran or "failed"] in unix seconds."""
+    socket.setdefaulttimeout(PUT_TIMEOUT_S)
+    while time.time() < deadline and not os.path.exists(stop):
+        start = time.time()
+        try:
+            cc_run = put(addr, port, cc, size)["cc"]
+        except OSError:
+            cc_run = "failed"
+            time.sleep(1)  # the receiver is not up yet, or the path is down: not a busy loop
+        print(json.dumps([start, time.time(), cc_run]), flush=True)
 
 
 def main() -> None:
@@ -161,8 +192,11 @@ def main() -> None:
         result = send(args[0], int(args[1]), args[2], int(args[3]), float(args[4]))
     elif mode == "put":
         result = put(args[0], int(args[1]), args[2], parse_size(args[3]))
+    elif mode == "puts":
+        puts(args[0], int(args[1]), args[2], parse_size(args[3]), args[4], float(args[5]))
+        return
     else:
-        raise SystemExit(f"unknown mode {mode!r}: recv, send or put")
+        raise SystemExit(f"unknown mode {mode!r}: recv, send, put or puts")
     print(json.dumps(result), flush=True)
 
 

@@ -9,6 +9,7 @@ gemini-lab loop         Booster here + agent in the guest: the closed loop, plot
 gemini-lab landscape    utility of fixed θ on the loop's paths (--theta k=v,k=v per cell)
 gemini-lab tune         Booster tunes all of θ on scenarios (several = several contexts at once)
 gemini-lab determinism  the same flows idle and with every host core busy, compared
+gemini-lab abtest       an A/B experiment (cubic vs tuned fusion, crossover) over lab hosts
 gemini-lab fairness     RTT fairness and cubic-friendliness, two flows on one bottleneck (UML)
 """
 
@@ -223,6 +224,34 @@ def cmd_fairness(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_abtest(args: argparse.Namespace) -> None:
+    """Booster here with an operator token of the run's own; hosts get tokens bound to them."""
+    from gemini_booster.config import Settings
+    from gemini_lab.abtest import AbConfig, render, run_abtest
+
+    operator = "lab-operator-" + os.urandom(8).hex()
+    out = args.out / "abtest"
+    cfg = AbConfig(hosts=args.hosts, day_s=args.day_seconds, interval_s=args.interval)
+    result = run_abtest(
+        lambda listen: Settings(
+            grpc_listen=listen,
+            http_port=0,
+            refit_interval_s=2,
+            data_dir=(out / "booster").resolve(),
+            bootstrap_operator_token=operator,
+        ),
+        args.port,
+        operator,
+        out,
+        cfg,
+    )
+    text = render(result, cfg, " ".join(["gemini-lab", *sys.argv[1:]]))
+    print(text)
+    if args.record:
+        args.record.write_text(text)
+        print(f"recorded in {args.record}; run record {result.record}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="gemini-lab", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -319,6 +348,13 @@ def main(argv: list[str] | None = None) -> None:
     fair.add_argument(
         "--merge", action="append", type=Path, help="render these results.json, run nothing"
     )
+    ab = sub.add_parser("abtest", help="an A/B experiment over lab hosts, with a crossover")
+    ab.add_argument("--hosts", type=int, default=4, help="lab hosts (namespaces with agents)")
+    ab.add_argument("--day-seconds", type=int, default=120, help="a compressed day")
+    ab.add_argument("--interval", type=float, default=8, help="the agents' reporting interval")
+    ab.add_argument("--port", type=int, default=50153)
+    ab.add_argument("--record", type=Path, help="write the summary here (markdown)")
+    ab.add_argument("--out", type=Path, default=DEFAULT_OUT)
     for p in (run, bench, records, loop, land, tune, det, fair, sub.choices["check"]):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     for p in (run, bench, records, det):
@@ -353,6 +389,8 @@ def main(argv: list[str] | None = None) -> None:
             return cmd_tune(args)
         elif args.cmd == "fairness":
             return cmd_fairness(args)
+        elif args.cmd == "abtest":
+            return cmd_abtest(args)
         elif args.cmd == "determinism":
             from gemini_lab import determinism
 

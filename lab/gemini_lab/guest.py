@@ -8,7 +8,6 @@ experiments; each experiment's result, or its error, lands in RESULTS.json under
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 from gemini_api.aggregate import FlowStats
 from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
 from gemini_api.theta import load_spec
+from gemini_lab import fleet
 from gemini_lab.experiment import (
     BASE_PORT,
     RecordCollector,
@@ -36,26 +36,20 @@ from gemini_lab.netem import (
     SENDER_NS,
     RateSchedule,
     Topology,
+    add_lab_host,
+    enter_netns,
     receiver_addr,
     receiver_ns,
     sh,
 )
+from gemini_lab.relay import start_relay
 from gemini_lab.scenario import Scenario
 
-CLONE_NEWNET = 0x40000000
 REPO = Path(__file__).resolve().parents[2]
 MODULE = REPO / "fusion-kmod" / "tcp_fusion.ko"
 # the running rate schedules by path index; a flow restarts its path's schedule (see RateSchedule)
 SCHEDULES: dict[int, RateSchedule] = {}
-
-
-def enter_netns(name: str) -> None:
-    """Move this process into a named network namespace; netlink sockets opened later live there."""
-    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, CLONE_NEWNET) != 0:
-        raise OSError(ctypes.get_errno(), f"setns {name}")
-    os.close(fd)
+BOOSTER_FROM_GUEST = "10.0.2.2"  # the host machine, as qemu's user-mode network shows it
 
 
 def default_theta() -> dict[str, int]:
@@ -339,7 +333,8 @@ def exp_sockdiag(e: dict, out: Path) -> dict:
 
 
 def _join_host_network() -> None:
-    """Move qemu's user-mode NIC into the sender namespace: the host (Booster) is 10.0.2.2."""
+    """Move qemu's user-mode NIC into the sender namespace: the host machine (Booster) is
+    BOOSTER_FROM_GUEST."""
     # this process already lives in the sender namespace; the NIC is in PID 1's
     sh("nsenter", "-t", "1", "-n", "ip", "link", "set", "eth0", "netns", SENDER_NS)
     sh("ip", "addr", "add", "10.0.2.15/24", "dev", "eth0", ns=SENDER_NS)
@@ -489,6 +484,67 @@ def exp_agent(e: dict, out: Path) -> dict:
     }
 
 
+def exp_fleet(e: dict, out: Path) -> dict:
+    """Lab hosts, each its own namespace, agent and flows, with ``default_cc`` as their own CC;
+    Booster on the host machine through a relay per host. Flows until {out}/stop; the host
+    machine asks for kernel readings meanwhile (gemini_lab.fleet). After the agents exit (a
+    clean exit restores a host), one more reading."""
+    _join_host_network()
+    allowed = " ".join(e["allowed_ccs"])  # the initial namespace's sysctl, for every namespace
+    sh(
+        "nsenter",
+        "-t",
+        "1",
+        "-n",
+        "sysctl",
+        "-qw",
+        f"net.ipv4.tcp_allowed_congestion_control={allowed}",
+    )
+    hosts = {h["id"]: add_lab_host(k, e["default_cc"]) for k, h in enumerate(e["hosts"])}
+    relays = [
+        start_relay(ns, e["relay_port"], (BOOSTER_FROM_GUEST, e["booster_port"]))
+        for ns in hosts.values()
+    ]
+    servers = _flow_servers(sorted({p for h in e["hosts"] for p in h["paths"]}))
+    prober = fleet.Prober(hosts, out)
+    prober.start()
+    agents = {}
+    for h in e["hosts"]:
+        config = out / f"agent-{h['id']}.toml"
+        config.write_text(h["agent_toml"].replace("{out}", str(out)))
+        agents[h["id"]] = fleet.start_agent(hosts[h["id"]], config, out / f"agent-{h['id']}.log")
+    deadline = time.time() + e["duration_s"]
+    flows: dict[str, list] = {}
+
+    def send(h: dict) -> None:
+        flows[h["id"]] = fleet.host_flows(
+            hosts[h["id"]], h["paths"], e["flow_bytes"], deadline, out / "stop"
+        )
+
+    senders = [threading.Thread(target=send, args=(h,)) for h in e["hosts"]]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
+    for agent in agents.values():
+        agent.terminate()
+    for agent in agents.values():
+        agent.wait(timeout=60)
+    prober.stop()
+    for r in relays:
+        r.close()
+    for s in servers:
+        s.terminate()
+    return {
+        "flows": {h: fleet.flows_by_cc(f) for h, f in flows.items()},
+        "flow_log": flows,
+        "readings": prober.readings,
+        "after_exit": {h: fleet.probe(ns) for h, ns in hosts.items()},
+        "agent_rc": {h: a.returncode for h, a in agents.items()},
+        "agent_log_tails": {h: (out / f"agent-{h}.log").read_text()[-3000:] for h in agents},
+    }
+
+
 EXPERIMENTS = {
     "flow": exp_flow,
     "profiles": exp_profiles,
@@ -500,6 +556,7 @@ EXPERIMENTS = {
     "writeback": exp_writeback,
     "sockdiag": exp_sockdiag,
     "fairness": exp_fairness,
+    "fleet": exp_fleet,
 }
 
 

@@ -1,8 +1,11 @@
 """Guest side: network namespaces joined by veth, links shaped by the kernel's netem.
 
-    snd (10.0.0.2) ── rtr ──┬─ path 0 ── rcv0 (10.1.0.2)
-                            ├─ path 1 ── rcv1 (10.2.0.2)
-                            └─ ...
+    snd  (10.0.0.2)   ──┬── rtr ──┬─ path 0 ── rcv0 (10.1.0.2)
+    hst0 (10.100.0.2) ──┤         ├─ path 1 ── rcv1 (10.2.0.2)
+    hst1 (10.100.1.2) ──┘         └─ ...
+
+The lab hosts hst<k> (optional, ``add_lab_host``) are further senders, one per fleet host of an
+experiment across hosts; each has its own veth to the router.
 
 Each path's scenario shapes the router's egress toward its receiver, the direction data flows:
 a tbf sets the rate and a netem below it drops at random and holds the bottleneck queue. The
@@ -15,6 +18,8 @@ rate would keep the departure times it gave them on arrival.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import subprocess
 import threading
 import time
@@ -27,6 +32,20 @@ ROUTER_NS = "rtr"
 SENDER_ADDR = "10.0.0.2"
 # Socket buffers that hold the satellite BDP (45 Mbit/s x 800 ms = 4.5 MB) several times over.
 TCP_MEM = "4096 262144 67108864"
+
+
+CLONE_NEWNET = 0x40000000
+
+
+def enter_netns(name: str) -> None:
+    """Move the calling thread into a named network namespace (the process, while it has one
+    thread): sockets it opens later live there, and threads it starts later start there."""
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {name}")
+    finally:
+        os.close(fd)
 
 
 def sh(*args: str, ns: str | None = None, check: bool = True) -> str:
@@ -57,6 +76,33 @@ def _veth(a_ns: str, a_if: str, a_addr: str, b_ns: str, b_if: str, b_addr: str) 
     sh("ip", "addr", "add", f"{b_addr}/24", "dev", b_if, ns=b_ns)
     sh("ip", "link", "set", a_if, "up", ns=a_ns)
     sh("ip", "link", "set", b_if, "up", ns=b_ns)
+
+
+def lab_host_ns(k: int) -> str:
+    return f"hst{k}"
+
+
+def lab_host_addr(k: int) -> str:
+    return f"10.100.{k}.2"
+
+
+def add_lab_host(k: int, default_cc: str) -> str:
+    """A further sender: namespace hst<k> (10.100.<k>.2) behind the router, so its flows take
+    the same shaped paths as the sender's, with ``default_cc`` as its own congestion control.
+    Each lab host is a host of the fleet to Booster: its own agent, identity, CC and Fusion
+    profile table (Fusion keeps θ per network namespace). The CC must be one a namespace may
+    choose (``tcp_allowed_congestion_control``, set in the initial namespace)."""
+    ns = lab_host_ns(k)
+    sh("ip", "netns", "add", ns)
+    sh("ip", "link", "set", "lo", "up", ns=ns)
+    _tune_tcp(ns)
+    # names unique in the caller's namespace too, where `ip link add` makes the pair first
+    uplink = f"up{k}"
+    _veth(ns, uplink, lab_host_addr(k), ROUTER_NS, ns, f"10.100.{k}.1")
+    sh("ip", "route", "add", "default", "via", f"10.100.{k}.1", ns=ns)
+    sh("ethtool", "-K", uplink, "tso", "off", "gso", "off", ns=ns)
+    sh("sysctl", "-qw", f"net.ipv4.tcp_congestion_control={default_cc}", ns=ns)
+    return ns
 
 
 TBF_BURST_MIN_BYTES = 4 * 1514

@@ -7,6 +7,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import grpc
@@ -94,15 +95,22 @@ def make_settings(db_url: str, **overrides) -> Settings:
     return Settings(**values)
 
 
-@pytest.fixture
-def booster(db_url) -> Iterator[Running]:
-    server = BoosterServer(make_settings(db_url)).start()
+@contextmanager
+def serve(db_url: str, **overrides) -> Iterator[Running]:
+    """A whole Booster on ``db_url`` with ``overrides`` of the test settings."""
+    server = BoosterServer(make_settings(db_url, **overrides)).start()
     http = httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30)
     try:
         yield Running(server, f"127.0.0.1:{server.grpc_port}", http)
     finally:
         http.close()
         server.stop()
+
+
+@pytest.fixture
+def booster(db_url) -> Iterator[Running]:
+    with serve(db_url) as running:
+        yield running
 
 
 def free_port() -> int:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -22,11 +20,10 @@ from gemini_api.aggregate import AggregateBuilder, FlowStats
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
-from gemini_booster.service.app import BoosterServer
 from gemini_booster.service.guardrail_task import LOCK_KEY, GuardrailTask
 from gemini_booster.service.metrics import Metrics
 
-from .conftest import OPERATOR, Running, agent_md, auth, free_port, make_settings
+from .conftest import OPERATOR, Running, agent_md, auth, free_port, serve
 from .test_experiments_api import host_arm
 
 T = TypeVar("T")
@@ -47,18 +44,6 @@ def eventually(check: Callable[[], T], what: str) -> T:
         assert time.monotonic() < deadline, f"no {what} within {DEADLINE_S} s"
         time.sleep(POLL_S)
     return got
-
-
-@contextmanager
-def serve(db_url: str, **overrides: Any) -> Iterator[Running]:
-    """A whole Booster on ``db_url`` with ``overrides`` of the test settings."""
-    server = BoosterServer(make_settings(db_url, **overrides)).start()
-    http = httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30)
-    try:
-        yield Running(server, f"127.0.0.1:{server.grpc_port}", http)
-    finally:
-        http.close()
-        server.stop()
 
 
 def hosts_of(name: str) -> list[str]:

@@ -43,6 +43,10 @@ def test_version_prints_the_agents_version():
         ({"GEMINI_AGENT_INTERVAL_S": "-1"}, "invalid setting interval_s"),
         ({"GEMINI_AGENT_MAX_CONTEXTS": "0"}, "invalid setting max_contexts"),
         ({"GEMINI_AGENT_CONFIG": "/nonexistent/agent.toml"}, "cannot read the configuration"),
+        (
+            {"GEMINI_AGENT_TOKEN": "t", "GEMINI_AGENT_TOKEN_FILE": "/etc/hostname"},
+            "invalid settings: Value error, set token or token_file, not both",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_and_exit_2(env, says):
@@ -71,6 +75,17 @@ def test_a_bad_destination_table_names_file_and_line(tmp_path):
     )
     assert out.returncode == EXIT_USAGE
     assert _one_line(out.stderr) == f"gemini-agent: {table}:3: 10.0.0.1/8 has host bits set"
+
+
+def test_a_missing_token_file_stops_the_agent_in_one_line(tmp_path):
+    absent = tmp_path / "token"
+    out = _agent(
+        "run",
+        env={"GEMINI_AGENT_TOKEN_FILE": str(absent), "GEMINI_AGENT_SPOOL_DIR": str(tmp_path / "s")},
+    )
+    assert out.returncode == EXIT_USAGE
+    line = _one_line(out.stderr)
+    assert line == f"gemini-agent: cannot read token_file {absent}: No such file or directory"
 
 
 @pytest.mark.skipif(Path("/proc/sys/net/fusion").exists(), reason="tcp_fusion is loaded here")

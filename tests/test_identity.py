@@ -15,6 +15,10 @@ import numpy as np
 import pytest
 from sqlalchemy import create_engine, make_url, text
 
+from gemini_agent.config import AgentSettings
+from gemini_agent.metrics import AgentMetrics
+from gemini_agent.reporter import Reporter
+from gemini_agent.spool import Spool
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
@@ -179,6 +183,47 @@ def test_rotation_refuses_no_report_and_expiry_is_enforced(strict: Running) -> N
     send(third, 5)
     assert stored(strict.engine, "host-a") == 5
     assert metric(strict, "gemini_booster_auth_failures_total", reason="expired") == 2
+
+
+def test_an_agent_picks_up_its_rotated_token_file_without_a_restart(
+    strict: Running, tmp_path
+) -> None:
+    """The real agent reporter: after a rotation without grace its old token is refused and
+    the report stays spooled; once the new token is in the file, the same reporter sends it."""
+    first = repo.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
+    token_file = tmp_path / "token"
+    token_file.write_text(first)
+    settings = AgentSettings(
+        host_id="host-a",
+        policy=POLICY,
+        booster_address=strict.grpc_target,
+        token_file=token_file,
+        spool_dir=tmp_path / "spool",
+        retry_initial_s=0.001,
+        retry_max_s=0.001,
+    )
+    metrics = AgentMetrics()
+    reporter = Reporter(settings, Spool(settings.spool_dir, settings.spool_max_bytes), metrics)
+
+    def send_one(seed: int) -> int:
+        reporter.submit(report("host-a", seed))
+        time.sleep(0.01)  # past the backoff of a failure before
+        return reporter.drain()
+
+    assert send_one(0) == 1
+    r = strict.http.post(
+        "/v1/tokens/rotate", json={"host_id": "host-a", "grace_s": 0}, headers=auth(OPERATOR)
+    )
+    second = r.json()["token"]
+    assert send_one(1) == 0  # the old token has expired: kept in the spool, not lost
+    assert len(reporter.spool) == 1
+    tmp = tmp_path / "token.new"
+    tmp.write_text(second)
+    tmp.replace(token_file)
+    time.sleep(0.01)
+    assert reporter.drain() == 1
+    assert len(reporter.spool) == 0 and stored(strict.engine, "host-a") == 2
+    assert metrics.token_reloads.labels("reloaded")._value.get() == 1
 
 
 def test_a_revoked_token_is_refused(strict: Running) -> None:

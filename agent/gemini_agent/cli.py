@@ -30,7 +30,9 @@ def _settings() -> AgentSettings:
         return AgentSettings()
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "settings"
+        where = ".".join(str(part) for part in first["loc"])
+        if not where:  # a rule across settings
+            raise UsageError(f"invalid settings: {first['msg']}") from None
         raise UsageError(
             f"invalid setting {where} (GEMINI_AGENT_{where.upper()}): {first['msg']}"
         ) from None

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 # Where tcp_fusion's sysctls are. A container sees the host's /proc/sys read-only, so the Helm
@@ -16,6 +16,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 SYSCTL_ROOT = Path("/proc/sys/net/fusion")
 # net.ipv4.tcp_*congestion_control of the agent's network namespace (an experiment's arm).
 NET_IPV4_ROOT = Path("/proc/sys/net/ipv4")
+# The TOML settings file's path, from the environment.
+CONFIG_ENV = "GEMINI_AGENT_CONFIG"
 
 
 class _TomlSource(PydanticBaseSettingsSource):
@@ -23,7 +25,7 @@ class _TomlSource(PydanticBaseSettingsSource):
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        path = os.environ.get("GEMINI_AGENT_CONFIG")
+        path = os.environ.get(CONFIG_ENV)
         if not path:
             return {}
         return tomllib.loads(Path(path).read_text())
@@ -36,6 +38,8 @@ class AgentSettings(BaseSettings):
     policy: str = "default"
     booster_address: str = "127.0.0.1:50051"
     token: SecretStr = SecretStr("")
+    # or a file holding only the token, re-read when it changes (gemini_agent.credentials)
+    token_file: Path | None = None
     tls_ca_file: Path | None = None  # TLS to Booster when set
 
     src_region: str = "unknown"
@@ -68,6 +72,12 @@ class AgentSettings(BaseSettings):
         if v <= 0:
             raise ValueError("must be > 0")
         return v
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> AgentSettings:
+        if self.token_file is not None and self.token.get_secret_value():
+            raise ValueError("set token or token_file, not both")
+        return self
 
     @classmethod
     def settings_customise_sources(

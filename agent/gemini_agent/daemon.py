@@ -224,7 +224,7 @@ class Agent:
         )
         try:
             resp = self.reporter.stub.GetParameters(
-                req, metadata=self.reporter.metadata, timeout=self.s.rpc_deadline_s
+                req, metadata=self.reporter.token.metadata(), timeout=self.s.rpc_deadline_s
             )
         except grpc.RpcError as err:
             log.warning("GetParameters failed (%s): keeping the last good θ", err.code().name)

@@ -65,6 +65,13 @@ class AgentMetrics:
             ["reason"],
             registry=r,
         )
+        self.token_reloads = Counter(
+            "gemini_agent_token_reloads",
+            "Times the agent token's file changed: re-read (reloaded), or not usable, so the "
+            "current token was kept (unreadable)",
+            ["outcome"],
+            registry=r,
+        )
         self.spool_reports = Gauge(
             "gemini_agent_spool_reports", "Reports waiting in the spool", registry=r
         )

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import grpc
 
 from gemini_agent.config import AgentSettings
+from gemini_agent.credentials import AgentToken
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.spool import Spool
 from gemini_api.v1 import booster_pb2 as pb
@@ -67,7 +68,7 @@ class Reporter:
         self.settings, self.spool, self.metrics = settings, spool, metrics
         self.channel = channel or open_channel(settings)
         self.stub = pb_grpc.BoosterStub(self.channel)
-        self.metadata = (("authorization", f"Bearer {settings.token.get_secret_value()}"),)
+        self.token = AgentToken(settings, metrics)
         self.failures = 0
         self.next_attempt = 0.0
 
@@ -99,7 +100,7 @@ class Reporter:
             try:
                 self.stub.ReportAggregates(
                     pb.ReportRequest.FromString(payload),
-                    metadata=self.metadata,
+                    metadata=self.token.metadata(),
                     timeout=self.settings.rpc_deadline_s,
                 )
             except grpc.RpcError as err:

@@ -1,5 +1,6 @@
 """TLS on the agent port: an agent that trusts Booster's CA reports over TLS; one that speaks
-plaintext, or trusts another CA, is refused and keeps its report spooled."""
+plaintext, or trusts another CA, is refused and keeps its report spooled. Mutual TLS: the
+client certificate's Common Name is the host, and the agent presents its own."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from pydantic import SecretStr, ValidationError
 from sqlalchemy import text
 
+from gemini_agent.config import AgentSettings
 from gemini_agent.metrics import AgentMetrics
-from gemini_agent.reporter import Reporter
+from gemini_agent.reporter import Reporter, open_channel
 from gemini_agent.spool import Spool
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster.models import PolicyCreate
@@ -143,10 +146,10 @@ def make_client_cert(d: Path, ca: str, host: str) -> tuple[bytes, bytes]:
     return cert.read_bytes(), key.read_bytes()
 
 
-def test_mutual_tls_binds_the_host_to_the_client_certificate(tmp_path, db_url) -> None:
-    """With a client CA, the certificate's Common Name is the host an agent speaks for: a
-    fleet-wide (unbound) token plus host-a's certificate reports as host-a only; a token bound
-    to another host is refused with it; no certificate, no handshake."""
+@pytest.fixture
+def mtls_booster(tmp_path, db_url):
+    """Booster asking agents for a client certificate signed by "hosts-ca", with no fleet-wide
+    token allowed: (server, Booster's CA, a fleet-wide token, host-b's bound token)."""
     server_ca = make_ca(tmp_path, "booster-ca")
     cert, key = make_server_cert(tmp_path, "booster-ca")
     client_ca = make_ca(tmp_path, "hosts-ca")
@@ -164,40 +167,94 @@ def test_mutual_tls_binds_the_host_to_the_client_certificate(tmp_path, db_url) -
         server.booster.reload_policies()
         fleet = repo.create_token(server.engine, "fleet", "agent", "test")
         bound_b = repo.create_token(server.engine, "b-1", "agent", "test", host_id="host-b")
-        chain, private = make_client_cert(tmp_path, "hosts-ca", "host-a")
-
-        def stub(with_cert: bool) -> pb_grpc.BoosterStub:
-            creds = grpc.ssl_channel_credentials(
-                server_ca.read_bytes(),
-                private_key=private if with_cert else None,
-                certificate_chain=chain if with_cert else None,
-            )
-            return pb_grpc.BoosterStub(grpc.secure_channel(f"127.0.0.1:{server.grpc_port}", creds))
-
-        def code(call, token: str) -> grpc.StatusCode:
-            try:
-                call(metadata=agent_md(token), timeout=10)
-            except grpc.RpcError as e:
-                return e.code()
-            return grpc.StatusCode.OK
-
-        a = stub(with_cert=True)
-        as_host = {h: _report(i) for i, h in enumerate(("host-a", "host-b"))}
-        for h, req in as_host.items():
-            req.host_id = h
-        assert code(lambda **kw: a.ReportAggregates(as_host["host-a"], **kw), fleet) == (
-            grpc.StatusCode.OK
-        )
-        assert code(lambda **kw: a.ReportAggregates(as_host["host-b"], **kw), fleet) == (
-            grpc.StatusCode.PERMISSION_DENIED
-        )
-        assert code(lambda **kw: a.ReportAggregates(as_host["host-b"], **kw), bound_b) == (
-            grpc.StatusCode.PERMISSION_DENIED
-        )
-        anonymous = stub(with_cert=False)
-        assert code(lambda **kw: anonymous.ReportAggregates(as_host["host-a"], **kw), fleet) == (
-            grpc.StatusCode.UNAVAILABLE
-        )
-        assert _stored(server) == 1
+        yield server, server_ca, fleet, bound_b
     finally:
         server.stop()
+
+
+def test_mutual_tls_binds_the_host_to_the_client_certificate(tmp_path, mtls_booster) -> None:
+    """With a client CA, the certificate's Common Name is the host an agent speaks for: a
+    fleet-wide (unbound) token plus host-a's certificate reports as host-a only; a token bound
+    to another host is refused with it; no certificate, no handshake."""
+    server, server_ca, fleet, bound_b = mtls_booster
+    chain, private = make_client_cert(tmp_path, "hosts-ca", "host-a")
+
+    def stub(with_cert: bool) -> pb_grpc.BoosterStub:
+        creds = grpc.ssl_channel_credentials(
+            server_ca.read_bytes(),
+            private_key=private if with_cert else None,
+            certificate_chain=chain if with_cert else None,
+        )
+        return pb_grpc.BoosterStub(grpc.secure_channel(f"127.0.0.1:{server.grpc_port}", creds))
+
+    def code(call, token: str) -> grpc.StatusCode:
+        try:
+            call(metadata=agent_md(token), timeout=10)
+        except grpc.RpcError as e:
+            return e.code()
+        return grpc.StatusCode.OK
+
+    a = stub(with_cert=True)
+    as_host = {h: _report(i) for i, h in enumerate(("host-a", "host-b"))}
+    for h, req in as_host.items():
+        req.host_id = h
+    assert code(lambda **kw: a.ReportAggregates(as_host["host-a"], **kw), fleet) == (
+        grpc.StatusCode.OK
+    )
+    assert code(lambda **kw: a.ReportAggregates(as_host["host-b"], **kw), fleet) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+    assert code(lambda **kw: a.ReportAggregates(as_host["host-b"], **kw), bound_b) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+    anonymous = stub(with_cert=False)
+    assert code(lambda **kw: anonymous.ReportAggregates(as_host["host-a"], **kw), fleet) == (
+        grpc.StatusCode.UNAVAILABLE
+    )
+    assert _stored(server) == 1
+
+
+def test_the_agent_presents_its_client_certificate(tmp_path, mtls_booster) -> None:
+    """The agent's own channel (tls_cert_file, tls_key_file) completes the handshake and
+    reports as its host; the same agent without them is refused and keeps its report."""
+    server, server_ca, fleet, _ = mtls_booster
+    cert, key = _signed_cert(tmp_path, "hosts-ca", "host-a")
+    target = f"127.0.0.1:{server.grpc_port}"
+
+    def reporter(name: str, **tls: Path) -> Reporter:
+        settings = _settings(tmp_path / name, target, tls_ca_file=server_ca, **tls)
+        settings = settings.model_copy(update={"host_id": "host-a", "token": SecretStr(fleet)})
+        return Reporter(settings, Spool(tmp_path / name / "spool", 1 << 20), AgentMetrics())
+
+    anonymous = reporter("anonymous")
+    anonymous.submit(_report(0))
+    assert anonymous.drain() == 0 and len(anonymous.spool) == 1
+    with_cert = reporter("with-cert", tls_cert_file=cert, tls_key_file=key)
+    req = _report(1)
+    req.host_id = "host-a"
+    with_cert.submit(req)
+    assert with_cert.drain() == 1 and len(with_cert.spool) == 0
+    assert _stored(server) == 1
+
+
+@pytest.mark.parametrize(
+    "tls,says",
+    [
+        ({"tls_cert_file": Path("c.pem")}, "set tls_cert_file and tls_key_file together"),
+        (
+            {"tls_cert_file": Path("c.pem"), "tls_key_file": Path("k.pem")},
+            "a client certificate needs tls_ca_file",
+        ),
+    ],
+)
+def test_an_incomplete_client_certificate_is_refused(tls, says) -> None:
+    with pytest.raises(ValidationError, match=says):
+        AgentSettings(**tls)
+
+
+def test_an_unreadable_certificate_file_is_named(tmp_path) -> None:
+    ca = make_ca(tmp_path, "booster-ca")
+    settings = AgentSettings(tls_ca_file=ca, tls_cert_file=tmp_path / "absent.pem", tls_key_file=ca)
+    absent = tmp_path / "absent.pem"
+    with pytest.raises(ValueError, match=f"cannot read tls_cert_file {absent}: No such file"):
+        open_channel(settings)

@@ -41,6 +41,10 @@ class AgentSettings(BaseSettings):
     # or a file holding only the token, re-read when it changes (gemini_agent.credentials)
     token_file: Path | None = None
     tls_ca_file: Path | None = None  # TLS to Booster when set
+    # mutual TLS: this host's client certificate (its Common Name is the host) and key, for a
+    # Booster that asks for one (grpc_tls_client_ca_file); read at start
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
 
     src_region: str = "unknown"
     src_isp: str = "unknown"
@@ -77,6 +81,14 @@ class AgentSettings(BaseSettings):
     def _one_token_source(self) -> AgentSettings:
         if self.token_file is not None and self.token.get_secret_value():
             raise ValueError("set token or token_file, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _whole_client_certificate(self) -> AgentSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("set tls_cert_file and tls_key_file together")
+        if self.tls_cert_file is not None and self.tls_ca_file is None:
+            raise ValueError("a client certificate needs tls_ca_file (TLS to Booster)")
         return self
 
     @classmethod

@@ -15,6 +15,7 @@ import logging
 import random
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import grpc
 
@@ -22,6 +23,7 @@ from gemini_agent.config import AgentSettings
 from gemini_agent.credentials import AgentToken
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.spool import Spool
+from gemini_api.service_config import channel_options
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 
@@ -51,10 +53,27 @@ def set_aside_reason(err: grpc.RpcError) -> str | None:
 
 
 def open_channel(settings: AgentSettings) -> grpc.Channel:
-    if settings.tls_ca_file:
-        creds = grpc.ssl_channel_credentials(settings.tls_ca_file.read_bytes())
-        return grpc.secure_channel(settings.booster_address, creds)
-    return grpc.insecure_channel(settings.booster_address)
+    """The channel to Booster's agent port, with the project's service config (retries on
+    UNAVAILABLE, round robin over replicas, keepalive: gemini_api.service_config) and, where
+    set, TLS and this host's client certificate."""
+    options = channel_options()
+    if not settings.tls_ca_file:
+        return grpc.insecure_channel(settings.booster_address, options=options)
+    creds = grpc.ssl_channel_credentials(
+        _read(settings.tls_ca_file, "tls_ca_file"),
+        private_key=_read(settings.tls_key_file, "tls_key_file"),
+        certificate_chain=_read(settings.tls_cert_file, "tls_cert_file"),
+    )
+    return grpc.secure_channel(settings.booster_address, creds, options=options)
+
+
+def _read(path: Path | None, setting: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read {setting} {path}: {exc.strerror}") from None
 
 
 class Reporter:

@@ -47,6 +47,7 @@ VALUE_SETS: dict[str, list[str]] = {
     "defaults": [],
     "external-ingress-tls": ["-f", str(CHART / "ci" / "external-ingress-tls-values.yaml")],
     "cnpg-monitoring-staged": ["-f", str(CHART / "ci" / "cnpg-monitoring-staged-values.yaml")],
+    "mutual-tls": ["-f", str(CHART / "ci" / "mutual-tls-values.yaml")],
 }
 # Custom resources without a schema here: kubeconform skips them (see the module docstring).
 CRD_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule", "Certificate", "Cluster")
@@ -489,6 +490,42 @@ def test_ingress_speaks_grpc_over_tls_to_booster() -> None:
     assert "booster-agents.example.net" in names and "booster.example.net" in names
     agent_env = env_of(containers(one(docs, "DaemonSet", AGENT_DS))["agent"])
     assert agent_env["GEMINI_AGENT_TLS_CA_FILE"]["value"] == "/etc/gemini/ca/ca.crt"
+
+
+def test_mutual_tls_gives_booster_the_hosts_ca_and_each_agent_its_node_certificate() -> None:
+    docs = objects("mutual-tls")
+    booster = one(docs, "Deployment", f"{RELEASE}-gemini-booster")
+    env = env_of(containers(booster)["booster"])
+    assert env["GEMINI_BOOSTER_GRPC_TLS_CLIENT_CA_FILE"]["value"] == "/etc/gemini/client-ca/ca.crt"
+    volumes = {v["name"]: v for v in booster["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["client-ca"]["secret"]["secretName"] == "gemini-hosts-ca"
+    mounts = {m["name"]: m for m in containers(booster)["booster"]["volumeMounts"]}
+    assert mounts["client-ca"]["mountPath"] == "/etc/gemini/client-ca"
+    agent_env = env_of(containers(one(docs, "DaemonSet", AGENT_DS))["agent"])
+    assert agent_env["GEMINI_AGENT_TLS_CERT_FILE"]["value"] == "/etc/gemini/identity/agent.crt"
+    assert agent_env["GEMINI_AGENT_TLS_KEY_FILE"]["value"] == "/etc/gemini/identity/agent.key"
+    # Without mutual TLS neither side is told about client certificates.
+    plain = objects("external-ingress-tls")
+    plain_booster = one(plain, "Deployment", f"{RELEASE}-gemini-booster")
+    assert "GEMINI_BOOSTER_GRPC_TLS_CLIENT_CA_FILE" not in env_of(
+        containers(plain_booster)["booster"]
+    )
+    assert "GEMINI_AGENT_TLS_CERT_FILE" not in env_of(
+        containers(one(plain, "DaemonSet", AGENT_DS))["agent"]
+    )
+
+
+def test_an_incomplete_mutual_tls_setup_is_named() -> None:
+    helm = tool("helm")
+    base: list[str | Path] = [helm, "template", RELEASE, CHART, "--kube-version", KUBE_VERSION]
+    result = run(*base, "--set", "tls.clientCaSecret=hosts-ca")
+    assert result.returncode != 0 and "tls.clientCaSecret needs tls.enabled" in result.stderr
+    result = run(*base, "--set", "agent.identity.certFile=agent.crt")
+    assert "agent.identity.certFile and agent.identity.keyFile go together" in result.stderr
+    result = run(
+        *base, "--set", "agent.identity.certFile=a.crt", "--set", "agent.identity.keyFile=a.key"
+    )
+    assert "agent.identity.certFile needs tls.clientCaSecret" in result.stderr
 
 
 def test_network_policy_admits_agents_and_limits_egress() -> None:

@@ -4,6 +4,7 @@ client certificate's Common Name is the host, and the agent presents its own."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 from pathlib import Path
@@ -258,3 +259,46 @@ def test_an_unreadable_certificate_file_is_named(tmp_path) -> None:
     absent = tmp_path / "absent.pem"
     with pytest.raises(ValueError, match=f"cannot read tls_cert_file {absent}: No such file"):
         open_channel(settings)
+
+
+def test_a_renewed_serving_certificate_is_used_without_a_restart(tmp_path, db_url, caplog):
+    """The files rewritten as cert-manager renews them: new connections get the new pair; a
+    broken rewrite keeps the previous pair in service and is logged."""
+    serving = tmp_path / "serving"
+    serving.mkdir()
+    pairs = {}
+    for name in ("first", "second"):
+        d = tmp_path / name
+        d.mkdir()
+        pairs[name] = make_ca(d, f"{name}-ca"), *make_server_cert(d, f"{name}-ca")
+
+    def install(name: str) -> None:
+        _, cert, key = pairs[name]
+        for src, dst in ((key, "tls.key"), (cert, "tls.crt")):
+            (serving / f".{dst}").write_bytes(src.read_bytes())
+            (serving / f".{dst}").replace(serving / dst)
+
+    install("first")
+    cert, key = serving / "tls.crt", serving / "tls.key"
+    server = BoosterServer(make_settings(db_url, grpc_tls_cert_file=cert, grpc_tls_key_file=key))
+    server.start()
+    try:
+        repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+        server.booster.reload_policies()
+        target = f"127.0.0.1:{server.grpc_port}"
+
+        def sends(name: str, trusting: str) -> bool:
+            reporter = _reporter(tmp_path, target, name, pairs[trusting][0])
+            reporter.submit(_report(len(name)))
+            return reporter.drain() == 1
+
+        assert sends("before", "first")
+        install("second")
+        assert sends("after", "second")
+        assert not sends("stale", "first")
+        caplog.set_level(logging.ERROR, logger="gemini_booster.service.tls")
+        cert.write_text("-----BEGIN CERTIFICATE-----\ntruncated\n")
+        assert sends("kept", "second")
+        assert "still serving the previous one" in caplog.text
+    finally:
+        server.stop()

@@ -94,6 +94,7 @@ from ..config import Settings
 from .auth import AuthError, Principal, TokenAuthority
 from .core import Booster
 from .ratelimit_log import RateLimitedLog
+from .tls import TlsFiles
 from .validation import InvalidReport
 
 log = logging.getLogger(__name__)
@@ -459,17 +460,16 @@ def can_bind(listen: str) -> bool:
 def tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     """TLS for the agent port when both files are configured; plaintext (loopback) otherwise.
     With ``grpc_tls_client_ca_file`` too, mutual TLS: a client without a certificate signed by
-    that CA does not complete the handshake."""
+    that CA does not complete the handshake. The files are followed as they are renewed."""
     cert, key = settings.grpc_tls_cert_file, settings.grpc_tls_key_file
     client_ca = settings.grpc_tls_client_ca_file
     if cert is None and key is None and client_ca is None:
         return None
     if cert is None or key is None:
         raise ValueError("TLS needs both grpc_tls_cert_file and grpc_tls_key_file")
-    return grpc.ssl_server_credentials(
-        [(key.read_bytes(), cert.read_bytes())],
-        root_certificates=client_ca.read_bytes() if client_ca is not None else None,
-        require_client_auth=client_ca is not None,
+    files = TlsFiles(cert, key, client_ca)  # re-read on renewal: see service/tls.py
+    return grpc.dynamic_ssl_server_credentials(
+        files.configuration(), files.fetch, require_client_authentication=client_ca is not None
     )
 
 

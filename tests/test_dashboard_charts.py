@@ -19,6 +19,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from gemini_api.aggregate import AggregateBuilder, FlowStats
 from gemini_api.theta import load_datapath, load_spec
@@ -43,7 +44,14 @@ SPEC = load_spec()
 POLICY, EXP_POLICY, EXPERIMENT = "cdn", "exp", "cubic-vs-fusion"
 TUNED = SPEC.default() | {"mult_decrease": 70}
 ROUNDS = 6  # hourly buckets of Fusion reports, the newest an hour ago
-FLEET = [f"web-{i}" for i in range(4)]  # web-3 explores; the others run the tuned θ
+FLEET = [f"web-{i}" for i in range(4)]  # web-3 explores; the others run the incumbent
+EXPLORER_FINDS = (5, 4)  # rounds (hours ago) in which the explorer runs the tuned θ
+FLEET_SWITCHES = 3  # from this round (hours ago) on, the fleet runs the tuned θ
+FLOWS_PER_REPORT = 12
+# Throughput over the default θ's by λ (its mult_decrease): the tuned θ's is better, the
+# explorer's other guesses worse.
+GAIN_MBPS, WORSE_MBPS = {TUNED["mult_decrease"]: 10.0, SPEC.default()["mult_decrease"]: 0.0}, -5.0
+REFIT_AFTER_MS = 10 * 60_000  # each round's refit, after its reports (5 min intervals)
 EXP_HOSTS = [f"eu-{i}" for i in range(8)]
 EXP_DAYS = 3
 HOUR_MS, DAY_MS = 3_600_000, 86_400_000
@@ -64,16 +72,45 @@ def report(svc, host: str, policy: str, aggs: list[pb.Aggregate], start_ms: int)
     assert svc.stub().ReportAggregates(req, metadata=agent_md()).aggregates_stored == len(aggs)
 
 
+def age_history(svc, generation: int, at_ms: int) -> None:
+    """Date the incumbent change a refit recorded (if any) at ``at_ms``: the fixture's rounds
+    are hours in the past, its refits are run now, one after each round's reports, and this
+    puts each where it belongs on the rounds' clock (the only stored value the tests set)."""
+    with svc.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE incumbent_history SET published_at = :at WHERE plan_generation = :g"),
+            {"at": datetime.fromtimestamp(at_ms / 1000, UTC), "g": generation},
+        )
+
+
+def refit(svc, policy: str) -> int:
+    """Refit ``policy`` now; the plan generation it published."""
+    svc.booster.refit(svc.booster.policies[policy])
+    return repo.policy_generations(svc.engine)[svc.booster.policies[policy].id][1]
+
+
+def round_thetas(k: int) -> list[dict[str, int]]:
+    """The θ each host of ``FLEET`` runs in the round ``k`` hours ago."""
+    explorer = TUNED if k in EXPLORER_FINDS else SPEC.default() | {"mult_decrease": 52 + 2 * k}
+    fleet = SPEC.default() if k > FLEET_SWITCHES else TUNED
+    return [fleet] * (len(FLEET) - 1) + [explorer]
+
+
+def round_flows(k: int, theta: dict[str, int]) -> int:
+    """Fusion flows of ``theta`` in the round ``k`` hours ago."""
+    return FLOWS_PER_REPORT * round_thetas(k).count(theta)
+
+
 def seed_rounds(svc, rng: random.Random, now_ms: int) -> list[float]:
-    """Six hourly rounds of a fleet converging on the tuned θ, with cubic flows beside it;
-    returns every Fusion throughput sent."""
+    """Six hourly rounds, each followed by a refit: the fleet runs the default θ, the explorer
+    finds the tuned θ (rounds 5 and 4 hours ago), the plan switches to it and the fleet
+    follows; cubic flows run beside it. Returns every Fusion throughput sent."""
     sent: list[float] = []
     for k in range(ROUNDS, 0, -1):
         start = now_ms - k * HOUR_MS
-        for i, host in enumerate(FLEET):
-            explorer = i == len(FLEET) - 1
-            theta = SPEC.default() | {"mult_decrease": 52 + 2 * k} if explorer else TUNED
-            tpts = [rng.uniform(15, 25) + (0 if explorer else 10 - k) for _ in range(12)]
+        for host, theta in zip(FLEET, round_thetas(k), strict=True):
+            gain = GAIN_MBPS.get(theta["mult_decrease"], WORSE_MBPS)
+            tpts = [rng.uniform(15, 25) + gain for _ in range(FLOWS_PER_REPORT)]
             sent += tpts
             cubic = [rng.uniform(8, 16) for _ in range(6)]
             report(
@@ -83,6 +120,7 @@ def seed_rounds(svc, rng: random.Random, now_ms: int) -> list[float]:
                 [aggregate(tpts, 8 + k, theta=theta), aggregate(cubic, 30, "cubic")],
                 start,
             )
+        age_history(svc, refit(svc, POLICY), start + REFIT_AFTER_MS)
     return sent
 
 
@@ -127,7 +165,6 @@ def fleet(booster):
     rng = random.Random(15)
     now = datetime.now(UTC)
     booster.sent = seed_rounds(booster, rng, int(now.timestamp() * 1000))
-    booster.booster.refit(booster.booster.policies[POLICY])
     seed_experiment(booster, rng, now)
     return booster
 
@@ -147,10 +184,26 @@ def test_chart_endpoints_answer_from_the_stored_sums_and_sketches(fleet):
     label = context_label(fleet)
     rounds = get(fleet, f"/v1/policies/{POLICY}/charts/rounds?context={label}")
     assert len(rounds["rounds"]) == ROUNDS
-    assert not rounds["incumbent_history_stored"]
+    assert rounds["incumbent_history_stored"]
     assert rounds["incumbent"]["theta"] == TUNED
-    assert [r["flows"] for r in rounds["rounds"]] == [12 * len(FLEET)] * ROUNDS
-    assert all(r["incumbent_flows"] == 12 * (len(FLEET) - 1) for r in rounds["rounds"])
+    assert [r["flows"] for r in rounds["rounds"]] == [FLOWS_PER_REPORT * len(FLEET)] * ROUNDS
+    # the plan began with the default θ and switched to the tuned one the explorer found
+    changes = get(fleet, f"/v1/policies/{POLICY}/charts/incumbents?context={label}")["changes"]
+    assert [c["theta"] for c in changes] == [SPEC.default(), TUNED]
+    assert rounds["changes"] == changes  # all published after the first round began
+    # each round is marked with the incumbent published at or before its start
+    for j, r in enumerate(rounds["rounds"]):
+        k = ROUNDS - j
+        before = [c for c in changes if c["published_at"] <= r["bucket"]]
+        if not before:  # the first round ran before the first refit
+            assert r["incumbent_theta"] is r["incumbent_utility"] is None and k == ROUNDS
+            assert r["incumbent_flows"] == 0
+            continue
+        assert r["incumbent_theta"] == before[-1]["theta"], k
+        assert r["incumbent_published_at"] == before[-1]["published_at"]
+        assert r["incumbent_flows"] == round_flows(k, before[-1]["theta"]), k
+    marked = [r["incumbent_theta"] for r in rounds["rounds"]]
+    assert marked[1] == SPEC.default() and marked[-1] == TUNED
     # the same sums as the trials endpoint, per bucket instead of merged
     at10 = get(fleet, f"/v1/policies/{POLICY}/charts/rounds?context={label}&sigma=10")
     assert at10["sigma"] == 10
@@ -171,8 +224,9 @@ def test_chart_endpoints_answer_from_the_stored_sums_and_sketches(fleet):
     assert theta["reports"] == pct["reports"] == ROUNDS * len(FLEET) and not pct["truncated"]
     [md] = [p for p in theta["params"] if p["name"] == "mult_decrease"]
     by_value = {v["value"]: v for v in md["values"]}
-    assert by_value[0.7]["flows"] == 12 * (len(FLEET) - 1) * ROUNDS
-    assert by_value[0.7]["hosts"] == len(FLEET) - 1
+    tuned_flows = sum(round_flows(k, TUNED) for k in range(1, ROUNDS + 1))
+    assert by_value[0.7]["flows"] == tuned_flows
+    assert by_value[0.7]["hosts"] == len(FLEET)  # the explorer ran it too
     for p in theta["params"]:
         assert sum(v["flows"] for v in p["values"]) == theta["flows"]
 
@@ -263,9 +317,16 @@ def test_charts_plot_what_the_api_answers_offline(fleet, browser):  # noqa: F811
     assert plotted["incumbent_utility"] == pytest.approx(
         [r["incumbent_utility"] for r in rounds["rounds"]]
     )
-    assert "today's incumbent θ (" in page.el("rounds-note").text
+    assert plotted["incumbent_utility"][0] is None  # no incumbent yet: a gap, not a zero
+    assert plotted["incumbent_since"] == [r["incumbent_published_at"] for r in rounds["rounds"]]
+    assert plotted["changes"] == [c["published_at"] for c in rounds["changes"]]
+    assert "Today's incumbent θ (" in page.el("rounds-note").text
     assert "λ 0.7," in page.el("rounds-note").text
+    assert "(2 in these rounds)" in page.el("rounds-note").text
     assert len(page.rows("rounds-table")) == ROUNDS
+    changes = table_text(page, "changes-table")
+    assert [row[0] for row in changes] == ["θ1", "θ2"]
+    assert "λ 0.85," in changes[0][2] and "λ 0.7," in changes[1][2]
 
     pct = get(fleet, f"/v1/policies/{POLICY}/charts/percentiles?context={label}")
     plotted = series(page, "percentiles-chart")

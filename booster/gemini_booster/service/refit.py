@@ -352,7 +352,14 @@ class RefitService:
         generation = self.leases.publish(
             policy.id,
             lambda conn: repo.publish_plans(
-                conn, policy.id, records, self.owner, started, len(trials)
+                conn,
+                policy.id,
+                records,
+                self.owner,
+                started,
+                len(trials),
+                sigma=policy.sigma,
+                datapath=policy.spec.datapath,
             ),
         )
         if generation == previous + 1:

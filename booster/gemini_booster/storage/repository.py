@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal, NamedTuple
 
 from sqlalchemy import Connection, Engine, delete, func, select, update
+from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ..domain import SUM_FIELDS, ContextKey, FlowSums, Trial
@@ -18,6 +19,7 @@ from .schema import (
     ApiToken,
     AuditEntry,
     Context,
+    IncumbentChange,
     Plan,
     PolicyContext,
     RefitLog,
@@ -221,10 +223,25 @@ def publish_plans(
     owner: str,
     started_at: datetime,
     trials: int,
+    sigma: float,
+    datapath: str,
 ) -> int:
-    """Upsert ``plans``, move the policy's plan generation and log the refit, in ``conn``'s
-    transaction (the refit owner's: see ``service/refit.py``); returns the new generation."""
+    """Upsert ``plans``, record their incumbents that changed (``incumbent_history``), move
+    the policy's plan generation and log the refit, in ``conn``'s transaction (the refit
+    owner's: see ``service/refit.py``); returns the new generation. ``sigma`` and
+    ``datapath``: the policy's, as the refit planned with them.
+
+    The generation moves first: its row lock orders every publish of the policy, whichever
+    replica makes it, so each compares its incumbents with the history the previous publish
+    left, and a change is recorded exactly once."""
+    generation = conn.execute(
+        update(PolicyRow)
+        .where(PolicyRow.id == policy_id)
+        .values(plan_generation=PolicyRow.plan_generation + 1)
+        .returning(PolicyRow.plan_generation)
+    ).scalar_one()
     if plans:
+        _record_incumbent_changes(conn, policy_id, plans, generation, owner, sigma, datapath)
         stmt = pg_insert(Plan).values(
             [
                 {
@@ -245,12 +262,6 @@ def publish_plans(
                 | {"updated_at": func.now()},
             )
         )
-    generation = conn.execute(
-        update(PolicyRow)
-        .where(PolicyRow.id == policy_id)
-        .values(plan_generation=PolicyRow.plan_generation + 1)
-        .returning(PolicyRow.plan_generation)
-    ).scalar_one()
     conn.execute(
         pg_insert(RefitLog).values(
             policy_id=policy_id,
@@ -269,6 +280,91 @@ def publish_plans(
     )
     changes.notify(conn, "plans", [policy_id])
     return generation
+
+
+def _last_incumbents(conn: Connection, policy_id: int, context_ids: list[int]) -> dict[int, str]:
+    """context id → the θ key of its newest incumbent history row (contexts without one are
+    left out): one row per context, found along the history's index."""
+    q = (
+        select(IncumbentChange.context_id, IncumbentChange.theta_key)
+        .where(
+            IncumbentChange.policy_id == policy_id,
+            IncumbentChange.context_id.in_(context_ids),
+        )
+        .ext(distinct_on(IncumbentChange.context_id))
+        .order_by(
+            IncumbentChange.context_id,
+            IncumbentChange.published_at.desc(),
+            IncumbentChange.id.desc(),
+        )
+    )
+    return {cid: key for cid, key in conn.execute(q)}
+
+
+def _record_incumbent_changes(
+    conn: Connection,
+    policy_id: int,
+    plans: list[PlanRecord],
+    generation: int,
+    owner: str,
+    sigma: float,
+    datapath: str,
+) -> None:
+    """One history row per plan whose incumbent differs from the last recorded one."""
+    last = _last_incumbents(conn, policy_id, sorted(p.context_id for p in plans))
+    changed = [p for p in plans if last.get(p.context_id) != p.incumbent_key]
+    if not changed:
+        return
+    conn.execute(  # the unique (policy, context, generation) refuses a second row per refit
+        pg_insert(IncumbentChange).values(
+            [
+                {
+                    "policy_id": policy_id,
+                    "context_id": p.context_id,
+                    "datapath": datapath,
+                    "theta_key": p.incumbent_key,
+                    "predicted_utility": p.incumbent_utility,
+                    "sigma": sigma,
+                    "plan_generation": generation,
+                    "refit_owner": owner[:128],
+                }
+                for p in changed
+            ]
+        )
+    )
+
+
+@dataclass(frozen=True)
+class IncumbentRecord:
+    """One row of a context's incumbent history: the θ (as its datapath's key) published at
+    ``published_at`` by refit ``plan_generation`` (None: carried over by migration 0009)."""
+
+    published_at: datetime
+    datapath: str
+    theta_key: str
+    predicted_utility: float | None
+    sigma: float
+    plan_generation: int | None
+    refit_owner: str | None
+
+
+def incumbent_history(engine: Engine, policy_id: int, context_id: int) -> list[IncumbentRecord]:
+    """Every incumbent change of one (policy, context), oldest first."""
+    q = (
+        select(
+            IncumbentChange.published_at,
+            IncumbentChange.datapath,
+            IncumbentChange.theta_key,
+            IncumbentChange.predicted_utility,
+            IncumbentChange.sigma,
+            IncumbentChange.plan_generation,
+            IncumbentChange.refit_owner,
+        )
+        .where(IncumbentChange.policy_id == policy_id, IncumbentChange.context_id == context_id)
+        .order_by(IncumbentChange.published_at, IncumbentChange.id)
+    )
+    with engine.connect() as conn:
+        return [IncumbentRecord(*r) for r in conn.execute(q)]
 
 
 REFIT_LOG_KEPT = timedelta(days=7)

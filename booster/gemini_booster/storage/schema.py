@@ -183,6 +183,39 @@ class Plan(Base):
     updated_at: Mapped[datetime] = _now()
 
 
+class IncumbentChange(Base):
+    """A change of a (policy, context)'s published incumbent: one row each time a refit
+    publishes an incumbent θ other than the last one recorded, in the same transaction as the
+    plan. Rows are few (one per change, not per refit) and kept: they are the audit trail of
+    when hosts were moved to another θ, and what the dashboard marks per round."""
+
+    __tablename__ = "incumbent_history"
+    __table_args__ = (
+        UniqueConstraint(
+            "policy_id",
+            "context_id",
+            "plan_generation",
+            name="incumbent_history_policy_id_context_id_plan_generation_key",
+        ),
+        Index("incumbent_history_policy_context_at", "policy_id", "context_id", "published_at"),
+    )
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), nullable=False)
+    context_id: Mapped[int] = mapped_column(ForeignKey("contexts.id"), nullable=False)
+    # Whose θ the key is in (the policy's target_cc can change): 'fusion', 'cubic', ...
+    datapath: Mapped[str] = mapped_column(String(16), nullable=False)
+    theta_key: Mapped[str] = mapped_column(String(96), nullable=False)
+    # The planner's posterior mean of eq. 9 at the policy's σ of that refit.
+    predicted_utility: Mapped[float | None] = mapped_column(Double)
+    sigma: Mapped[float] = mapped_column(Double, nullable=False)
+    published_at: Mapped[datetime] = _now()
+    # The refit that chose it: the policy's plan generation it published (refit_log has the
+    # same number while it keeps the refit) and the replica that ran it. NULL for the plans
+    # carried over when the table was created (migration 0009).
+    plan_generation: Mapped[int | None] = mapped_column(BigInteger)
+    refit_owner: Mapped[str | None] = mapped_column(String(128))
+
+
 class PolicyContext(Base):
     """A context admitted to a policy (by the first report with flows from it): what the
     policy plans for, bounded by ``policies.max_contexts`` and per-host quotas."""

@@ -55,6 +55,7 @@ function fill(tableId, rows, render) {
   for (const r of rows) render(body.insertRow(), r);
 }
 
+const utcText = (iso) => `${new Date(iso).toISOString().slice(0, 16).replace("T", " ")} UTC`;
 const fmt = (x, digits = 2) => (x === null || x === undefined ? "–" : Number(x).toFixed(digits));
 const pm = (mean, se, digits = 2) => `${fmt(mean, digits)} ± ${fmt(se, digits)}`;
 const UNIT_TEXT = { percent: " %", ratio: "", packets: " pkts" };
@@ -141,43 +142,57 @@ function withInterval(label, colour, index, bands) {
   ];
 }
 
+// A uPlot hook drawing a labelled marker at each incumbent change (x: Unix seconds).
+function marksAt(changes) {
+  return (u) => { for (const [ts, text] of changes) markAt(ts, text)(u); };
+}
+
 function showRounds(r) {
   $("rounds-sigma").textContent = `(σ = ${r.sigma}, ${r.bucket_hours} h rounds)`;
   const inc = r.incumbent;
-  $("rounds-note").textContent = inc
-    ? "One round is one trial bucket; the band is the 95 % interval of its mean utility. " +
-      `Marked: today's incumbent θ (${thetaText(inc.natural)}), ` +
-      `predicted utility ${fmt(inc.predicted_utility)}; Booster keeps no incumbent history, so ` +
-      "earlier rounds are marked with today's incumbent where it ran."
-    : "One round is one trial bucket; the band is the 95 % interval of its mean utility. " +
-      "This context has no published plan yet.";
+  const changes = r.changes || [];
+  $("rounds-note").textContent =
+    "One round is one trial bucket; the band is the 95 % interval of its mean utility. " +
+    "Marked: the utility of the incumbent in force at each round's start, and each change of " +
+    `incumbent where it was published (${changes.length} in these rounds). ` +
+    (inc ? `Today's incumbent θ (${thetaText(inc.natural)}), predicted utility ${fmt(inc.predicted_utility)}.`
+         : "This context has no published plan yet.");
   const x = r.rounds.map((b) => unixSeconds(b.bucket));
   const all = r.rounds.map((b) => b.utility);
   const stderr = r.rounds.map((b) => b.utility_stderr);
   const incumbent = r.rounds.map((b) => b.incumbent_utility);
-  const predicted = r.rounds.map(() => (inc ? inc.predicted_utility : null));
+  const since = r.rounds.map((b) => b.incumbent_published_at);
+  const changedAt = changes.map((c) => c.published_at);
   const bands = [];
   plot("rounds-chart",
-    { bucket: r.rounds.map((b) => b.bucket), utility: all, utility_stderr: stderr, incumbent_utility: incumbent },
+    { bucket: r.rounds.map((b) => b.bucket), utility: all, utility_stderr: stderr, incumbent_utility: incumbent,
+      incumbent_since: since, changes: changedAt },
     {
       series: [
         { label: "round (UTC)" },
         ...withInterval("all Fusion flows", "#1f77b4", 1, bands),
-        line("today's incumbent θ", "#d62728", { width: 0, points: { show: true, size: 10, fill: "#d62728" } }),
-        { label: "incumbent, predicted", stroke: "#d62728", width: 1, dash: [6, 4], points: { show: false } },
+        line("incumbent of the round", "#d62728", { points: { show: true, size: 9, fill: "#d62728" } }),
       ],
       bands,
+      hooks: { draw: [marksAt(changes.map((c, i) => [unixSeconds(c.published_at), `θ${i + 1}`]))] },
       axes: [{ ...hourAxis }, { label: "utility (eq. 9)" }],
     },
-    [x, all, all.map((u, i) => u - Z95 * stderr[i]), all.map((u, i) => u + Z95 * stderr[i]), incumbent,
-     predicted]);
+    [x, all, all.map((u, i) => u - Z95 * stderr[i]), all.map((u, i) => u + Z95 * stderr[i]), incumbent]);
   fill("rounds-table", r.rounds, (row, b) => {
     cell(row, b.bucket.replace("T", " ").replace(/:00(\+00:00|Z)$/, ""));
     cell(row, String(b.flows), true);
     cell(row, String(b.thetas), true);
     cell(row, pm(b.utility, b.utility_stderr), true);
+    cell(row, b.incumbent_published_at === null ? "none yet" : utcText(b.incumbent_published_at));
     cell(row, String(b.incumbent_flows), true);
     cell(row, b.incumbent_utility === null ? "–" : pm(b.incumbent_utility, b.incumbent_utility_stderr), true);
+  });
+  fill("changes-table", changes, (row, c) => {
+    cell(row, `θ${changes.indexOf(c) + 1}`);
+    cell(row, utcText(c.published_at));
+    cell(row, thetaText(c.natural));
+    cell(row, c.predicted_utility === null ? "–" : `${fmt(c.predicted_utility)} at σ = ${c.sigma}`, true);
+    cell(row, c.plan_generation === null ? "(carried over)" : `#${c.plan_generation} by ${c.refit_owner}`);
   });
 }
 

@@ -1,16 +1,21 @@
 """What the dashboard's charts draw, read-only: per context, utility per time bucket (a round)
-with the incumbent marked; the θ in use across hosts, by flows; throughput percentiles from the
-agents' quantile sketches; all over the policy's history window.
+with the incumbent of that round marked; the θ in use across hosts, by flows; throughput
+percentiles from the agents' quantile sketches; all over the policy's history window. Also the
+history of a context's incumbent, for auditing when hosts were moved to another θ.
 
 Utilities are eq. 9 over stored running sums (``FlowSums.utility``), so a chart at another σ is
-exact, as for the trials endpoint. The incumbent per round is not stored (plans keep only the
-current one), so ``rounds`` marks today's incumbent in every bucket where it ran. Sketches and
-hosts exist only in the raw aggregates, which are read from the policy's newest reports only
-(``MAX_RECENT_REPORTS``): flows come from the trials' sums over the whole window.
+exact, as for the trials endpoint. A round's incumbent is the one in force at the round's start
+(``incumbent_history``: the last change published at or before it): the θ the context's
+exploiting hosts were told to run as the round began, so its flows in the round are the
+incumbent's own; a change published during a round shows as a change (``changes``) at its
+instant and marks the next round. Sketches and hosts exist only in the raw aggregates, which
+are read from the policy's newest reports only (``MAX_RECENT_REPORTS``): flows come from the
+trials' sums over the whole window.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
 from datetime import datetime, timedelta
@@ -21,11 +26,12 @@ from pydantic import BaseModel, Field
 from sqlalchemy import Connection, Engine, func, select
 
 from gemini_api import sketch as sketches
-from gemini_api.theta import ThetaSpec
+from gemini_api.theta import ThetaSpec, load_datapath
 from gemini_api.v1 import booster_pb2 as pb
 
 from ...domain import SUM_FIELDS, ContextKey, FlowSums
 from ...models import Policy
+from ...storage import repository as repo
 from ...storage.schema import Context, Report, ReportAggregate
 from ...storage.schema import Trial as TrialRow
 from ..core import Booster
@@ -51,13 +57,18 @@ FUSION_ARM, INCUMBENT_ARM = "fusion", "incumbent"
 
 
 class RoundOut(BaseModel):
-    """One time bucket of a context: all its Fusion flows, and the incumbent's among them."""
+    """One time bucket of a context: all its Fusion flows, and those of the incumbent in force
+    at the bucket's start among them."""
 
     bucket: datetime
     flows: int
     thetas: int = Field(description="distinct θ that ran in the bucket")
     utility: float
     utility_stderr: float
+    incumbent_theta: dict[str, int] | None = Field(
+        description="the incumbent published at or before the bucket's start; null: none yet"
+    )
+    incumbent_published_at: datetime | None
     incumbent_flows: int
     incumbent_utility: float | None
     incumbent_utility_stderr: float | None
@@ -69,15 +80,39 @@ class IncumbentOut(BaseModel):
     predicted_utility: float | None
 
 
+class IncumbentChangeOut(BaseModel):
+    """A refit published this θ as the context's incumbent, replacing the previous one."""
+
+    published_at: datetime
+    datapath: str = Field(description="whose θ (the policy's target CC may have changed)")
+    theta: dict[str, int]
+    natural: dict[str, float]
+    predicted_utility: float | None = Field(description="the planner's, at ``sigma``")
+    sigma: float = Field(description="the policy's σ at that refit")
+    plan_generation: int | None = Field(
+        description="the refit that chose it (the policy's plan generation it published); "
+        "null: the plan in force when the history began (migration 0009)"
+    )
+    refit_owner: str | None = Field(description="the replica that ran that refit")
+
+
 class RoundsOut(BaseModel):
     label: str
     sigma: float
     bucket_hours: int
     incumbent: IncumbentOut | None = Field(description="today's published incumbent, if planned")
     incumbent_history_stored: bool = Field(
-        False, description="false: the incumbent marked in every round is today's"
+        True, description="true: each round is marked with the incumbent of its own time"
+    )
+    changes: list[IncumbentChangeOut] = Field(
+        description="incumbent changes published at or after the first round's start"
     )
     rounds: list[RoundOut]
+
+
+class IncumbentsOut(BaseModel):
+    label: str
+    changes: list[IncumbentChangeOut] = Field(description="oldest first, one per change")
 
 
 class ValueShare(BaseModel):
@@ -181,9 +216,35 @@ def _bucket_sums(
     return out
 
 
-def _round(bucket: datetime, by_theta: dict[str, FlowSums], incumbent: str, s: float) -> RoundOut:
+def _change(rec: repo.IncumbentRecord) -> IncumbentChangeOut:
+    spec = load_datapath(rec.datapath)
+    theta = spec.from_key(rec.theta_key)
+    return IncumbentChangeOut(
+        published_at=rec.published_at,
+        datapath=rec.datapath,
+        theta=theta,
+        natural=spec.natural(theta),
+        predicted_utility=rec.predicted_utility,
+        sigma=rec.sigma,
+        plan_generation=rec.plan_generation,
+        refit_owner=rec.refit_owner,
+    )
+
+
+def _in_force(history: list[repo.IncumbentRecord], at: datetime) -> repo.IncumbentRecord | None:
+    """The incumbent published last at or before ``at`` (``history`` oldest first)."""
+    i = bisect.bisect_right([h.published_at for h in history], at)
+    return history[i - 1] if i else None
+
+
+def _round(
+    bucket: datetime,
+    by_theta: dict[str, FlowSums],
+    incumbent: repo.IncumbentRecord | None,
+    s: float,
+) -> RoundOut:
     u = FlowSums.total(by_theta.values()).utility(s)
-    inc = by_theta.get(incumbent)
+    inc = None if incumbent is None else by_theta.get(incumbent.theta_key)
     iu = None if inc is None else inc.utility(s)
     return RoundOut(
         bucket=bucket,
@@ -191,6 +252,10 @@ def _round(bucket: datetime, by_theta: dict[str, FlowSums], incumbent: str, s: f
         thetas=len(by_theta),
         utility=u.mean,
         utility_stderr=u.stderr,
+        incumbent_theta=None
+        if incumbent is None
+        else load_datapath(incumbent.datapath).from_key(incumbent.theta_key),
+        incumbent_published_at=None if incumbent is None else incumbent.published_at,
         incumbent_flows=0 if iu is None else iu.flows,
         incumbent_utility=None if iu is None else iu.mean,
         incumbent_utility_stderr=None if iu is None else iu.stderr,
@@ -201,10 +266,13 @@ def _round(bucket: datetime, by_theta: dict[str, FlowSums], incumbent: str, s: f
 def rounds(
     policy: PolicyDep, booster: BoosterDep, context: ContextQuery, sigma: SigmaQuery = None
 ) -> RoundsOut:
-    """Utility per round (time bucket) of one context: all its Fusion flows, and those of
-    today's incumbent θ (the incumbent of past rounds is not stored)."""
+    """Utility per round (time bucket) of one context: all its Fusion flows, and those of the
+    incumbent in force at the round's start; the incumbent changes published since the first
+    round began."""
     s = policy.sigma if sigma is None else sigma
-    buckets = _bucket_sums(booster.engine, policy, _context_id(booster.engine, context))
+    context_id = _context_id(booster.engine, context)
+    buckets = _bucket_sums(booster.engine, policy, context_id)
+    history = repo.incumbent_history(booster.engine, policy.id, context_id)
     key, predicted = _incumbent_key(booster, policy, context)
     incumbent = None
     if key:
@@ -212,13 +280,25 @@ def rounds(
         incumbent = IncumbentOut(
             theta=theta, natural=policy.spec.natural(theta), predicted_utility=predicted
         )
+    first = min(buckets, default=None)
     return RoundsOut(
         label=context,
         sigma=s,
         bucket_hours=policy.trial_bucket_hours,
         incumbent=incumbent,
-        rounds=[_round(b, by_theta, key, s) for b, by_theta in buckets.items()],
+        changes=[_change(h) for h in history if first is not None and h.published_at >= first],
+        rounds=[_round(b, by_theta, _in_force(history, b), s) for b, by_theta in buckets.items()],
     )
+
+
+@router.get("/incumbents", responses=NO_CONTEXT)
+def incumbents(policy: PolicyDep, booster: BoosterDep, context: ContextQuery) -> IncumbentsOut:
+    """Every change of one context's incumbent, oldest first: when each θ was published, what
+    the planner predicted for it, and the refit that chose it. One row per change (not per
+    refit), kept for the policy's life."""
+    context_id = _context_id(booster.engine, context)
+    history = repo.incumbent_history(booster.engine, policy.id, context_id)
+    return IncumbentsOut(label=context, changes=[_change(h) for h in history])
 
 
 def _recent_reports(policy: Policy, limit: int = MAX_RECENT_REPORTS):

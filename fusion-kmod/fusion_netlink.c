@@ -11,6 +11,7 @@
  * The table's longest-prefix-match trie (fusion_lpm.c) is built here, once, in the same
  * allocation as the rules, before the table is published.
  *
+ * Only a listener with CAP_NET_ADMIN may join the "flows" group (records carry addresses).
  * Records are sent from softirq context with GFP_ATOMIC. When a listener's receive buffer is
  * full the kernel cannot wait: the record is counted in "dropped" (and the listener's socket
  * sees ENOBUFS), never silently lost.
@@ -497,8 +498,21 @@ static const struct genl_small_ops fusion_ops[] = {
 	},
 };
 
+/*
+ * A record names both ends of a connection and what it carried, so only a listener with
+ * CAP_NET_ADMIN over the namespace (the agent) may join the group, as for writing the table.
+ * The flag came to 6.1 and 6.6 through the stable series; a kernel without it lets any local
+ * user listen, and this build says so.
+ */
+#ifdef GENL_MCAST_CAP_NET_ADMIN
+#define FUSION_MCGRP_FLOWS_FLAGS GENL_MCAST_CAP_NET_ADMIN
+#else
+#warning "genetlink without GENL_MCAST_CAP_NET_ADMIN: any local user can read flow records"
+#define FUSION_MCGRP_FLOWS_FLAGS 0
+#endif
+
 static const struct genl_multicast_group fusion_mcgrps[] = {
-	{ .name = FUSION_MCGRP_FLOWS },
+	{ .name = FUSION_MCGRP_FLOWS, .flags = FUSION_MCGRP_FLOWS_FLAGS },
 };
 
 static struct genl_family fusion_family __ro_after_init = {

@@ -89,6 +89,11 @@ def test_flows_ending_together_each_get_a_record_with_their_bytes(lab):
     assert burst["records_short_of_payload"] == 0
 
 
+def test_only_a_listener_with_cap_net_admin_gets_flow_records(lab):
+    """Records name both ends of a connection: a user without CAP_NET_ADMIN cannot join."""
+    assert _exp(lab, "records-burst")["unprivileged_listener"] == "refused"
+
+
 def test_out_of_range_sysctl_writes_are_refused_and_values_kept(lab):
     cases = _exp(lab, "rejects")["sysctl"]
     spec = load_spec()

@@ -22,6 +22,28 @@ PROC_STAT_BUSY = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal
 CLK_TCK = 100
 
 
+NOBODY = "65534"  # an unprivileged user: no capabilities at all
+JOIN_RECORDS = "from gemini_api.fusion_genl import FlowRecordListener; FlowRecordListener()"
+
+
+def unprivileged_record_listener() -> str:
+    """Try to join the flow-record group as 'nobody' in the sender namespace: 'refused' (the
+    kernel said EPERM), 'joined', or what else went wrong."""
+    as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    python = [sys.executable, "-c", JOIN_RECORDS]
+    done = subprocess.run(
+        ["ip", "netns", "exec", SENDER_NS, *as_nobody, "--inh-caps=-all", *python],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode == 0:
+        return "joined"
+    if "Operation not permitted" in done.stderr or "PermissionError" in done.stderr:
+        return "refused"
+    last = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+    return f"failed: {last[0]}"
+
+
 def set_default_theta(theta: dict[str, int]) -> None:
     for name, value in theta.items():
         sh("sysctl", "-qw", f"net.fusion.{name}={value}", ns=SENDER_NS)

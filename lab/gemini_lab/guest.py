@@ -29,6 +29,7 @@ from gemini_lab.experiment import (
     run_flow,
     set_default_theta,
     start_flow,
+    unprivileged_record_listener,
 )
 from gemini_lab.fairness import exp_fairness
 from gemini_lab.flowgen import FLOW_BYTES
@@ -231,6 +232,7 @@ def exp_records(e: dict, out: Path) -> dict:
         "kernel_dropped": after["dropped"] - before["dropped"],
         "kernel_records": after["records"] - before["records"],
         "listener": rc.summary,
+        "unprivileged_listener": unprivileged_record_listener(),
     }
 
 

@@ -11,6 +11,7 @@ gemini-lab tune         Booster tunes all of θ on scenarios (several = several 
 gemini-lab determinism  the same flows idle and with every host core busy, compared
 gemini-lab abtest       an A/B experiment (cubic vs tuned fusion, crossover) over lab hosts
 gemini-lab fairness     RTT fairness and cubic-friendliness, two flows on one bottleneck (UML)
+gemini-lab cubic        Booster tunes CUBIC on a lossy path; tuned θ vs kernel defaults (crossover)
 """
 
 from __future__ import annotations
@@ -252,6 +253,49 @@ def cmd_abtest(args: argparse.Namespace) -> None:
         print(f"recorded in {args.record}; run record {result.record}")
 
 
+def cmd_cubic(args: argparse.Namespace) -> None:
+    """The check alone (fixed β, no Booster) with --check-only; else the whole run."""
+    from gemini_booster.config import Settings
+    from gemini_lab import cubic
+
+    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    cfg = cubic.CubicConfig(
+        interval_s=args.interval,
+        day_s=args.day_seconds,
+        search_reports=args.search_reports,
+        check_flows=args.check_flows,
+        flow_bytes=args.flow_bytes,
+    )
+    out = args.out / "cubic"
+    if args.check_only:
+        plan = cubic.guest_plan(cfg, "", args.port)
+        plan["experiments"] = plan["experiments"][:1]
+        results = run_plan(plan, out, timeout_s=3600, backend=args.backend)
+        print(f"Command: `{command}`\n")
+        print("\n".join(cubic.check_table(results["experiments"].get("check"), cfg.sigma)))
+        (out / "check.json").write_text(json.dumps(results, indent=1))
+        return
+    operator = "lab-operator-" + os.urandom(8).hex()
+    result = cubic.run_cubic(
+        lambda listen: Settings(
+            grpc_listen=listen,
+            http_port=0,
+            refit_interval_s=2,
+            data_dir=(out / "booster").resolve(),
+            bootstrap_operator_token=operator,
+        ),
+        args.port,
+        operator,
+        out,
+        cfg,
+    )
+    text = cubic.render(result, cfg, command)
+    print(text)
+    if args.record:
+        args.record.write_text(text)
+        print(f"recorded in {args.record}; run record {result.record}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="gemini-lab", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -355,6 +399,17 @@ def main(argv: list[str] | None = None) -> None:
     ab.add_argument("--port", type=int, default=50153)
     ab.add_argument("--record", type=Path, help="write the summary here (markdown)")
     ab.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    cub = sub.add_parser("cubic", help="Booster tunes CUBIC; tuned θ vs kernel defaults")
+    cub.add_argument("--day-seconds", type=int, default=240, help="a compressed day")
+    cub.add_argument("--interval", type=float, default=8, help="the agent's reporting interval")
+    cub.add_argument("--search-reports", type=int, default=30, help="reports with exploration")
+    cub.add_argument("--check-flows", type=int, default=0, help="flows per β of the check")
+    cub.add_argument("--flow-bytes", default="2M", help="size of each cubic flow")
+    cub.add_argument("--check-only", action="store_true", help="only the check, no Booster")
+    cub.add_argument("--backend", choices=BACKENDS, default="qemu", help="for --check-only")
+    cub.add_argument("--port", type=int, default=50163)
+    cub.add_argument("--record", type=Path, help="write the summary here (markdown)")
+    cub.add_argument("--out", type=Path, default=DEFAULT_OUT)
     for p in (run, bench, records, loop, land, tune, det, fair, sub.choices["check"]):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     for p in (run, bench, records, det):
@@ -391,6 +446,8 @@ def main(argv: list[str] | None = None) -> None:
             return cmd_fairness(args)
         elif args.cmd == "abtest":
             return cmd_abtest(args)
+        elif args.cmd == "cubic":
+            return cmd_cubic(args)
         elif args.cmd == "determinism":
             from gemini_lab import determinism
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from gemini_lab.bulk import HOST_CC
+from gemini_lab.cubic_guest import cubic_params
 from gemini_lab.experiment import BASE_PORT
 from gemini_lab.netem import receiver_addr, sh
 
@@ -68,10 +69,12 @@ READING_SCRIPT = (
 
 
 def probe(ns: str, requested: float | None = None) -> dict:
-    """What the kernel runs in lab host ``ns`` now (``requested``: when it was asked for)."""
+    """What the kernel runs in lab host ``ns`` now (``requested``: when it was asked for), with
+    CUBIC's module parameters (the whole guest's: they are not per namespace)."""
     sysctl, ss, routes = sh("sh", "-c", READING_SCRIPT, ns=ns).split(SEPARATOR)
     return {
         "sysctl": sysctl.strip(),
+        "cubic": cubic_params(),
         "connections": parse_ss_ccs(ss),
         "ss": ss.strip(),
         "congctl_routes": [r.strip() for r in routes.splitlines() if " congctl " in f" {r} "],

@@ -21,6 +21,7 @@ from gemini_api.aggregate import FlowStats
 from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
 from gemini_api.theta import load_spec
 from gemini_lab import fleet
+from gemini_lab.cubic_guest import exp_cubic_check
 from gemini_lab.experiment import (
     BASE_PORT,
     RecordCollector,
@@ -559,6 +560,7 @@ EXPERIMENTS = {
     "sockdiag": exp_sockdiag,
     "fairness": exp_fairness,
     "fleet": exp_fleet,
+    "cubic_check": exp_cubic_check,
 }
 
 

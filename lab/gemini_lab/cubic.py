@@ -1,0 +1,611 @@
+"""Booster tunes Linux CUBIC in the lab, then an experiment compares the tuned θ with CUBIC's
+kernel defaults: ``gemini-lab cubic``.
+
+Booster runs here (embedded PostgreSQL, gRPC and REST); in the qemu guest, one lab host (a
+network namespace with its own agent and token, cubic as its CC, gemini_lab.fleet) sends
+back-to-back cubic flows over one path on which a CUBIC parameter matters. The run:
+
+1. **Search.** A policy with ``target_cc = "cubic"`` (σ, and a search region narrowed to the
+   parameters that matter on the path; the rest held at the kernel's values) explores every
+   plan: the agent writes each θ Booster proposes into /sys/module/tcp_cubic/parameters and
+   reports the host's cubic flows as trials of that θ (gemini_agent.datapath).
+2. **Exploration off**, as for a fleet that has converged: the host runs the incumbent.
+3. **Experiment** through REST: arm ``cubic-default`` (CUBIC, kernel defaults: the agent puts
+   the kernel's own values back) against ``cubic-tuned`` (CUBIC, tuned by the policy), over
+   two compressed days with a crossover on day 1. CUBIC's parameters are the kernel's, one θ
+   for every namespace of the guest, so the two arms cannot run side by side in one guest: the
+   one host runs one arm per day (which one first is the experiment's assignment), a
+   crossover in time. Its agent restores the kernel's values when the host leaves the tuned θ.
+4. At checkpoints (mid-search, mid-day 0, mid-day 1, after the end, after the agent's exit)
+   the guest reads the kernel: CUBIC's parameters from sysfs, the namespace's CC, ``ss -ti``.
+
+The comparison: the results endpoint gives the arms' days (its intervals are over hosts, and
+there is one host, so it gives none); the run's own figures are per reporting interval from the
+stored reports, flows of the tuned θ (reported as the policy's trials) on the tuned day against
+flows at the kernel's values (reported as cubic baselines) on the default day, each a ratio over
+intervals with the same cluster-robust interval the results endpoint uses over hosts
+(gemini_booster.experiments.statistics), intervals as the clusters. Intervals of one host follow
+each other in time, so that interval assumes the host's conditions do not drift within a day.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+from sqlalchemy import func, select
+
+from gemini_api.theta import load_datapath
+from gemini_booster.config import Settings
+from gemini_booster.domain import FlowSums
+from gemini_booster.experiments import statistics as st
+from gemini_booster.models import PolicyCreate, PolicyUpdate
+from gemini_booster.service.app import BoosterServer
+from gemini_booster.storage import repository as repo
+from gemini_booster.storage.schema import Report, ReportAggregate
+from gemini_lab.abtest import (
+    POLL_S,
+    RELAY_PORT,
+    REST_TIMEOUT_S,
+    AbConfig,
+    _Guest,
+    agent_toml,
+    next_boundary,
+)
+from gemini_lab.fleet import PROBE_PREFIX
+from gemini_lab.loop import LabPath, write_mmdb
+from gemini_lab.scenario import Scenario
+
+CUBIC = "cubic"
+DEFAULT_ARM, TUNED_ARM = "cubic-default", "cubic-tuned"
+HOST = "lab-host-0"
+REGION = "lab"
+BASELINE_CC = CUBIC  # how the agent reports cubic flows that ran no policy θ
+TRIAL_CC = ""  # how it reports the policy's own flows (trials of the θ that ran)
+
+# A loss-limited path: 1 % random loss caps CUBIC far below the link's rate, so the window the
+# sender keeps after each loss (β) sets its throughput (AIMD: rate ∝ √((1+β)/(1−β)) in the
+# TCP-friendly region), and the queue stays nearly empty whatever β is.
+LOSSY = LabPath(
+    Scenario(
+        name="cubic-lossy",
+        description="40 ms, 20 Mbit/s, 1 % random loss, 1 BDP queue",
+        rtt_ms=40,
+        rate_mbit=20,
+        loss_percent=1.0,
+        queue_bdp=1.0,
+    ),
+    "lossy",
+    "isp-b",
+)
+# The search region: β over the spec's production range, every other parameter at the kernel's
+# value. On a random-loss path the others hardly act: HyStart only ends the first slow start
+# (which a random loss ends anyway within a few RTTs), fast convergence only yields to
+# competing flows (there are none), and tcp_friendliness off only slows the window's growth
+# here. One dimension is what one lab host can search in minutes; Θ's seven would need hours.
+TUNED = ("beta",)
+# What the check measures before any tuning: β 0.5, 0.7 (the kernel's), 0.9.
+CHECK_BETAS = (512, 717, 922)
+
+
+@dataclass
+class CubicConfig:
+    interval_s: float = 8
+    sigma: float = 0.1
+    flow_bytes: str = "2M"
+    search_reports: int = 30
+    n_initial_points: int = 5
+    day_s: int = 240  # must divide a day (86 400 s), at least 60
+    lead_s: float = 10
+    boot_timeout_s: float = 900
+    check_flows: int = 0  # flows per β of the check (CHECK_BETAS) before the agent starts
+    path: LabPath = LOSSY
+    tuned: tuple[str, ...] = TUNED
+
+    def settle_s(self) -> float:
+        """How soon after a change of arm every reporting interval runs the new θ wholly: the
+        agent learns of it at its next refresh (within an interval), and closes the interval
+        then; one more interval for slack."""
+        return 2 * self.interval_s + 5
+
+
+def search_bounds(cfg: CubicConfig) -> dict[str, tuple[int, int]]:
+    """``cfg.tuned`` over CUBIC's production region, the rest pinned at the kernel's values."""
+    spec = load_datapath(CUBIC)
+    production = spec.region_bounds("production")
+    return {
+        p.name: production[p.name] if p.name in cfg.tuned else (p.default, p.default)
+        for p in spec.params
+    }
+
+
+@dataclass
+class CubicResult:
+    policy: str
+    experiment: dict
+    readings: dict[str, dict]  # checkpoint → the lab host's kernel reading
+    arms: dict[str, str]  # checkpoint → the arm Booster assigned ("" for none)
+    incumbents: list[dict]  # each incumbent Booster published: when, θ
+    trials: list[dict]  # the policy's stored trials: θ, flows
+    intervals: list[dict]  # per reporting interval: start, cc, θ key, sums
+    results: dict  # the results endpoint's answer
+    phases: dict[str, dict]  # tuned / default: the comparison's figures
+    difference: dict  # tuned − default
+    guest: dict = field(default_factory=dict)
+    schedule: dict[str, str] = field(default_factory=dict)
+    record: Path | None = None
+
+
+def guest_plan(cfg: CubicConfig, toml: str, booster_port: int) -> dict:
+    check = [
+        {
+            "label": "check",
+            "kind": "cubic_check",
+            "path": 0,
+            "thetas": [{"beta": b} for b in CHECK_BETAS],
+            "flows": cfg.check_flows,
+            "flow_bytes": cfg.flow_bytes,
+        }
+    ]
+    fleet = {
+        "label": "fleet",
+        "kind": "fleet",
+        "hosts": [{"id": HOST, "agent_toml": toml, "paths": [0]}],
+        "default_cc": CUBIC,
+        "allowed_ccs": sorted({"reno", CUBIC}),
+        "relay_port": RELAY_PORT,
+        "booster_port": booster_port,
+        "flow_bytes": cfg.flow_bytes,
+        "duration_s": cfg.boot_timeout_s + 6 * cfg.day_s + 20 * cfg.interval_s * 3,  # a cap
+    }
+    return {
+        "paths": [cfg.path.scenario.to_dict()],
+        "experiments": (check if cfg.check_flows else []) + [fleet],
+    }
+
+
+def experiment_body(name: str, policy: str, start: dt.datetime, cfg: CubicConfig) -> dict:
+    day = dt.timedelta(seconds=cfg.day_s)
+    return {
+        "name": name,
+        "description": "lab: cubic at the kernel's defaults vs cubic tuned by Booster",
+        "arms": [
+            {"name": DEFAULT_ARM, "cc": CUBIC, "params": "kernel_default"},
+            {"name": TUNED_ARM, "cc": CUBIC, "params": "policy", "policy": policy},
+        ],
+        "control": DEFAULT_ARM,
+        "population": {"regions": {REGION: [HOST]}},
+        "start": start.isoformat(),
+        "end": (start + 2 * day).isoformat(),
+        "crossover_day": (start.date() + dt.timedelta(days=1)).isoformat(),
+        "day_seconds": cfg.day_s,
+        "sigma": cfg.sigma,
+    }
+
+
+class _Run:
+    """Booster's side while the guest runs: reports, incumbents, checkpoints."""
+
+    def __init__(self, server: BoosterServer, http: httpx.Client, token: str, guest: _Guest):
+        self.server, self.http, self.guest = server, http, guest
+        self.auth = {"authorization": f"Bearer {token}"}
+        self.spec = load_datapath(CUBIC)
+        self.incumbents: list[dict] = []
+        self.readings: dict[str, dict] = {}
+        self.arms: dict[str, str] = {}
+        self.schedule: dict[str, str] = {}
+
+    def poll_plans(self, policy_id: int) -> None:
+        for key, plan in self.server.booster.plan_snapshot(policy_id).items():
+            theta = self.spec.from_key(plan.incumbent_key)
+            if not self.incumbents or self.incumbents[-1]["theta"] != theta:
+                at = dt.datetime.now(dt.UTC).isoformat()
+                self.incumbents.append({"at": at, "context": key.label, "theta": theta})
+
+    def wait_reports(self, n: int, policy_id: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+        while repo.count_reports(self.server.engine, HOST, epoch) < n:
+            if not self.guest.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the lab host stored fewer than {n} reports: {self.guest.box}")
+            self.poll_plans(policy_id)
+            time.sleep(POLL_S)
+        self.poll_plans(policy_id)
+
+    def sleep_until(self, at: dt.datetime, policy_id: int) -> None:
+        while dt.datetime.now(dt.UTC) < at:
+            self.poll_plans(policy_id)
+            time.sleep(min(POLL_S, max(0.0, (at - dt.datetime.now(dt.UTC)).total_seconds())))
+
+    def checkpoint(self, label: str) -> None:
+        self.schedule[label] = dt.datetime.now(dt.UTC).isoformat()
+        r = self.http.get(f"/v1/hosts/{HOST}/experiment", headers=self.auth)
+        r.raise_for_status()
+        held = r.json()["experiment"]
+        self.arms[label] = held["arm"]["name"] if held else ""
+        self.readings[label] = self.guest.reading(label)[HOST]
+
+
+def run_cubic(
+    make_settings: Callable[[str], Settings],
+    port: int,
+    operator_token: str,
+    out_dir: Path,
+    cfg: CubicConfig,
+) -> CubicResult:
+    """The whole run (see the module docstring); writes ``cubic.json`` in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    guest_dir = out_dir / "guest"
+    guest_dir.mkdir(exist_ok=True)
+    for stale in [
+        *guest_dir.glob(f"{PROBE_PREFIX}*"),
+        *guest_dir.glob("reading-*"),
+        guest_dir / "stop",
+    ]:
+        stale.unlink(missing_ok=True)
+    write_mmdb(guest_dir / "paths.mmdb", (cfg.path,))
+    server = BoosterServer(make_settings(f"127.0.0.1:{port}")).start()
+    http = httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=REST_TIMEOUT_S)
+    try:
+        policy_name = f"lab-cubic-{uuid.uuid4().hex[:6]}"
+        policy = repo.create_policy(
+            server.engine,
+            PolicyCreate(
+                name=policy_name,
+                sigma=cfg.sigma,
+                target_cc=CUBIC,
+                region="custom",
+                bounds=search_bounds(cfg),
+                exploration_share=1.0,
+                n_initial_points=cfg.n_initial_points,
+            ),
+            actor="gemini-lab",
+        )
+        server.booster.reload_policies()
+        token = repo.create_token(
+            server.engine, repo.host_token_name(HOST), "agent", "gemini-lab", host_id=HOST
+        )
+        toml = agent_toml(HOST, token, policy_name, AbConfig(interval_s=cfg.interval_s))
+        timeout = cfg.boot_timeout_s + 4 * cfg.day_s + cfg.search_reports * cfg.interval_s * 3
+        guest = _Guest(guest_plan(cfg, toml, port), guest_dir, timeout)
+        run = _Run(server, http, operator_token, guest)
+        guest.thread.start()
+        try:
+            experiment, results = _schedule(run, policy.id, policy_name, cfg)
+        finally:
+            (guest_dir / "stop").touch()
+            guest.thread.join()
+        if "error" in guest.box:
+            raise guest.box["error"]
+        fleet = guest.box["results"]["experiments"]["fleet"]
+        run.readings["after-exit"] = fleet.get("after_exit", {}).get(HOST, {})
+        run.arms["after-exit"] = ""
+        intervals = interval_sums(server.engine, HOST)
+        trials = [
+            {"theta": run.spec.from_key(t.theta_key), "flows": t.sums.flow_count}
+            for t in repo.load_trials(server.engine, policy.id)
+        ]
+    finally:
+        http.close()
+        server.stop()
+    phases = compare(intervals, experiment, run.arms, cfg)
+    result = CubicResult(
+        policy=policy_name,
+        experiment=experiment,
+        readings=run.readings,
+        arms=run.arms,
+        incumbents=run.incumbents,
+        trials=trials,
+        intervals=intervals,
+        results=results,
+        phases=phases["phases"],
+        difference=phases["difference"],
+        guest=guest.box["results"],
+        schedule=run.schedule,
+        record=out_dir / "cubic.json",
+    )
+    result.record.write_text(json.dumps(_record(result, cfg), indent=1, default=str))
+    return result
+
+
+def _schedule(run: _Run, policy_id: int, policy: str, cfg: CubicConfig) -> tuple[dict, dict]:
+    """Search, exploration off, the experiment's two days, its end; checkpoints on the way."""
+    check_s = cfg.check_flows * len(CHECK_BETAS) * 60  # generous: a flow takes seconds
+    run.wait_reports(cfg.search_reports // 2, policy_id, cfg.boot_timeout_s + check_s)
+    run.checkpoint("search")
+    run.wait_reports(cfg.search_reports, policy_id, cfg.search_reports * cfg.interval_s * 3)
+    repo.update_policy(
+        run.server.engine, policy, PolicyUpdate(exploration_share=0.0), actor="gemini-lab"
+    )
+    run.server.booster.reload_policies()
+    day = dt.timedelta(seconds=cfg.day_s)
+    start = next_boundary(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=cfg.lead_s), cfg.day_s)
+    name = f"lab-cubic-{uuid.uuid4().hex[:6]}"
+    created = run.http.post(
+        "/v1/experiments", json=experiment_body(name, policy, start, cfg), headers=run.auth
+    )
+    if created.status_code != 201:
+        raise RuntimeError(f"creating the experiment: {created.status_code} {created.text}")
+    for k in (0, 1):
+        run.sleep_until(start + k * day + day / 2, policy_id)
+        run.checkpoint(f"day-{k}")
+    run.sleep_until(start + 2 * day + dt.timedelta(seconds=cfg.settle_s()), policy_id)
+    run.checkpoint("ended")  # no arm: the host's own policy, exploration off
+    results = run.http.get(f"/v1/experiments/{name}/results", headers=run.auth)
+    results.raise_for_status()
+    return created.json(), results.json()
+
+
+def interval_sums(engine, host: str) -> list[dict]:
+    """Per reporting interval of ``host``, per CC as reported ("" the policy's own flows) and θ
+    key: the summed flows, in interval order."""
+    fields = ("flow_count", "tpt_sum", "tpt_sq_sum", "delay_sum", "delay_sq_sum", "tpt_delay_sum")
+    q = (
+        select(
+            Report.interval_start,
+            Report.interval_end,
+            ReportAggregate.cc,
+            ReportAggregate.theta_key,
+            *(func.sum(getattr(ReportAggregate, f)) for f in fields),
+        )
+        .join(Report, Report.id == ReportAggregate.report_pk)
+        .where(Report.host_id == host)
+        .group_by(
+            Report.interval_start,
+            Report.interval_end,
+            ReportAggregate.cc,
+            ReportAggregate.theta_key,
+        )
+        .order_by(Report.interval_start)
+    )
+    with engine.connect() as conn:
+        return [
+            {
+                "start": start.isoformat(),
+                "end": end.isoformat(),
+                "cc": cc,
+                "theta_key": key,
+                "sums": FlowSums(int(n), *map(float, rest)).astuple(),
+            }
+            for start, end, cc, key, n, *rest in conn.execute(q)
+        ]
+
+
+def day_windows(experiment: dict, arms: dict[str, str], cfg: CubicConfig) -> dict[str, tuple]:
+    """Per arm, the window of its day in which every interval ran it wholly: from ``settle_s``
+    after the day's start to the day's end (host clock)."""
+    start = dt.datetime.fromisoformat(experiment["start"])
+    day, settle = dt.timedelta(seconds=cfg.day_s), dt.timedelta(seconds=cfg.settle_s())
+    return {arms[f"day-{k}"]: (start + k * day + settle, start + (k + 1) * day) for k in (0, 1)}
+
+
+def _phase_rows(
+    intervals: list[dict], window: tuple[dt.datetime, dt.datetime], cc: str
+) -> list[dict]:
+    lo, hi = window
+    return [
+        r
+        for r in intervals
+        if r["cc"] == cc
+        and lo <= dt.datetime.fromisoformat(r["start"])
+        and dt.datetime.fromisoformat(r["end"]) <= hi
+    ]
+
+
+def _estimate(r: st.Ratios) -> dict:
+    low, high = st.interval(r)
+    values = (float(r.mean), float(low), float(high))
+    mean, lo, hi = (None if math.isnan(v) else v for v in values)
+    return {"mean": mean, "low": lo, "high": hi}
+
+
+def _ratios(rows: list[dict], sigma: float) -> dict[str, st.Ratios]:
+    sums = [FlowSums(*r["sums"]) for r in rows] or [FlowSums()]
+    n = np.array([s.flow_count for s in sums], dtype=float)
+    tpt = np.array([s.tpt_sum for s in sums])
+    delay = np.array([s.delay_sum for s in sums])
+    return {
+        "utility": st.ratio(tpt - sigma * delay, n),
+        "throughput_mbps": st.ratio(tpt, n),
+        "queue_delay_ms": st.ratio(delay, n),
+    }
+
+
+def compare(
+    intervals: list[dict], experiment: dict, arms: dict[str, str], cfg: CubicConfig
+) -> dict:
+    """The tuned θ's flows on the tuned day against the kernel defaults' flows on the default
+    day: flows, intervals, θ that ran, and utility, throughput and queueing delay each with its
+    95 % interval over reporting intervals; the difference with Welch's interval."""
+    windows = day_windows(experiment, arms, cfg)
+    chosen = {
+        TUNED_ARM: _phase_rows(intervals, windows[TUNED_ARM], TRIAL_CC),
+        DEFAULT_ARM: _phase_rows(intervals, windows[DEFAULT_ARM], BASELINE_CC),
+    }
+    # flows of the other kind inside a day (none when the arm held): a check of the attribution
+    stray = {
+        TUNED_ARM: _phase_rows(intervals, windows[TUNED_ARM], BASELINE_CC),
+        DEFAULT_ARM: _phase_rows(intervals, windows[DEFAULT_ARM], TRIAL_CC),
+    }
+    ratios = {arm: _ratios(rows, cfg.sigma) for arm, rows in chosen.items()}
+    phases = {
+        arm: {
+            "window": [w.isoformat() for w in windows[arm]],
+            "intervals": len(rows),
+            "flows": sum(r["sums"][0] for r in rows),
+            "theta_keys": sorted({r["theta_key"] for r in rows}),
+            "stray_flows": sum(r["sums"][0] for r in stray[arm]),
+            **{m: _estimate(v) for m, v in ratios[arm].items()},
+        }
+        for arm, rows in chosen.items()
+    }
+    difference = {
+        m: _estimate(st.parallel_difference(ratios[TUNED_ARM][m], ratios[DEFAULT_ARM][m]))
+        for m in ratios[TUNED_ARM]
+    }
+    return {"phases": phases, "difference": difference}
+
+
+def _record(result: CubicResult, cfg: CubicConfig) -> dict:
+    fleet = result.guest.get("experiments", {}).get("fleet", {})
+    return {
+        "config": {k: v for k, v in vars(cfg).items() if k != "path"},
+        "path": cfg.path.scenario.to_dict(),
+        "bounds": search_bounds(cfg),
+        "policy": result.policy,
+        "experiment": result.experiment,
+        "schedule": result.schedule,
+        "arms": result.arms,
+        "readings": result.readings,
+        "incumbents": result.incumbents,
+        "trials": result.trials,
+        "phases": result.phases,
+        "difference": result.difference,
+        "results": result.results,
+        "check": result.guest.get("experiments", {}).get("check"),
+        "flows": fleet.get("flows"),
+        "flow_log": fleet.get("flow_log"),
+        "intervals": result.intervals,
+        "agent_log_tail": fleet.get("agent_log_tails", {}).get(HOST),
+    }
+
+
+def _fmt(e: dict, digits: int = 2) -> str:
+    if e.get("mean") is None:
+        return "—"
+    text = f"{e['mean']:.{digits}f}"
+    return (
+        text if e.get("low") is None else f"{text} [{e['low']:.{digits}f}, {e['high']:.{digits}f}]"
+    )
+
+
+def _theta_text(theta: dict | None) -> str:
+    """θ in natural units, only the parameters off the kernel's defaults ("defaults": none)."""
+    if not theta:
+        return "—"
+    spec = load_datapath(CUBIC)
+    off = [
+        f"{p.symbol} {p.to_natural(theta[p.name]):g}"
+        for p in spec.params
+        if p.name in theta and theta[p.name] != p.default
+    ]
+    return ", ".join(off) or "kernel defaults"
+
+
+def check_table(check: dict | None, sigma: float) -> list[str]:
+    """The check before tuning: per β, flows, mean throughput, queueing delay, utility."""
+    if not check or "cells" not in check:
+        return []
+    lines = [
+        "| β | flows | throughput Mbit/s (mean ± std) | queueing ms | utility (σ = "
+        f"{sigma:g}) | retransmits per flow |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for cell in check["cells"]:
+        flows = cell["flows"]
+        x = np.array([f["throughput_mbps"] for f in flows])
+        d = np.array([f["queue_delay_ms"] for f in flows])
+        r = np.array([f["retransmits"] for f in flows])
+        beta = load_datapath(CUBIC).param("beta").to_natural(cell["read_back"]["beta"])
+        lines.append(
+            f"| {beta:.2f} | {len(flows)} | {x.mean():.2f} ± {x.std(ddof=1):.2f} | "
+            f"{d.mean():.1f} | {(x - sigma * d).mean():.2f} | {r.mean():.1f} |"
+        )
+    return lines
+
+
+def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
+    """Markdown: the set-up, the check, the kernel's readings, the comparison, the endpoint."""
+    e, spec = result.experiment, load_datapath(CUBIC)
+    bounds = search_bounds(cfg)
+    searched = ", ".join(
+        f"{spec.param(n).symbol} ∈ [{spec.param(n).to_natural(bounds[n][0]):g}, "
+        f"{spec.param(n).to_natural(bounds[n][1]):g}]"
+        for n in cfg.tuned
+    )
+    tuned, default = result.phases[TUNED_ARM], result.phases[DEFAULT_ARM]
+    ratio = (
+        tuned["utility"]["mean"] / default["utility"]["mean"]
+        if tuned["utility"]["mean"] is not None and default["utility"]["mean"]
+        else None
+    )
+    lines = [
+        "# Booster tunes CUBIC in the lab: tuned θ against the kernel's defaults",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"- Path: {cfg.path.scenario.description}; back-to-back {cfg.flow_bytes} cubic flows, "
+        "one at a time, from one lab host (a namespace with its own agent) in a qemu guest.",
+        f"- Policy `{result.policy}`: target_cc cubic, σ = {cfg.sigma:g}, custom region "
+        f"{searched}, the other parameters at the kernel's values; exploration on for "
+        f"{cfg.search_reports} reports ({cfg.n_initial_points} initial points), then off.",
+        f"- Experiment `{e.get('name')}` through REST: {DEFAULT_ARM} (kernel defaults) vs "
+        f"{TUNED_ARM} (the policy), days of {cfg.day_s} s from {e.get('start')}, crossover on "
+        f"day 1: the host ran {result.arms.get('day-0')} on day 0 and "
+        f"{result.arms.get('day-1')} on day 1 (CUBIC's parameters are host-wide: one θ per "
+        "guest at a time, so the arms take turns).",
+        "",
+        "## Utility: tuned θ vs kernel defaults (mean [95 % interval over reporting intervals])",
+        "",
+        "| arm | θ that ran | intervals | flows | utility | throughput Mbit/s | queueing ms |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for arm, phase in ((DEFAULT_ARM, default), (TUNED_ARM, tuned)):
+        ran = [spec.from_key(k) for k in phase["theta_keys"]]
+        theta = ", ".join(_theta_text(t) for t in ran) if arm == TUNED_ARM else "kernel defaults"
+        lines.append(
+            f"| {arm} | {theta} | {phase['intervals']} | {phase['flows']} | "
+            f"{_fmt(phase['utility'])} | {_fmt(phase['throughput_mbps'])} | "
+            f"{_fmt(phase['queue_delay_ms'], 1)} |"
+        )
+    d = result.difference
+    lines += [
+        "",
+        f"Tuned − default: utility {_fmt(d['utility'])}, throughput "
+        f"{_fmt(d['throughput_mbps'])} Mbit/s, queueing {_fmt(d['queue_delay_ms'], 1)} ms "
+        f"(Welch). Ratio of utilities tuned/default: "
+        f"{'—' if ratio is None else f'{ratio:.2f}'}.",
+        "",
+        "## What the kernel ran (read in the guest)",
+        "",
+        "| checkpoint | arm Booster assigned | CUBIC parameters (off the kernel's defaults) "
+        "| net.ipv4.tcp_congestion_control |",
+        "|---|---|---|---|",
+    ]
+    for label, reading in result.readings.items():
+        lines.append(
+            f"| {label} | {result.arms.get(label) or '—'} | "
+            f"{_theta_text(reading.get('cubic'))} | {reading.get('sysctl')} |"
+        )
+    lines += [
+        "",
+        "Incumbents Booster published: "
+        + "; ".join(f"{i['at'][11:19]} {_theta_text(i['theta'])}" for i in result.incumbents)
+        + ".",
+    ]
+    table = check_table(result.guest.get("experiments", {}).get("check"), cfg.sigma)
+    if table:
+        lines += ["", "## The check before tuning: fixed β, same boot", "", *table]
+    lines += [
+        "",
+        f"## Results endpoint (σ = {result.results.get('sigma')}; one host: no interval)",
+        "",
+        "| day | period | arm | flows | utility | throughput Mbit/s | queueing ms |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for day in result.results.get("days", []):
+        for arm in day["arms"]:
+            lines.append(
+                f"| {day['day']} | {day['period']} | {arm['arm']} | {arm['flows']} | "
+                f"{_fmt(arm['utility'])} | {_fmt(arm['throughput_mbps'])} | "
+                f"{_fmt(arm['queue_delay_ms'], 1)} |"
+            )
+    return "\n".join(lines) + "\n"

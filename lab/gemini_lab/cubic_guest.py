@@ -1,0 +1,81 @@
+"""Guest side of ``gemini-lab cubic``: CUBIC's module parameters, read and (for the check of
+what matters on a path) written, and bulk cubic flows at a fixed θ.
+
+CUBIC's parameters are the kernel's, not a namespace's: /sys/module/tcp_cubic/parameters holds
+one θ for every cubic socket in the guest. The check (``exp_cubic_check``) writes each β in
+turn, runs back-to-back cubic flows on one path, and puts the kernel's own values back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gemini_api.theta import load_datapath
+from gemini_lab.bulk import put
+from gemini_lab.experiment import BASE_PORT
+from gemini_lab.netem import receiver_addr, receiver_ns
+
+CHECK_PORT = BASE_PORT + 90
+RECEIVER_START_S = 1.0
+
+
+def cubic_params() -> dict[str, int]:
+    """What the guest kernel's CUBIC runs now: every parameter of its spec, read from sysfs
+    (empty for a kernel without CUBIC's parameters)."""
+    spec = load_datapath("cubic")
+    root = Path(spec.target)
+    if not root.is_dir():
+        return {}
+    return {n: int((root / n).read_text().strip()) for n in spec.names}
+
+
+def write_cubic_params(theta: dict[str, int]) -> None:
+    root = Path(load_datapath("cubic").target)
+    for name, value in theta.items():
+        (root / name).write_text(f"{value}\n")
+
+
+def _flow(path: int, size: int) -> dict:
+    """One cubic transfer of ``size`` bytes: throughput over its whole life (Mbit/s) and the
+    queueing delay its socket saw at the end (smoothed RTT − minimum RTT, ms), as the agent
+    reads a finished flow of another CC."""
+    start = time.monotonic()
+    r = put(receiver_addr(path), CHECK_PORT, "cubic", size)
+    seconds = time.monotonic() - start
+    return {
+        "cc": r["cc"],
+        "seconds": seconds,
+        "throughput_mbps": size * 8 / seconds / 1e6,
+        "queue_delay_ms": max(0, r["rtt_us"] - r["min_rtt_us"]) / 1000,
+        "retransmits": r["total_retrans"],
+    }
+
+
+def exp_cubic_check(e: dict, out: Path) -> dict:
+    """For each θ of ``e["thetas"]`` (spec units, the rest at the kernel's values): write it,
+    run ``e["flows"]`` cubic flows of ``e["flow_bytes"]`` bytes on path ``e["path"]`` one after
+    another, and read the parameters back; the kernel's values are put back at the end."""
+    from gemini_lab.bulk import parse_size
+
+    path, size = e["path"], parse_size(e["flow_bytes"])
+    before = cubic_params()
+    receiver = subprocess.Popen(
+        [
+            *("ip", "netns", "exec", receiver_ns(path), sys.executable),
+            *("-m", "gemini_lab.flowgen", "serve", str(CHECK_PORT)),
+        ]
+    )
+    time.sleep(RECEIVER_START_S)
+    cells = []
+    try:
+        for theta in e["thetas"]:
+            write_cubic_params({**before, **theta})
+            flows = [_flow(path, size) for _ in range(e["flows"])]
+            cells.append({"theta": theta, "read_back": cubic_params(), "flows": flows})
+    finally:
+        write_cubic_params(before)
+        receiver.terminate()
+    return {"before": before, "after": cubic_params(), "cells": cells}

@@ -1,31 +1,37 @@
-"""Booster tunes Linux CUBIC in the lab, then an experiment compares the tuned θ with CUBIC's
-kernel defaults: ``gemini-lab cubic``.
+"""Booster tunes Linux CUBIC in the lab, then the tuned θ and CUBIC's kernel defaults take
+turns on one host: ``gemini-lab cubic``.
 
 Booster runs here (embedded PostgreSQL, gRPC and REST); in the qemu guest, one lab host (a
 network namespace with its own agent and token, cubic as its CC, gemini_lab.fleet) sends
-back-to-back cubic flows over one path on which a CUBIC parameter matters. The run:
+back-to-back cubic flows over one path on which a CUBIC parameter matters. The host's own
+policy tunes Fusion (as a fleet's hosts' would), so its cubic flows are baselines of that
+policy; CUBIC is tuned by a second policy (``target_cc = "cubic"``, σ, a search region narrowed
+to what matters on the path, the rest at the kernel's values), which the host runs through an
+experiment created over REST: arm ``cubic-tuned`` (CUBIC, tuned by that policy) against
+``cubic-default`` (CUBIC, kernel defaults: the agent puts the kernel's own values back), over
+two compressed days with a crossover on day 1.
 
-1. **Search.** A policy with ``target_cc = "cubic"`` (σ, and a search region narrowed to the
-   parameters that matter on the path; the rest held at the kernel's values) explores every
-   plan: the agent writes each θ Booster proposes into /sys/module/tcp_cubic/parameters and
-   reports the host's cubic flows as trials of that θ (gemini_agent.datapath).
-2. **Exploration off**, as for a fleet that has converged: the host runs the incumbent.
-3. **Experiment** through REST: arm ``cubic-default`` (CUBIC, kernel defaults: the agent puts
-   the kernel's own values back) against ``cubic-tuned`` (CUBIC, tuned by the policy), over
-   two compressed days with a crossover on day 1. CUBIC's parameters are the kernel's, one θ
-   for every namespace of the guest, so the two arms cannot run side by side in one guest: the
-   one host runs one arm per day (which one first is the experiment's assignment), a
-   crossover in time. Its agent restores the kernel's values when the host leaves the tuned θ.
-4. At checkpoints (mid-search, mid-day 0, mid-day 1, after the end, after the agent's exit)
-   the guest reads the kernel: CUBIC's parameters from sysfs, the namespace's CC, ``ss -ti``.
+CUBIC's parameters are the kernel's, one θ for every namespace of the guest, so the two arms
+cannot run side by side in one guest: the one host runs one arm per day, a crossover in time.
+A lone host always lands in the same sequence group (gemini_booster.experiments.assignment),
+which runs the second arm listed first: the tuned arm on day 0, the default arm on day 1.
+
+Day 0: the policy explores every plan (the agent writes each θ Booster proposes into
+/sys/module/tcp_cubic/parameters and reports the host's cubic flows as trials of that θ) for
+``search_reports`` reports; then exploration is turned off, as for a fleet that has converged,
+and the host runs the incumbent for the rest of the day. Day 1: kernel defaults. At checkpoints
+(mid-search, late day 0, mid-day 1, after the end, after the agent's exit) the guest reads the
+kernel: CUBIC's parameters from sysfs, the namespace's CC, ``ss -ti``.
 
 The comparison: the results endpoint gives the arms' days (its intervals are over hosts, and
-there is one host, so it gives none); the run's own figures are per reporting interval from the
-stored reports, flows of the tuned θ (reported as the policy's trials) on the tuned day against
-flows at the kernel's values (reported as cubic baselines) on the default day, each a ratio over
-intervals with the same cluster-robust interval the results endpoint uses over hosts
-(gemini_booster.experiments.statistics), intervals as the clusters. Intervals of one host follow
-each other in time, so that interval assumes the host's conditions do not drift within a day.
+there is one host, so it gives none, and its tuned day includes the search); the run's own
+figures are per reporting interval from the stored reports: flows of the tuned θ (reported as
+the cubic policy's trials) once exploration was off, against flows at the kernel's values
+(reported as cubic baselines) on day 1, each a ratio over intervals with the same
+cluster-robust interval the results endpoint uses over hosts
+(gemini_booster.experiments.statistics), the reporting intervals as the clusters. Intervals of
+one host follow each other in time, so that interval assumes the host's conditions do not drift
+within a phase, and the two phases are minutes apart on a shared machine.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ HOST = "lab-host-0"
 REGION = "lab"
 BASELINE_CC = CUBIC  # how the agent reports cubic flows that ran no policy θ
 TRIAL_CC = ""  # how it reports the policy's own flows (trials of the θ that ran)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 # A loss-limited path: 1 % random loss caps CUBIC far below the link's rate, so the window the
 # sender keeps after each loss (β) sets its throughput (AIMD: rate ∝ √((1+β)/(1−β)) in the
@@ -101,9 +108,9 @@ class CubicConfig:
     interval_s: float = 8
     sigma: float = 0.1
     flow_bytes: str = "2M"
-    search_reports: int = 30
+    search_reports: int = 20  # on day 0, before exploration is turned off
     n_initial_points: int = 5
-    day_s: int = 240  # must divide a day (86 400 s), at least 60
+    day_s: int = 360  # must divide a day (86 400 s), at least 60
     lead_s: float = 10
     boot_timeout_s: float = 900
     check_flows: int = 0  # flows per β of the check (CHECK_BETAS) before the agent starts
@@ -137,6 +144,7 @@ class CubicResult:
     trials: list[dict]  # the policy's stored trials: θ, flows
     intervals: list[dict]  # per reporting interval: start, cc, θ key, sums
     results: dict  # the results endpoint's answer
+    windows: dict[str, tuple[dt.datetime, dt.datetime]]  # arm → its compared intervals
     phases: dict[str, dict]  # tuned / default: the comparison's figures
     difference: dict  # tuned − default
     guest: dict = field(default_factory=dict)
@@ -173,6 +181,8 @@ def guest_plan(cfg: CubicConfig, toml: str, booster_port: int) -> dict:
 
 
 def experiment_body(name: str, policy: str, start: dt.datetime, cfg: CubicConfig) -> dict:
+    """Kernel defaults (control) and the policy, over two days from ``start``, crossover on
+    day 1; the one host runs the tuned arm first (see the module docstring)."""
     day = dt.timedelta(seconds=cfg.day_s)
     return {
         "name": name,
@@ -210,10 +220,12 @@ class _Run:
                 at = dt.datetime.now(dt.UTC).isoformat()
                 self.incumbents.append({"at": at, "context": key.label, "theta": theta})
 
-    def wait_reports(self, n: int, policy_id: int, timeout_s: float) -> None:
+    def wait_reports(
+        self, n: int, policy_id: int, timeout_s: float, since: dt.datetime = EPOCH
+    ) -> None:
+        """Until ``n`` reports of intervals from ``since`` are stored."""
         deadline = time.monotonic() + timeout_s
-        epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-        while repo.count_reports(self.server.engine, HOST, epoch) < n:
+        while repo.count_reports(self.server.engine, HOST, since) < n:
             if not self.guest.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the lab host stored fewer than {n} reports: {self.guest.box}")
             self.poll_plans(policy_id)
@@ -269,17 +281,23 @@ def run_cubic(
             ),
             actor="gemini-lab",
         )
+        host_policy = f"lab-host-{uuid.uuid4().hex[:6]}"  # Fusion's, the host's own
+        repo.create_policy(
+            server.engine,
+            PolicyCreate(name=host_policy, sigma=cfg.sigma, exploration_share=0.0),
+            actor="gemini-lab",
+        )
         server.booster.reload_policies()
         token = repo.create_token(
             server.engine, repo.host_token_name(HOST), "agent", "gemini-lab", host_id=HOST
         )
-        toml = agent_toml(HOST, token, policy_name, AbConfig(interval_s=cfg.interval_s))
+        toml = agent_toml(HOST, token, host_policy, AbConfig(interval_s=cfg.interval_s))
         timeout = cfg.boot_timeout_s + 4 * cfg.day_s + cfg.search_reports * cfg.interval_s * 3
         guest = _Guest(guest_plan(cfg, toml, port), guest_dir, timeout)
         run = _Run(server, http, operator_token, guest)
         guest.thread.start()
         try:
-            experiment, results = _schedule(run, policy.id, policy_name, cfg)
+            experiment, results, off = _schedule(run, policy.id, policy_name, cfg)
         finally:
             (guest_dir / "stop").touch()
             guest.thread.join()
@@ -296,7 +314,8 @@ def run_cubic(
     finally:
         http.close()
         server.stop()
-    phases = compare(intervals, experiment, run.arms, cfg)
+    windows = compared_windows(experiment, off, cfg)
+    phases = compare(intervals, windows, cfg.sigma)
     result = CubicResult(
         policy=policy_name,
         experiment=experiment,
@@ -306,6 +325,7 @@ def run_cubic(
         trials=trials,
         intervals=intervals,
         results=results,
+        windows=windows,
         phases=phases["phases"],
         difference=phases["difference"],
         guest=guest.box["results"],
@@ -316,16 +336,14 @@ def run_cubic(
     return result
 
 
-def _schedule(run: _Run, policy_id: int, policy: str, cfg: CubicConfig) -> tuple[dict, dict]:
-    """Search, exploration off, the experiment's two days, its end; checkpoints on the way."""
+def _schedule(
+    run: _Run, policy_id: int, policy: str, cfg: CubicConfig
+) -> tuple[dict, dict, dt.datetime]:
+    """The experiment once the host reports; on day 0 the search, then exploration off; day 1;
+    the end. Checkpoints on the way. Returns the experiment, its results, and when
+    exploration was turned off."""
     check_s = cfg.check_flows * len(CHECK_BETAS) * 60  # generous: a flow takes seconds
-    run.wait_reports(cfg.search_reports // 2, policy_id, cfg.boot_timeout_s + check_s)
-    run.checkpoint("search")
-    run.wait_reports(cfg.search_reports, policy_id, cfg.search_reports * cfg.interval_s * 3)
-    repo.update_policy(
-        run.server.engine, policy, PolicyUpdate(exploration_share=0.0), actor="gemini-lab"
-    )
-    run.server.booster.reload_policies()
+    run.wait_reports(1, policy_id, cfg.boot_timeout_s + check_s)
     day = dt.timedelta(seconds=cfg.day_s)
     start = next_boundary(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=cfg.lead_s), cfg.day_s)
     name = f"lab-cubic-{uuid.uuid4().hex[:6]}"
@@ -334,14 +352,26 @@ def _schedule(run: _Run, policy_id: int, policy: str, cfg: CubicConfig) -> tuple
     )
     if created.status_code != 201:
         raise RuntimeError(f"creating the experiment: {created.status_code} {created.text}")
-    for k in (0, 1):
-        run.sleep_until(start + k * day + day / 2, policy_id)
-        run.checkpoint(f"day-{k}")
+    run.sleep_until(start, policy_id)
+    run.wait_reports(cfg.search_reports // 2, policy_id, cfg.day_s, since=start)
+    run.checkpoint("search")
+    run.wait_reports(cfg.search_reports, policy_id, cfg.day_s, since=start)
+    repo.update_policy(
+        run.server.engine, policy, PolicyUpdate(exploration_share=0.0), actor="gemini-lab"
+    )
+    run.server.booster.reload_policies()
+    off = dt.datetime.now(dt.UTC)
+    if off + dt.timedelta(seconds=cfg.settle_s() + 2 * cfg.interval_s) > start + day:
+        raise RuntimeError(f"the search took day 0 whole: {cfg.search_reports} reports")
+    run.sleep_until(max(start + day - dt.timedelta(seconds=cfg.interval_s), off), policy_id)
+    run.checkpoint("day-0")
+    run.sleep_until(start + day + day / 2, policy_id)
+    run.checkpoint("day-1")
     run.sleep_until(start + 2 * day + dt.timedelta(seconds=cfg.settle_s()), policy_id)
-    run.checkpoint("ended")  # no arm: the host's own policy, exploration off
+    run.checkpoint("ended")  # no arm: the host's own policy (Fusion's)
     results = run.http.get(f"/v1/experiments/{name}/results", headers=run.auth)
     results.raise_for_status()
-    return created.json(), results.json()
+    return created.json(), results.json(), off
 
 
 def interval_sums(engine, host: str) -> list[dict]:
@@ -379,12 +409,18 @@ def interval_sums(engine, host: str) -> list[dict]:
         ]
 
 
-def day_windows(experiment: dict, arms: dict[str, str], cfg: CubicConfig) -> dict[str, tuple]:
-    """Per arm, the window of its day in which every interval ran it wholly: from ``settle_s``
-    after the day's start to the day's end (host clock)."""
+def compared_windows(
+    experiment: dict, off: dt.datetime, cfg: CubicConfig
+) -> dict[str, tuple[dt.datetime, dt.datetime]]:
+    """Per arm, where every reporting interval ran it wholly (host clock): the tuned θ from
+    ``settle_s`` after exploration was turned off to the end of day 0, the kernel defaults from
+    ``settle_s`` into day 1 to its end."""
     start = dt.datetime.fromisoformat(experiment["start"])
     day, settle = dt.timedelta(seconds=cfg.day_s), dt.timedelta(seconds=cfg.settle_s())
-    return {arms[f"day-{k}"]: (start + k * day + settle, start + (k + 1) * day) for k in (0, 1)}
+    return {
+        TUNED_ARM: (off + settle, start + day),
+        DEFAULT_ARM: (start + day + settle, start + 2 * day),
+    }
 
 
 def _phase_rows(
@@ -420,12 +456,11 @@ def _ratios(rows: list[dict], sigma: float) -> dict[str, st.Ratios]:
 
 
 def compare(
-    intervals: list[dict], experiment: dict, arms: dict[str, str], cfg: CubicConfig
+    intervals: list[dict], windows: dict[str, tuple[dt.datetime, dt.datetime]], sigma: float
 ) -> dict:
     """The tuned θ's flows on the tuned day against the kernel defaults' flows on the default
     day: flows, intervals, θ that ran, and utility, throughput and queueing delay each with its
     95 % interval over reporting intervals; the difference with Welch's interval."""
-    windows = day_windows(experiment, arms, cfg)
     chosen = {
         TUNED_ARM: _phase_rows(intervals, windows[TUNED_ARM], TRIAL_CC),
         DEFAULT_ARM: _phase_rows(intervals, windows[DEFAULT_ARM], BASELINE_CC),
@@ -435,7 +470,7 @@ def compare(
         TUNED_ARM: _phase_rows(intervals, windows[TUNED_ARM], BASELINE_CC),
         DEFAULT_ARM: _phase_rows(intervals, windows[DEFAULT_ARM], TRIAL_CC),
     }
-    ratios = {arm: _ratios(rows, cfg.sigma) for arm, rows in chosen.items()}
+    ratios = {arm: _ratios(rows, sigma) for arm, rows in chosen.items()}
     phases = {
         arm: {
             "window": [w.isoformat() for w in windows[arm]],
@@ -559,8 +594,8 @@ def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for arm, phase in ((DEFAULT_ARM, default), (TUNED_ARM, tuned)):
-        ran = [spec.from_key(k) for k in phase["theta_keys"]]
-        theta = ", ".join(_theta_text(t) for t in ran) if arm == TUNED_ARM else "kernel defaults"
+        ran = [spec.from_key(k) for k in phase["theta_keys"]] if arm == TUNED_ARM else []
+        theta = "; ".join(_theta_text(t) for t in ran) if ran else "kernel defaults"
         lines.append(
             f"| {arm} | {theta} | {phase['intervals']} | {phase['flows']} | "
             f"{_fmt(phase['utility'])} | {_fmt(phase['throughput_mbps'])} | "

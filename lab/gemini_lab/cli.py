@@ -267,6 +267,10 @@ def cmd_cubic(args: argparse.Namespace) -> None:
         flow_bytes=args.flow_bytes,
     )
     out = args.out / "cubic"
+    if args.render:
+        result, cfg = cubic.from_record(args.render)
+        print(cubic.render(result, cfg, args.render_command or command))
+        return
     if args.check_only:
         plan = cubic.guest_plan(cfg, "", args.port)
         plan["experiments"] = plan["experiments"][:1]
@@ -407,6 +411,8 @@ def main(argv: list[str] | None = None) -> None:
     cub.add_argument("--flow-bytes", default="2M", help="size of each cubic flow")
     cub.add_argument("--check-only", action="store_true", help="only the check, no Booster")
     cub.add_argument("--backend", choices=BACKENDS, default="qemu", help="for --check-only")
+    cub.add_argument("--render", type=Path, help="render this cubic.json again, run nothing")
+    cub.add_argument("--render-command", help="with --render: the command that made it")
     cub.add_argument("--port", type=int, default=50163)
     cub.add_argument("--record", type=Path, help="write the summary here (markdown)")
     cub.add_argument("--out", type=Path, default=DEFAULT_OUT)

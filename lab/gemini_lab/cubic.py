@@ -513,6 +513,29 @@ def _record(result: CubicResult, cfg: CubicConfig) -> dict:
     }
 
 
+def from_record(path: Path) -> tuple[CubicResult, CubicConfig]:
+    """A run back from its ``cubic.json`` (for rendering it again)."""
+    r = json.loads(path.read_text())
+    cfg = CubicConfig(**{k: tuple(v) if k == "tuned" else v for k, v in r["config"].items()})
+    result = CubicResult(
+        policy=r["policy"],
+        experiment=r["experiment"],
+        readings=r["readings"],
+        arms=r["arms"],
+        incumbents=r["incumbents"],
+        trials=r["trials"],
+        intervals=r["intervals"],
+        results=r["results"],
+        windows={},
+        phases=r["phases"],
+        difference=r["difference"],
+        guest={"experiments": {"check": r["check"], "fleet": {"flows": r["flows"]}}},
+        schedule=r["schedule"],
+        record=path,
+    )
+    return result, cfg
+
+
 def _fmt(e: dict, digits: int = 2) -> str:
     if e.get("mean") is None:
         return "—"
@@ -528,7 +551,7 @@ def _theta_text(theta: dict | None) -> str:
         return "—"
     spec = load_datapath(CUBIC)
     off = [
-        f"{p.symbol} {p.to_natural(theta[p.name]):g}"
+        f"{p.symbol} {p.to_natural(theta[p.name]):.3g}"
         for p in spec.params
         if p.name in theta and theta[p.name] != p.default
     ]
@@ -562,8 +585,8 @@ def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
     e, spec = result.experiment, load_datapath(CUBIC)
     bounds = search_bounds(cfg)
     searched = ", ".join(
-        f"{spec.param(n).symbol} ∈ [{spec.param(n).to_natural(bounds[n][0]):g}, "
-        f"{spec.param(n).to_natural(bounds[n][1]):g}]"
+        f"{spec.param(n).symbol} ∈ [{spec.param(n).to_natural(bounds[n][0]):.3g}, "
+        f"{spec.param(n).to_natural(bounds[n][1]):.3g}]"
         for n in cfg.tuned
     )
     tuned, default = result.phases[TUNED_ARM], result.phases[DEFAULT_ARM]
@@ -632,6 +655,12 @@ def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
     lines += [
         "",
         f"## Results endpoint (σ = {result.results.get('sigma')}; one host: no interval)",
+        "",
+        "The endpoint counts a CUBIC arm's flows only where the agent reported them as cubic "
+        "baselines; a CUBIC arm tuned by a policy reports them as the policy's trials (cc "
+        "empty, with the θ that ran), so its tuned day holds only the few flows reported "
+        "before the agent first wrote the policy's θ. The comparison above is from the stored "
+        "reports.",
         "",
         "| day | period | arm | flows | utility | throughput Mbit/s | queueing ms |",
         "|---|---|---|---:|---:|---:|---:|",

@@ -259,13 +259,14 @@ def cmd_cubic(args: argparse.Namespace) -> None:
     from gemini_lab import cubic
 
     command = " ".join(["gemini-lab", *sys.argv[1:]])
-    cfg = cubic.CubicConfig(
-        interval_s=args.interval,
-        day_s=args.day_seconds,
-        search_reports=args.search_reports,
-        check_flows=args.check_flows,
-        flow_bytes=args.flow_bytes,
-    )
+    given = {
+        "interval_s": args.interval,
+        "day_s": args.day_seconds,
+        "search_reports": args.search_reports,
+        "check_flows": args.check_flows,
+        "flow_bytes": args.flow_bytes,
+    }  # unset: CubicConfig's defaults, the one place they are
+    cfg = cubic.CubicConfig(**{k: v for k, v in given.items() if v is not None})
     out = args.out / "cubic"
     if args.render:
         result, cfg = cubic.from_record(args.render)
@@ -404,11 +405,11 @@ def main(argv: list[str] | None = None) -> None:
     ab.add_argument("--record", type=Path, help="write the summary here (markdown)")
     ab.add_argument("--out", type=Path, default=DEFAULT_OUT)
     cub = sub.add_parser("cubic", help="Booster tunes CUBIC; tuned θ vs kernel defaults")
-    cub.add_argument("--day-seconds", type=int, default=240, help="a compressed day")
-    cub.add_argument("--interval", type=float, default=8, help="the agent's reporting interval")
-    cub.add_argument("--search-reports", type=int, default=30, help="reports with exploration")
-    cub.add_argument("--check-flows", type=int, default=0, help="flows per β of the check")
-    cub.add_argument("--flow-bytes", default="2M", help="size of each cubic flow")
+    cub.add_argument("--day-seconds", type=int, help="a compressed day (divides 86400)")
+    cub.add_argument("--interval", type=float, help="the agent's reporting interval")
+    cub.add_argument("--search-reports", type=int, help="reports with exploration on day 0")
+    cub.add_argument("--check-flows", type=int, help="flows per β of the check")
+    cub.add_argument("--flow-bytes", help="size of each cubic flow")
     cub.add_argument("--check-only", action="store_true", help="only the check, no Booster")
     cub.add_argument("--backend", choices=BACKENDS, default="qemu", help="for --check-only")
     cub.add_argument("--render", type=Path, help="render this cubic.json again, run nothing")

@@ -108,9 +108,9 @@ class CubicConfig:
     interval_s: float = 8
     sigma: float = 0.1
     flow_bytes: str = "2M"
-    search_reports: int = 20  # on day 0, before exploration is turned off
+    search_reports: int = 16  # on day 0, before exploration is turned off
     n_initial_points: int = 5
-    day_s: int = 360  # must divide a day (86 400 s), at least 60
+    day_s: int = 300  # must divide a day (86 400 s), at least 60
     lead_s: float = 10
     boot_timeout_s: float = 900
     check_flows: int = 0  # flows per β of the check (CHECK_BETAS) before the agent starts

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import os
 import random
 import tempfile
@@ -218,6 +219,15 @@ def test_chart_endpoints_answer_from_the_stored_sums_and_sketches(fleet):
     median = sorted(fleet.sent)[len(fleet.sent) // 2]
     p50 = arms["fusion"]["throughput_mbps"][pct["quantiles"].index(0.5)]
     assert p50 == pytest.approx(median, rel=0.03)  # the sketch's 1 % plus the sample's rank
+    # queueing delay: each round's Fusion flows queued 8 + k ms (k hours ago), cubic's 30 ms
+    delays = [8.0 + k for k in range(1, ROUNDS + 1) for _ in range(FLOWS_PER_REPORT * len(FLEET))]
+    assert arms["fusion"]["delay_sketched_flows"] == len(delays)
+    for q, got in zip(pct["quantiles"], arms["fusion"]["queue_delay_ms"], strict=True):
+        want = sorted(delays)[math.floor(q * (len(delays) - 1))]  # the sketch's rank rule
+        assert got == pytest.approx(want, rel=0.011), q  # its 1 %
+    assert arms["cubic"]["queue_delay_ms"] == pytest.approx(
+        [30.0] * len(pct["quantiles"]), rel=0.011
+    )
 
     theta = get(fleet, f"/v1/policies/{POLICY}/charts/theta")
     assert theta["flows"] == len(fleet.sent) and theta["hosts"] == len(FLEET)
@@ -333,6 +343,12 @@ def test_charts_plot_what_the_api_answers_offline(fleet, browser):  # noqa: F811
     assert plotted["quantile"] == pct["quantiles"]
     for arm in pct["arms"]:
         assert plotted[arm["arm"]] == pytest.approx(arm["throughput_mbps"]), arm["arm"]
+    plotted = series(page, "delay-chart")
+    assert plotted["quantile"] == pct["quantiles"]
+    assert set(plotted) == {"quantile"} | {a["arm"] for a in pct["arms"]}
+    for arm in pct["arms"]:
+        assert plotted[arm["arm"]] == pytest.approx(arm["queue_delay_ms"]), arm["arm"]
+    assert page.el("delay-note").text == ""  # every flow here came with a delay sketch
     assert [r[0] for r in table_text(page, "percentiles-table")] == ["fusion", "incumbent", "cubic"]
 
     theta = get(fleet, f"/v1/policies/{POLICY}/charts/theta")
@@ -367,7 +383,13 @@ def test_charts_plot_what_the_api_answers_offline(fleet, browser):  # noqa: F811
             == pytest.approx(by_arm["fusion"]["throughput_mbps"]["mean"])
         )
     )
-    for chart in ("rounds-chart", "percentiles-chart", "days-chart", "difference-chart"):
+    for chart in (
+        "rounds-chart",
+        "percentiles-chart",
+        "delay-chart",
+        "days-chart",
+        "difference-chart",
+    ):
         assert drawn(page, chart), chart
     assert drawn(page, "theta-chart-mult_decrease")
     page.el("metric").send_keys(Keys.UP)  # back to utility for the picture
@@ -511,6 +533,7 @@ def test_a_new_booster_says_what_is_missing_without_errors(booster, browser):  #
     assert page.el("no-experiments").is_displayed()
     assert "No data yet." in page.el("rounds-chart").text
     assert "No data yet." in page.el("percentiles-chart").text
+    assert "No data yet." in page.el("delay-chart").text
     assert series(page, "theta-charts") == {p.name: {"value": [], "flows": []} for p in SPEC.params}
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == [], errors

@@ -2,7 +2,8 @@
 
 Throughput is bytes acknowledged over the flow's duration (Mbit/s); queueing delay is mean RTT
 minus minimum RTT (ms). Sums, sums of squares and Σ throughput·delay let Booster compute eq. 9's
-mean and variance for any σ later; the sketch keeps the throughput distribution.
+mean and variance for any σ later; two sketches keep the distributions of throughput and of
+queueing delay (the paper's Fig. 9 shows percentiles of both).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class AggregateBuilder:
     slow: int = 0
     sizes: list[int] = field(default_factory=lambda: [0] * (len(SIZE_EDGES_BYTES) + 1))
     sketch: DDSketch = field(default_factory=sketches.new_sketch)
+    delay_sketch: DDSketch = field(default_factory=sketches.new_sketch)
 
     def add(self, flow: FlowStats) -> None:
         tpt, delay = flow.throughput_mbps, flow.queue_delay_ms
@@ -55,6 +57,7 @@ class AggregateBuilder:
         self.slow += tpt < SLOW_FLOW_MBPS
         self.sizes[bisect.bisect_right(SIZE_EDGES_BYTES, flow.bytes_acked)] += 1
         self.sketch.add(tpt)
+        self.delay_sketch.add(delay)  # 0 ms (no queue) lands in the sketch's zero count
 
     def to_proto(
         self, theta: Mapping[str, int], theta_version: int, context: pb.Context, cc: str = ""
@@ -66,6 +69,7 @@ class AggregateBuilder:
             cc=cc,
             context=context,
             throughput_sketch=sketches.to_proto(self.sketch),
+            queue_delay_sketch=sketches.to_proto(self.delay_sketch),
             slow_flow_count=self.slow,
             size_bucket_counts=self.sizes,
         )

@@ -52,7 +52,7 @@ class QuantileSketch(_message.Message):
     def __init__(self, relative_accuracy: _Optional[float] = ..., offset: _Optional[int] = ..., counts: _Optional[_Iterable[float]] = ..., zero_count: _Optional[float] = ...) -> None: ...
 
 class Aggregate(_message.Message):
-    __slots__ = ("theta", "theta_version", "context", "flow_count", "throughput_mbps_sum", "throughput_mbps_sq_sum", "queue_delay_ms_sum", "queue_delay_ms_sq_sum", "throughput_queue_delay_sum", "throughput_sketch", "slow_flow_count", "size_bucket_counts", "cc", "datapath_theta")
+    __slots__ = ("theta", "theta_version", "context", "flow_count", "throughput_mbps_sum", "throughput_mbps_sq_sum", "queue_delay_ms_sum", "queue_delay_ms_sq_sum", "throughput_queue_delay_sum", "throughput_sketch", "slow_flow_count", "size_bucket_counts", "cc", "datapath_theta", "queue_delay_sketch")
     THETA_FIELD_NUMBER: _ClassVar[int]
     THETA_VERSION_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class Aggregate(_message.Message):
     SIZE_BUCKET_COUNTS_FIELD_NUMBER: _ClassVar[int]
     CC_FIELD_NUMBER: _ClassVar[int]
     DATAPATH_THETA_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DELAY_SKETCH_FIELD_NUMBER: _ClassVar[int]
     theta: Theta
     theta_version: int
     context: Context
@@ -81,7 +82,8 @@ class Aggregate(_message.Message):
     size_bucket_counts: _containers.RepeatedScalarFieldContainer[int]
     cc: str
     datapath_theta: DatapathTheta
-    def __init__(self, theta: _Optional[_Union[Theta, _Mapping]] = ..., theta_version: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., flow_count: _Optional[int] = ..., throughput_mbps_sum: _Optional[float] = ..., throughput_mbps_sq_sum: _Optional[float] = ..., queue_delay_ms_sum: _Optional[float] = ..., queue_delay_ms_sq_sum: _Optional[float] = ..., throughput_queue_delay_sum: _Optional[float] = ..., throughput_sketch: _Optional[_Union[QuantileSketch, _Mapping]] = ..., slow_flow_count: _Optional[int] = ..., size_bucket_counts: _Optional[_Iterable[int]] = ..., cc: _Optional[str] = ..., datapath_theta: _Optional[_Union[DatapathTheta, _Mapping]] = ...) -> None: ...
+    queue_delay_sketch: QuantileSketch
+    def __init__(self, theta: _Optional[_Union[Theta, _Mapping]] = ..., theta_version: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., flow_count: _Optional[int] = ..., throughput_mbps_sum: _Optional[float] = ..., throughput_mbps_sq_sum: _Optional[float] = ..., queue_delay_ms_sum: _Optional[float] = ..., queue_delay_ms_sq_sum: _Optional[float] = ..., throughput_queue_delay_sum: _Optional[float] = ..., throughput_sketch: _Optional[_Union[QuantileSketch, _Mapping]] = ..., slow_flow_count: _Optional[int] = ..., size_bucket_counts: _Optional[_Iterable[int]] = ..., cc: _Optional[str] = ..., datapath_theta: _Optional[_Union[DatapathTheta, _Mapping]] = ..., queue_delay_sketch: _Optional[_Union[QuantileSketch, _Mapping]] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("report_id", "host_id", "policy", "interval_start_unix_ms", "interval_end_unix_ms", "aggregates")

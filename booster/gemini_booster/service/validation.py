@@ -46,6 +46,8 @@ MAX_QUEUE_DELAY_MS = 1e6
 MAX_CLOCK_SKEW_MS = 10 * 60 * 1000
 # …and start this far behind it (an agent's spool keeps reports through an outage).
 MAX_REPORT_AGE_MS = 7 * 24 * 3600 * 1000
+# An aggregate's sketches, each absent (an older agent's delay) or one weight per flow.
+SKETCH_FIELDS = ("throughput_sketch", "queue_delay_sketch")
 CC_NAME = re.compile(r"[a-z][a-z0-9_]{0,15}")  # TCP_CA_NAME_MAX is 16 with the NUL
 
 
@@ -258,10 +260,10 @@ def aggregate_row(
     ctx = context_key(a.context, f"{path}.context", problems)
     buckets = _counts(a, path, problems)
     _moments(a, path, problems)
-    problems += [
-        f"{path}.throughput_sketch: {e}"
-        for e in sketches.sketch_errors(a.throughput_sketch, a.flow_count)
-    ]
+    for name in SKETCH_FIELDS:
+        problems += [
+            f"{path}.{name}: {e}" for e in sketches.sketch_errors(getattr(a, name), a.flow_count)
+        ]
     if len(problems) > start or theta_key is None:
         return None
     return AggregateRow(
@@ -273,6 +275,7 @@ def aggregate_row(
         slow_flows=a.slow_flow_count,
         size_buckets=buckets or (0,) * SIZE_BUCKETS,
         sketch=a.throughput_sketch.SerializeToString(deterministic=True),
+        delay_sketch=a.queue_delay_sketch.SerializeToString(deterministic=True),
     )
 
 

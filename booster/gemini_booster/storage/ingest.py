@@ -58,6 +58,7 @@ class AggregateRow:
     slow_flows: int
     size_buckets: tuple[int, ...]
     sketch: bytes
+    delay_sketch: bytes  # b"": not sketched (agents before the queueing-delay sketch)
 
 
 @dataclass(frozen=True)
@@ -256,6 +257,7 @@ _AGGREGATE_COLUMNS = (
     "slow_flows",
     "size_buckets",
     "sketch",
+    "delay_sketch",
 )
 
 
@@ -426,6 +428,7 @@ def _aggregate_rows(
             a.slow_flows,
             list(a.size_buckets),
             a.sketch,
+            a.delay_sketch,
         )
         for r in new
         for a in r.aggregates

@@ -24,6 +24,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -118,6 +119,11 @@ class ReportAggregate(Base):
     slow_flows: Mapped[int] = mapped_column(BigInteger, nullable=False)
     size_buckets: Mapped[list[int]] = mapped_column(ARRAY(BigInteger), nullable=False)
     sketch: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    # The queueing-delay sketch; empty when the agent sent none (older agents, rows before
+    # migration 0010), like an empty ``sketch``.
+    delay_sketch: Mapped[bytes] = mapped_column(
+        LargeBinary, nullable=False, server_default=text("''::bytea")
+    )
 
 
 TRIAL_SUMS = (

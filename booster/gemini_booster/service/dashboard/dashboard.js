@@ -111,7 +111,9 @@ const resized = new ResizeObserver((entries) => {
     if (chart && chart.width !== width) chart.setSize({ width, height: CHART_HEIGHT });
   }
 });
-for (const id of ["rounds-chart", "percentiles-chart", "days-chart", "difference-chart"]) resized.observe($(id));
+for (const id of ["rounds-chart", "percentiles-chart", "delay-chart", "days-chart", "difference-chart"]) {
+  resized.observe($(id));
+}
 
 const isoOf = (t) => new Date(t * 1000).toISOString();
 // Time axes in UTC, 24 h: hours (with the date at midnight and first) or whole days.
@@ -196,25 +198,30 @@ function showRounds(r) {
   });
 }
 
-function showPercentiles(p) {
-  const x = p.quantiles.map((q) => 100 * q);
+// One line per arm of ``field`` (its value at each percentile) into chart ``id``.
+function percentileChart(id, p, field, label) {
   const series = { quantile: p.quantiles };
-  const columns = [x];
+  const columns = [p.quantiles.map((q) => 100 * q)];
   const lines = [{ label: "percentile" }];
   p.arms.forEach((a, i) => {
-    series[a.arm] = a.throughput_mbps;
-    columns.push(a.throughput_mbps);
+    series[a.arm] = a[field];
+    columns.push(a[field]);
     lines.push(line(a.arm, ARM_COLOURS[i % ARM_COLOURS.length]));
   });
-  plot("percentiles-chart", series, {
+  plot(id, series, {
     scales: { x: { time: false } },
     series: lines,
-    axes: [{ label: "percentile of flows", values: (u, v) => v.map((t) => `p${t}`) },
-           { label: "throughput, Mbit/s" }],
+    axes: [{ label: "percentile of flows", values: (u, v) => v.map((t) => `p${t}`) }, { label }],
   }, p.arms.length ? columns : [[]]);
+}
+
+function showPercentiles(p) {
+  percentileChart("percentiles-chart", p, "throughput_mbps", "throughput, Mbit/s");
+  percentileChart("delay-chart", p, "queue_delay_ms", "queueing delay, ms");
   const head = $("percentiles-table").tHead.rows[0];
   head.replaceChildren();
   for (const h of ["arm", "flows", "sketched flows", ...p.quantiles.map((q) => `p${100 * q}, Mbit/s`),
+                   "delay-sketched flows", ...p.quantiles.map((q) => `p${100 * q}, ms`),
                    "queueing delay, ms (mean ± s.d.)"]) {
     head.append(Object.assign(document.createElement("th"), { textContent: h }));
   }
@@ -223,8 +230,16 @@ function showPercentiles(p) {
     cell(row, String(a.flows), true);
     cell(row, String(a.sketched_flows), true);
     for (const v of a.throughput_mbps) cell(row, fmt(v), true);
+    cell(row, String(a.delay_sketched_flows), true);
+    for (const v of a.queue_delay_ms) cell(row, fmt(v, 1), true);
     cell(row, pm(a.mean_queue_delay_ms, a.queue_delay_sd_ms, 1), true);
   });
+  const unsketched = p.arms.filter((a) => a.delay_sketched_flows < a.flows);
+  $("delay-note").textContent = unsketched.length
+    ? "Some flows came without a delay sketch (agents older than it): " +
+      unsketched.map((a) => `${a.arm} ${a.delay_sketched_flows} of ${a.flows}`).join(", ") +
+      "; the table's mean and deviation cover every flow."
+    : "";
 }
 
 // One bar per value in use, or, past MAX_BARS values (an exploring fleet's θ are continuous),

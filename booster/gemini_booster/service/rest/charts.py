@@ -1,7 +1,8 @@
 """What the dashboard's charts draw, read-only: per context, utility per time bucket (a round)
-with the incumbent of that round marked; the θ in use across hosts, by flows; throughput
-percentiles from the agents' quantile sketches; all over the policy's history window. Also the
-history of a context's incumbent, for auditing when hosts were moved to another θ.
+with the incumbent of that round marked; the θ in use across hosts, by flows; throughput and
+queueing-delay percentiles from the agents' quantile sketches; all over the policy's history
+window. Also the history of a context's incumbent, for auditing when hosts were moved to
+another θ.
 
 Utilities are eq. 9 over stored running sums (``FlowSums.utility``), so a chart at another σ is
 exact, as for the trials endpoint. A round's incumbent is the one in force at the round's start
@@ -21,6 +22,7 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Annotated
 
+from ddsketch import DDSketch
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, Field
 from sqlalchemy import Connection, Engine, func, select
@@ -47,7 +49,7 @@ LABEL = re.compile(r"^(?P<sr>[^/]*)/(?P<si>.*)->(?P<dr>[^/]*)/(?P<di>.*)@(?P<h>\
 ContextQuery = Annotated[
     str, Query(max_length=300, description="a context's label, as /parameters gives it")
 ]
-# Throughput percentiles drawn (Fig. 9 of the paper shows the median and tails).
+# Throughput and delay percentiles drawn (Fig. 9 of the paper shows the median and tails).
 QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
 # Raw aggregates (the only place sketches and hosts are kept) are read from the policy's newest
 # reports only, found backwards along the reports' primary key: a bound on one request's work
@@ -148,9 +150,16 @@ class ThetaDistributionOut(BaseModel):
 class ArmPercentiles(BaseModel):
     arm: str
     flows: int
-    sketched_flows: int = Field(description="flows whose aggregates carried a sketch")
+    sketched_flows: int = Field(description="flows whose aggregates carried a throughput sketch")
     throughput_mbps: list[float | None] = Field(description="at each of ``quantiles``")
-    mean_queue_delay_ms: float
+    delay_sketched_flows: int = Field(
+        description="flows whose aggregates carried a queueing-delay sketch (older agents "
+        "send none)"
+    )
+    queue_delay_ms: list[float | None] = Field(
+        description="at each of ``quantiles``, from the delay-sketched flows"
+    )
+    mean_queue_delay_ms: float = Field(description="of all flows, from the sums")
     queue_delay_sd_ms: float
 
 
@@ -160,7 +169,6 @@ class PercentilesOut(BaseModel):
     quantiles: list[float]
     reports: int = Field(description="newest reports of the window read")
     truncated: bool = Field(description="the window held more reports than were read")
-    delay_note: str
     arms: list[ArmPercentiles]
 
 
@@ -401,27 +409,37 @@ def theta_distribution(policy: PolicyDep, booster: BoosterDep) -> ThetaDistribut
     )
 
 
+def _quantiles(sketch: DDSketch) -> list[float | None]:
+    return [sketch.get_quantile_value(q) if sketch.count else None for q in QUANTILES]
+
+
 class _Arm:
-    """One arm's merged throughput sketch and flow sums."""
+    """One arm's merged throughput and queueing-delay sketches, and its flow sums."""
 
     def __init__(self) -> None:
         self.sketch = sketches.new_sketch()
+        self.delay_sketch = sketches.new_sketch()
         self.sums = FlowSums()
 
-    def add(self, sums: FlowSums, raw_sketch: bytes) -> None:
+    def add(self, sums: FlowSums, raw_sketch: bytes, raw_delay_sketch: bytes) -> None:
+        """Sketches were checked at ingest (``sketch_errors``), so stored bytes parse; b''
+        is an aggregate sent without that sketch."""
         self.sums = self.sums + sums
-        if raw_sketch:
-            self.sketch.merge(sketches.from_proto(pb.QuantileSketch.FromString(raw_sketch)))
+        for sketch, raw in ((self.sketch, raw_sketch), (self.delay_sketch, raw_delay_sketch)):
+            if raw:
+                sketch.merge(sketches.from_proto(pb.QuantileSketch.FromString(raw)))
 
     def out(self, arm: str) -> ArmPercentiles:
-        n, sk = self.sums.flow_count, self.sketch
+        n = self.sums.flow_count
         mean = self.sums.mean_delay
         var = max(self.sums.delay_sq_sum / n - mean * mean, 0.0) if n else 0.0
         return ArmPercentiles(
             arm=arm,
             flows=n,
-            sketched_flows=round(sk.count),
-            throughput_mbps=[sk.get_quantile_value(q) if sk.count else None for q in QUANTILES],
+            sketched_flows=round(self.sketch.count),
+            throughput_mbps=_quantiles(self.sketch),
+            delay_sketched_flows=round(self.delay_sketch.count),
+            queue_delay_ms=_quantiles(self.delay_sketch),
             mean_queue_delay_ms=mean,
             queue_delay_sd_ms=var**0.5,
         )
@@ -429,9 +447,10 @@ class _Arm:
 
 @router.get("/percentiles", responses=NO_CONTEXT)
 def percentiles(policy: PolicyDep, booster: BoosterDep, context: ContextQuery) -> PercentilesOut:
-    """Throughput percentiles of one context's flows over the history window, merged from the
-    agents' sketches per arm: all Fusion flows, today's incumbent θ, each other CC seen.
-    Agents sketch throughput only; queueing delay is its mean and standard deviation."""
+    """Throughput and queueing-delay percentiles of one context's flows over the history
+    window, merged from the agents' sketches per arm: all Fusion flows, today's incumbent θ,
+    each other CC seen. Flows sent without a sketch (older agents send no delay sketch) are
+    counted in ``flows`` and left out of that sketch's percentiles."""
     context_id = _context_id(booster.engine, context)
     incumbent, _ = _incumbent_key(booster, policy, context)
     recent = _recent_reports(policy)
@@ -440,6 +459,7 @@ def percentiles(policy: PolicyDep, booster: BoosterDep, context: ContextQuery) -
             ReportAggregate.cc,
             ReportAggregate.theta_key,
             ReportAggregate.sketch,
+            ReportAggregate.delay_sketch,
             *(getattr(ReportAggregate, f) for f in SUM_FIELDS),
         )
         .join(recent, recent.c.id == ReportAggregate.report_pk)
@@ -449,11 +469,11 @@ def percentiles(policy: PolicyDep, booster: BoosterDep, context: ContextQuery) -
         reports, truncated = _count_recent_reports(conn, policy)
         rows = conn.execute(q).all()
     arms: dict[str, _Arm] = defaultdict(_Arm)
-    for cc, key, raw, n, *sums in rows:
+    for cc, key, raw, raw_delay, n, *sums in rows:
         flow_sums = FlowSums(int(n), *map(float, sums))
         names = [cc] if cc else [FUSION_ARM] + ([INCUMBENT_ARM] if key == incumbent else [])
         for name in names:
-            arms[name].add(flow_sums, raw)
+            arms[name].add(flow_sums, raw, raw_delay)
     order = [FUSION_ARM, INCUMBENT_ARM, *sorted(set(arms) - {FUSION_ARM, INCUMBENT_ARM})]
     return PercentilesOut(
         label=context,
@@ -461,6 +481,5 @@ def percentiles(policy: PolicyDep, booster: BoosterDep, context: ContextQuery) -
         quantiles=list(QUANTILES),
         reports=reports,
         truncated=truncated,
-        delay_note="agents sketch throughput only: queueing delay is a mean and a deviation",
         arms=[arms[a].out(a) for a in order if a in arms],
     )

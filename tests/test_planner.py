@@ -12,6 +12,7 @@ from gemini_api.theta import load_spec
 from gemini_booster.domain import ContextKey, FlowSums, Trial
 from gemini_booster.models import Policy
 from gemini_booster.policy import acquisition, history
+from gemini_booster.policy import planner as planner_module
 from gemini_booster.policy.planner import Planner, PolicyState
 
 SPEC = load_spec()
@@ -291,3 +292,33 @@ def test_diverse_top_gives_at_most_k_points_and_none_for_zero():
     assert acquisition.diverse_top(X, score, 0) == []
     top = acquisition.diverse_top(X, score, 4)
     assert len(top) == 4 and top[0] == int(np.argmax(score))
+
+
+def test_a_change_is_dated_from_the_first_bucket_after_the_old_regime():
+    """A θ that did not run in the hour the path changed shows the change only at its next
+    bucket; the regime still starts at the change, so the new regime's first hour is kept."""
+    rng = np.random.default_rng(3)
+    inc, other = theta(50, 5), theta(30, 2)
+    data = [trial(1, inc, flows(90.0, 80, rng), h) for h in range(15)]
+    data += [trial(1, inc, flows(70.0, 80, rng), h) for h in range(15, 18)]
+    data += [trial(1, other, flows(85.0, 80, rng), h) for h in range(14)]
+    data += [trial(1, other, flows(60.0, 80, rng), h) for h in range(16, 18)]  # not run at 15
+    assert history.change_points(data, 1.0, {1: SPEC.key(inc)}) == {1: T0 + timedelta(hours=15)}
+
+
+def test_after_a_change_the_context_searches_with_ei_for_the_recovery_window():
+    rng = np.random.default_rng(4)
+    planner, state = Planner(SPEC), PolicyState()
+    pol = policy(n_initial_points=4, acq_func="gp_hedge")
+    contexts = {1: ContextKey("a", "b", "c", "d", 0)}
+    state.gains = {"EI": -50.0, "PI": 50.0, "LCB": -50.0}  # the hedge would pick PI
+    inc = theta(99, 10)
+    data = [trial(1, inc, flows(surface(inc, (0.9, 0.9)), 80, rng), h) for h in range(15)]
+    data += [trial(1, inc, flows(surface(inc, (0.1, 0.1)), 80, rng), h) for h in range(15, 17)]
+    data += grid_trials(1, 16, rng, peak=(0.1, 0.1))
+    incumbents = {1: SPEC.key(inc)}
+    soon = planner.plan(pol, data, contexts, [1], state, T0 + timedelta(hours=17), incumbents)
+    assert state.changes == {1: T0 + timedelta(hours=15)}
+    assert soon[1].acquisition == "EI"
+    later = T0 + timedelta(hours=15 + planner_module.RECOVERY_HOURS + 1)
+    assert planner.plan(pol, data, contexts, [1], state, later, incumbents)[1].acquisition == "PI"

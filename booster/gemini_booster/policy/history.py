@@ -67,21 +67,31 @@ def _time(t: Trial) -> datetime:
     return t.bucket if t.bucket is not None else t.last_seen
 
 
-def best_split(buckets: list[Trial], sigma: float) -> tuple[datetime, float] | None:
+@dataclass(frozen=True)
+class Split:
+    """Where one θ's buckets change: its last bucket of the old regime, its first of the new,
+    and Welch's z of the shift between the two sides."""
+
+    last_before: datetime
+    first_after: datetime
+    z: float
+
+
+def best_split(buckets: list[Trial], sigma: float) -> Split | None:
     """The split of one θ's time-ordered buckets with the largest |z| between the mean
-    utilities before and after it, as (first bucket after, z); None with too few flows."""
+    utilities before and after it; None with too few flows on either side."""
     buckets = sorted(buckets, key=_time)
     total = FlowSums.total(b.sums for b in buckets)
     before = FlowSums()
-    best: tuple[datetime, float] | None = None
+    best: Split | None = None
     for i in range(1, len(buckets)):
         before = before + buckets[i - 1].sums
         after = total - before
         if before.flow_count < DRIFT_MIN_FLOWS or after.flow_count < DRIFT_MIN_FLOWS:
             continue
         z = _shift_z(before.utility(sigma), after.utility(sigma))
-        if z is not None and (best is None or abs(z) > abs(best[1])):
-            best = (_time(buckets[i]), z)
+        if z is not None and (best is None or abs(z) > abs(best.z)):
+            best = Split(_time(buckets[i - 1]), _time(buckets[i]), z)
     return best
 
 
@@ -98,7 +108,15 @@ def change_points(
     trials: Iterable[Trial], sigma: float, incumbents: Mapping[int, str]
 ) -> dict[int, datetime]:
     """Per context, the start of its current regime when a change is evident in the θ it ran
-    most (the published incumbent first)."""
+    most (the published incumbent first).
+
+    A θ that shows the change only bounds it: the change came after its last bucket before the
+    split and no later than its first bucket after. A θ that did not run in the bucket where
+    the path changed puts its first bucket after later than the change, so the start is the
+    context's first bucket after the latest "last before" of the θ that show it: the earliest
+    instant every one of them agrees with, which keeps all of the new regime's data (taking
+    the latest "first after" instead would drop the new regime's first buckets and restart
+    the context's search a second time)."""
     by_theta: dict[int, dict[str, list[Trial]]] = defaultdict(lambda: defaultdict(list))
     for t in trials:
         by_theta[t.context_id][t.theta_key].append(t)
@@ -109,10 +127,13 @@ def change_points(
         if incumbent in thetas:
             order.remove(incumbent)
             order.insert(0, incumbent)
-        for key in order[:DRIFT_THETAS]:
-            split = best_split(thetas[key], sigma)
-            if split is not None and abs(split[1]) >= DRIFT_Z:
-                found[context_id] = max(found.get(context_id, split[0]), split[0])
+        splits = [best_split(thetas[key], sigma) for key in order[:DRIFT_THETAS]]
+        shown = [s for s in splits if s is not None and abs(s.z) >= DRIFT_Z]
+        if shown:
+            old_until = max(s.last_before for s in shown)
+            found[context_id] = min(
+                _time(b) for buckets in thetas.values() for b in buckets if _time(b) > old_until
+            )
     return found
 
 

@@ -34,6 +34,9 @@ while the acquisition still rates it, so that a refit moves few hosts.
 ``Optimizer`` does: each of EI, PI and LCB proposes, one is picked with probability
 softmax(η·gains), and every proposer is credited with the model's later estimate of its pick.
 It is maximised over the whole region by ``acquisition.py``: a pool, then batched polish.
+For ``RECOVERY_HOURS`` after a detected change of its path a context uses EI instead: the
+hedge's gains were earned on the old surface and by then favour PI, whose picks stay next to
+the best θ seen and crawl from the old optimum toward the new one.
 
 Until a context (``independent``) or the policy (otherwise) has ``n_initial_points`` distinct
 θ, candidates come from a space-filling initial design (a maximin Latin hypercube).
@@ -45,7 +48,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import numpy as np
 
@@ -67,6 +70,8 @@ SWITCH_Z = 1.5  # a challenger must beat the incumbent by this many std of the d
 # on benchmarks/optimiser.py: 2.0 held worse incumbents longer, 1.0 changed them more often)
 KEEP_SCORE_SHARE = 0.1  # an unrun candidate keeps its slot above this share of the best score
 HEDGE_ETA = 1.0
+RECOVERY_HOURS = 6.0  # after a detected change of path, a context re-explores with EI this long
+RECOVERY_ACQUISITION = "EI"  # (chosen on benchmarks/optimiser.py's drift landscape, 40 seeds)
 DESIGN_CACHE_MAX = 20_000  # contexts' initial designs kept between refits
 
 
@@ -90,6 +95,16 @@ class PolicyState:
     context_kernels: dict[int, object] = field(default_factory=dict)  # independent mode
     changes: dict[int, datetime] = field(default_factory=dict)  # drift: regime starts
     model_points: int = 0  # observations that informed the last refit's plans
+
+
+def recovering(state: PolicyState, now: datetime | None) -> set[int]:
+    """Contexts whose current regime (since a detected change of path) began at most
+    RECOVERY_HOURS before ``now`` (none without a clock)."""
+    if now is None:
+        return set()
+    return {
+        c for c, start in state.changes.items() if now - start <= timedelta(hours=RECOVERY_HOURS)
+    }
 
 
 def context_features(key: ContextKey, time_buckets: int) -> tuple:
@@ -197,6 +212,7 @@ class Planner:
             _seed(policy.id, policy.revision, len(trials), sum(o.flows for o in obs))
         )
         plan = _Refit(self, policy, space, obs, contexts, state, incumbents, candidates, rng)
+        plan.recovering = recovering(state, now)
         plans = plan.run(targets)
         state.model_points = plan.points_used
         return plans
@@ -213,7 +229,10 @@ class Planner:
         """Observations of each context's current regime; a context whose path changed loses
         its incumbent's protection."""
         recent = history.in_window(trials, now, policy.history_hours)
-        for c, start in history.change_points(recent, policy.sigma, incumbents).items():
+        # Changes are sought in each context's current regime only: a change already answered
+        # is not found again, and the old regime's shift cannot mask a new one.
+        regime = history.since_change(recent, state.changes)
+        for c, start in history.change_points(regime, policy.sigma, incumbents).items():
             known = state.changes.get(c)
             if known is None or start > known:  # a change not answered yet
                 state.changes[c] = start
@@ -271,6 +290,7 @@ class _Refit:
         self.params: KernelParams | None = None
         self.base: Training | None = None
         self.y_mean, self.y_std = 0.0, 1.0
+        self.recovering: set[int] = set()
 
     @property
     def points_used(self) -> int:
@@ -402,7 +422,10 @@ class _Refit:
         self._credit(context_id, model)
         eligible = [o for o in scope if o.flows >= self.policy.min_flows]
         incumbent, inc_loss, anchors, challenger = self._incumbent(context_id, model, eligible)
-        chosen = self._choose_acquisition()
+        # GP-Hedge's gains were earned on the context's old surface (and favour PI, whose
+        # picks hug the best point seen); a context whose path changed searches with EI.
+        recovering = context_id in self.recovering and RECOVERY_ACQUISITION in ACQUISITIONS
+        chosen = RECOVERY_ACQUISITION if recovering else self._choose_acquisition()
         current = self._current_candidates(context_id)
         X, score = acquisition.maximise(
             self.space, model.posterior, inc_loss, chosen, anchors, current, self.rng

@@ -91,7 +91,9 @@ def test_the_agent_wrote_the_policys_theta_into_the_guest_kernel(run):
         assert lo <= theta["beta"] <= hi
     tuned = run.readings["day-0"]["cubic"]
     assert tuned in published  # an incumbent Booster published ran on the tuned day
-    assert run.phases[TUNED_ARM]["theta_keys"] == [CUBIC.key(tuned)]
+    # every θ the tuned arm's compared intervals ran was an incumbent (with exploration off,
+    # a refit on the new flows may still move it)
+    assert set(run.phases[TUNED_ARM]["theta_keys"]) <= {CUBIC.key(t) for t in published}
 
 
 @pytest.mark.lab

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gemini_api.aggregate import AggregateBuilder, FlowStats
-from gemini_api.theta import load_spec
+from gemini_api.theta import load_datapath, load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
@@ -67,3 +67,58 @@ def test_each_hosts_flows_of_its_arm_count_once(booster):
     assert by_arm["fusion"]["flows"] == 6 and by_arm["fusion"]["hosts"] == 2
     assert by_arm["control"]["throughput_mbps"]["mean"] == pytest.approx(20.0, rel=1e-3)
     assert by_arm["fusion"]["throughput_mbps"]["mean"] == pytest.approx(10.0, rel=1e-3)
+
+
+def cubic_tuned(mbps: float, flows: int, theta: dict[str, int]) -> pb.Aggregate:
+    """A CUBIC policy's own flows under the θ its agent set: cc empty, θ as datapath_theta."""
+    a = aggregate(mbps, flows, "")
+    a.ClearField("theta")
+    a.datapath_theta.CopyFrom(pb.DatapathTheta(datapath="cubic", values=theta))
+    return a
+
+
+def test_a_cubic_policys_hosts_count_in_the_default_and_the_tuned_cubic_arm(booster):
+    """'CUBIC at the kernel's defaults' against 'CUBIC tuned by Booster', the hosts' own policy
+    tuning CUBIC: the tuned arm's flows (cc empty, CUBIC's θ) count for the cubic arm that
+    tunes, and the default arm's cubic flows (cc 'cubic', no θ: the agent set none) are stored
+    as a baseline and count for the default arm, not refused."""
+    cubic = load_datapath("cubic")
+    r = booster.http.post(
+        "/v1/policies", json={"name": "tcp", "target_cc": "cubic"}, headers=auth(OPERATOR)
+    )
+    assert r.status_code == 201, r.text
+    now = datetime.now(UTC)
+    body = {
+        "name": "cubic-tuning",
+        "arms": [
+            {"name": "default", "cc": "cubic"},
+            {"name": "tuned", "cc": "cubic", "params": "policy", "policy": "tcp"},
+        ],
+        "population": {"regions": {"eu": HOSTS}},
+        "start": (now - timedelta(hours=1)).isoformat(),
+        "end": (now + timedelta(days=3)).isoformat(),
+    }
+    r = booster.http.post("/v1/experiments", json=body, headers=auth(OPERATOR))
+    assert r.status_code == 201, r.text
+    tuned_theta = cubic.default() | {"beta": 900}
+    for h in HOSTS:
+        got = booster.http.get(f"/v1/hosts/{h}/experiment", headers=auth(OPERATOR)).json()
+        own = (
+            aggregate(20.0, 5, "cubic")
+            if got["experiment"]["arm"]["name"] == "default"
+            else cubic_tuned(10.0, 3, tuned_theta)
+        )
+        req = sim.make_report(h, "tcp", [own, aggregate(30.0, 2, "bbr")])
+        assert booster.stub().ReportAggregates(req, metadata=agent_md()).aggregates_stored == 2
+    out = booster.http.get(
+        "/v1/experiments/cubic-tuning/results?sigma=0", headers=auth(OPERATOR)
+    ).json()
+    by_arm = {a["arm"]: a for a in out["overall"]["arms"]}
+    assert by_arm["default"]["flows"] == 10 and by_arm["default"]["hosts"] == 2
+    assert by_arm["tuned"]["flows"] == 6 and by_arm["tuned"]["hosts"] == 2
+    assert by_arm["default"]["throughput_mbps"]["mean"] == pytest.approx(20.0, rel=1e-3)
+    assert by_arm["tuned"]["throughput_mbps"]["mean"] == pytest.approx(10.0, rel=1e-3)
+    policy = booster.booster.policies["tcp"]
+    assert set(repo.load_baselines(booster.engine, policy.id)) == {"bbr", "cubic"}
+    [trial] = repo.load_trials(booster.engine, policy.id)
+    assert trial.flow_count == 6

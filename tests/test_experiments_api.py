@@ -327,11 +327,12 @@ def test_openapi_documents_each_refusal(booster, method, path, statuses) -> None
 
 def test_arm_flows_takes_the_flows_of_the_hosts_arm_only(booster) -> None:
     """What the ingest path will store for a report: the aggregates of the CC the host's arm
-    runs ('' for Fusion's), on the day of the report's interval start, nothing else."""
+    runs (a tuned aggregate stands for its policy's CC), on the day of the report's interval
+    start, nothing else."""
     assert create(booster.http).status_code == 201
     now = datetime.now(UTC)
     fusion, cubic, bbr = (FlowSums.of_flow(t, 10.0) for t in (80.0, 60.0, 40.0))
-    parts = [("", fusion, 0), ("cubic", cubic, 1), ("bbr", bbr, 0), ("cubic", cubic, 0)]
+    parts = [("fusion", fusion, 0), ("cubic", cubic, 1), ("bbr", bbr, 0), ("cubic", cubic, 0)]
     taken = {}
     for host in HOSTS:
         found = store.host_assignment(booster.engine, host, now)

@@ -656,11 +656,10 @@ def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
         "",
         f"## Results endpoint (σ = {result.results.get('sigma')}; one host: no interval)",
         "",
-        "The endpoint counts a CUBIC arm's flows only where the agent reported them as cubic "
-        "baselines; a CUBIC arm tuned by a policy reports them as the policy's trials (cc "
-        "empty, with the θ that ran), so its tuned day holds only the few flows reported "
-        "before the agent first wrote the policy's θ. The comparison above is from the stored "
-        "reports.",
+        "The endpoint counts each arm's flows of its CC: the tuned arm's as the cubic "
+        "policy's trials (cc empty, with the θ that ran), the default arm's as cubic "
+        "baselines. Its tuned day includes the search, and its intervals are over hosts, so "
+        "one host gives none: the comparison above is from the stored reports.",
         "",
         "| day | period | arm | flows | utility | throughput Mbit/s | queueing ms |",
         "|---|---|---|---:|---:|---:|---:|",

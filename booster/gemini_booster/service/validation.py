@@ -190,12 +190,9 @@ def _theta_key(
     θ comes as ``theta``, another datapath's (the policy's spec: CUBIC's module parameters for
     target_cc "cubic") as ``datapath_theta``."""
     if a.cc:
-        if not CC_NAME.fullmatch(a.cc):
-            problems.append(f"{path}.cc: {a.cc[:32]!r} is not a kernel congestion-control name")
-        elif a.cc == policy.target_cc:
-            problems.append(f"{path}.cc: {a.cc!r} flows leave cc empty and carry theta")
-        elif a.HasField("theta") or a.HasField("datapath_theta"):
-            problems.append(f"{path}.theta: a baseline ({a.cc}) aggregate carries no theta")
+        problem = _baseline_problem(a, spec, policy)
+        if problem:
+            problems.append(f"{path}.{problem}")
         return ""
     if policy.spec.datapath != spec.datapath:
         theta = _datapath_theta(a, path, policy.spec, problems)
@@ -206,6 +203,21 @@ def _theta_key(
         return None
     problems += [f"{path}.theta.{v}" for v in spec.violations(theta, policy.resolved_bounds())]
     return spec.key(theta)
+
+
+def _baseline_problem(a: pb.Aggregate, spec: ThetaSpec, policy: Policy) -> str | None:
+    """What is wrong with a baseline aggregate (``cc`` set: flows not run under a θ the agent
+    set), if anything. The policy's own CC is a baseline only for a host-wide datapath (CUBIC
+    at the kernel's defaults, e.g. an experiment's default arm); Fusion's flow records always
+    name the θ they ran, so its flows leave cc empty."""
+    if not CC_NAME.fullmatch(a.cc):
+        return f"cc: {a.cc[:32]!r} is not a kernel congestion-control name"
+    own = a.cc == policy.target_cc
+    if own and (policy.spec.datapath == spec.datapath or a.HasField("datapath_theta")):
+        return f"cc: {a.cc!r} flows leave cc empty and carry theta"
+    if a.HasField("theta") or a.HasField("datapath_theta"):
+        return f"theta: a baseline ({a.cc}) aggregate carries no theta"
+    return None
 
 
 def _fusion_theta(
@@ -340,6 +352,7 @@ def report_row(
         policy_name=policy.name,
         max_contexts=policy.max_contexts,
         trial_bucket_hours=policy.trial_bucket_hours,
+        target_cc=policy.target_cc,
         interval_start=datetime.fromtimestamp(req.interval_start_unix_ms / 1000, UTC),
         interval_end=datetime.fromtimestamp(req.interval_end_unix_ms / 1000, UTC),
         aggregates=tuple(r for r in rows if r is not None),

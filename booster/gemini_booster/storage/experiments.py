@@ -53,7 +53,6 @@ from ..domain import SUM_FIELDS, FlowSums
 from ..experiments.assignment import Assignment, assignment, initial_groups, join_groups
 from ..experiments.domain import (
     CALENDAR_DAY_SECONDS,
-    FUSION,
     MIN_DAY_SECONDS,
     ArmSpec,
     ArmStop,
@@ -543,14 +542,14 @@ _ADDED = (*SUM_FIELDS, "slow_flows", "report_count")
 def arm_flows(
     found: Assignment, host_id: str, at: datetime, parts: Iterable[tuple[str, FlowSums, int]]
 ) -> ArmFlows | None:
-    """What one report adds to its host's arm: of ``parts`` (cc, sums, slow flows) per
-    aggregate, as stored in ``report_aggregates``, where cc is '' for Fusion's flows), those
-    of the arm's CC, on the experiment day of ``at`` (the report's interval start: the whole
-    report counts for that day, so a rehearsal's agents report at intervals no longer than its
-    day); None without any. ``found`` is ``assignment(experiment, host_id, at)`` (or
+    """What one report adds to its host's arm: of ``parts`` (the CC the flows ran, sums, slow
+    flows) per aggregate (``ReportRow.flows_by_cc``: a tuned aggregate stands for its
+    policy's CC, whether the arm tunes it or the host's own policy does), those of the arm's
+    CC, on the experiment day of ``at`` (the report's interval start: the whole report counts
+    for that day, so a rehearsal's agents report at intervals no longer than its day); None
+    without any. ``found`` is ``assignment(experiment, host_id, at)`` (or
     ``host_assignment``)."""
-    wanted = "" if found.arm.cc == FUSION else found.arm.cc
-    mine = [(sums, slow) for cc, sums, slow in parts if cc == wanted]
+    mine = [(sums, slow) for cc, sums, slow in parts if cc == found.arm.cc]
     if not mine or not any(s.flow_count for s, _ in mine):
         return None
     return ArmFlows(

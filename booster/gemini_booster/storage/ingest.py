@@ -76,6 +76,12 @@ class ReportRow:
     interval_end: datetime
     aggregates: tuple[AggregateRow, ...]
     trial_bucket_hours: int = 1
+    target_cc: str = "fusion"  # the CC whose flows leave cc empty: the policy's datapath
+
+    def flows_by_cc(self) -> list[tuple[str, FlowSums, int]]:
+        """(the CC the flows ran, sums, slow flows) per aggregate: a tuned aggregate's cc is
+        empty and stands for the policy's own CC."""
+        return [(a.cc or self.target_cc, a.sums, a.slow_flows) for a in self.aggregates]
 
     def contexts(self) -> set[ContextKey]:
         return {a.context for a in self.aggregates}
@@ -503,8 +509,7 @@ def _record_experiment_flows(conn: Connection, new: Sequence[ReportRow]) -> None
             arm = assignment(e, r.host_id, r.interval_start)
             if arm is None:
                 continue
-            parts = [(a.cc, a.sums, a.slow_flows) for a in r.aggregates]
-            found = experiments.arm_flows(arm, r.host_id, r.interval_start, parts)
+            found = experiments.arm_flows(arm, r.host_id, r.interval_start, r.flows_by_cc())
             if found is not None:
                 flows.append(found)
             break

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,10 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from gemini_agent.aggregator import Flow
+from gemini_agent.config import AgentSettings
+from gemini_agent.daemon import Agent
 from gemini_agent.datapath import ModuleParams, host_theta
+from gemini_agent.writeback import Kernel
 from gemini_api.aggregate import AggregateBuilder, FlowStats
 from gemini_api.theta import ThetaError, datapath_of, datapaths, load_datapath, load_spec
 from gemini_api.v1 import booster_pb2 as pb
@@ -27,7 +31,7 @@ from gemini_booster import simulation as sim
 from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
-from .conftest import OPERATOR, agent_md, auth
+from .conftest import AGENT, OPERATOR, agent_md, auth, serve
 from .test_experiment_arm import _agent
 
 CUBIC = load_datapath("cubic")
@@ -284,3 +288,115 @@ def test_migration_moves_cubic_policies_into_cubics_space(db_url) -> None:
     assert policies["c"].region == "production" and policies["c"].revision == 2
     assert policies["c"].resolved_bounds() == CUBIC.region_bounds("production")
     assert policies["w"].resolved_bounds() == CUBIC.region_bounds("wide")
+
+
+# -- an agent on a CUBIC policy, against a whole Booster ---------------------------------------
+
+STALENESS_S = 600.0  # long enough never to pass by itself; the tests move the agent's clock
+
+
+def cubic_policy(http, name: str = "tcp") -> None:
+    """A cubic policy whose region keeps β in [0.83, 0.88]: Booster's default for it (the
+    kernel's defaults moved into the region) is a θ the kernel does not run by itself."""
+    bounds = {k: list(v) for k, v in CUBIC.region_bounds("production").items()}
+    bounds["beta"] = [850, 900]
+    body = {"name": name, "target_cc": "cubic", "region": "custom", "bounds": bounds}
+    r = http.post("/v1/policies", json=body, headers=auth(OPERATOR))
+    assert r.status_code == 201, r.text
+
+
+def module_dir(tmp_path: Path) -> Path:
+    """A directory laid out like /sys/module/tcp_cubic/parameters at the kernel's defaults
+    (the agent's writes land here instead of in this machine's kernel)."""
+    root = tmp_path / "tcp_cubic"
+    root.mkdir()
+    for name, value in KERNEL_DEFAULTS.items():
+        (root / name).write_text(f"{value}\n")
+    return root
+
+
+def cubic_agent(tmp_path: Path, target: str, params: ModuleParams) -> Agent:
+    """An agent of policy 'tcp' talking gRPC to the Booster at ``target``; Fusion's sysctls
+    and CUBIC's module parameters in directories."""
+    fusion = tmp_path / "net-fusion"
+    fusion.mkdir()
+    for name, value in FUSION_DEFAULT.items():
+        (fusion / name).write_text(f"{value}\n")
+    settings = AgentSettings(
+        host_id="host-1",
+        policy="tcp",
+        booster_address=target,
+        token=AGENT,
+        spool_dir=tmp_path / "spool",
+        sysctl_root=fusion,
+        rpc_deadline_s=5,
+        retry_initial_s=0.01,
+        retry_max_s=0.02,
+        staleness_s=STALENESS_S,
+    )
+    return Agent(
+        settings, kernel=Kernel(fusion, use_netlink=False), module_params={"cubic": params}
+    )
+
+
+def agent_lines(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("gemini_agent") and words in r.getMessage()
+    ]
+
+
+def fusion_values(agent: Agent) -> dict[str, int]:
+    return {n: int((agent.s.sysctl_root / n).read_text()) for n in FUSION_DEFAULT}
+
+
+def test_an_agent_on_a_cubic_policy_refuses_no_fusion_theta(db_url, tmp_path, caplog) -> None:
+    """Booster's answers for a cubic policy carry CUBIC's θ and no Fusion θ: refresh after
+    refresh the agent writes the CUBIC θ and refuses, counts and logs nothing, and leaves
+    Fusion's sysctls as they were."""
+    caplog.set_level(logging.INFO, logger="gemini_agent")
+    params = ModuleParams(CUBIC, module_dir(tmp_path))
+    with serve(db_url) as b:
+        cubic_policy(b.http)
+        agent = cubic_agent(tmp_path, b.grpc_target, params)
+        req = pb.GetParametersRequest(host_id="host-1", policy="tcp")
+        answer = b.stub().GetParameters(req, metadata=agent_md())
+        assert not answer.HasField("default_theta")  # nothing of Fusion's in it
+        tuned = host_theta(answer, "cubic")
+        for _ in range(5):
+            agent.refresh_theta()
+    assert tuned is not None and 850 <= tuned["beta"] <= 900
+    assert params.read() == tuned
+    assert agent.metrics.theta_refused._value.get() == 0
+    assert agent_lines(caplog, "refusing") == []
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert fusion_values(agent) == FUSION_DEFAULT
+
+
+def test_a_cubic_theta_outside_the_wide_region_is_refused_once_never_written(
+    booster, tmp_path, monkeypatch, caplog
+) -> None:
+    """Booster's real answer with β past Θ' (as a faulty Booster would send it): the module
+    parameters keep the kernel's values, and the refusal is counted once and logged once;
+    the next, good answer is written."""
+    cubic_policy(booster.http)
+    req = pb.GetParametersRequest(host_id="h", policy="tcp")
+    good = booster.stub().GetParameters(req, metadata=agent_md())
+    bad = pb.GetParametersResponse()
+    bad.CopyFrom(good)
+    bad.default_datapath_theta.values["beta"] = CUBIC.region_bounds("wide")["beta"][1] + 24
+    params = ModuleParams(CUBIC, module_dir(tmp_path))
+    answers = [bad.SerializeToString(), good.SerializeToString()]
+    agent = _agent(tmp_path, answers, {"cubic": params}, monkeypatch)
+    caplog.set_level(logging.INFO, logger="gemini_agent")
+    agent.refresh_theta()
+    assert params.read() == KERNEL_DEFAULTS and params.saved is None  # nothing written
+    assert agent.metrics.theta_refused._value.get() == 1
+    [line] = agent_lines(caplog, "refusing")
+    assert "cubic" in line and "beta" in line
+    agent.refresh_theta()
+    assert params.read() == host_theta(good, "cubic") != KERNEL_DEFAULTS
+    assert (
+        agent.metrics.theta_refused._value.get() == 1 and len(agent_lines(caplog, "refusing")) == 1
+    )

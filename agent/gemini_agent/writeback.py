@@ -33,7 +33,7 @@ from gemini_agent.table import (
     compile_table,
 )
 from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
-from gemini_api.theta import ThetaError, ThetaSpec, load_spec
+from gemini_api.theta import ThetaError, ThetaSpec, datapath_of, load_spec
 from gemini_api.v1 import booster_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -113,8 +113,12 @@ class ThetaApplier:
         return theta
 
     def plan_from(self, resp: pb.GetParametersResponse, places: Sequence[Place]) -> Plan:
-        """Booster's answer, each θ checked; a refused θ keeps what that context ran before."""
+        """Booster's answer, each θ checked; a refused θ keeps what that context ran before.
+        An answer for a policy of another datapath (CUBIC's) carries that datapath's θ and
+        none of this spec's: nothing here to check or refuse, the kernel keeps its plan."""
         previous = self.applied or Plan(self.safe_default, {})
+        if datapath_of(resp.target_cc) != self.spec.datapath:
+            return previous
         default = self.checked(self.spec.from_message(resp.default_theta))
         per_place = dict(previous.per_place)
         for params, place in zip(resp.parameters, places, strict=True):

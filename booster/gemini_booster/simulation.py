@@ -94,9 +94,10 @@ def make_aggregate(
     delay = np.maximum(mean_delay * (1 + 0.1 * rng.standard_normal(flows)), 0.0)
     tpt = np.maximum(mean_tpt + noise_mbps * rng.standard_normal(flows), 0.01)
     sizes = rng.lognormal(mean=14.0, sigma=2.0, size=flows)
-    sk = sketches.new_sketch()
-    for v in tpt:
+    sk, delay_sk = sketches.new_sketch(), sketches.new_sketch()
+    for v, d in zip(tpt, delay, strict=True):
         sk.add(float(v))
+        delay_sk.add(float(d))
     return pb.Aggregate(
         theta=pb.Theta(**theta),
         theta_version=1,
@@ -108,6 +109,7 @@ def make_aggregate(
         queue_delay_ms_sq_sum=float((delay * delay).sum()),
         throughput_queue_delay_sum=float((tpt * delay).sum()),
         throughput_sketch=sketches.to_proto(sk),
+        queue_delay_sketch=sketches.to_proto(delay_sk),
         slow_flow_count=int((tpt < SLOW_FLOW_MBPS).sum()),
         size_bucket_counts=np.bincount(
             np.searchsorted(SIZE_EDGES_BYTES, sizes, side="right"), minlength=5

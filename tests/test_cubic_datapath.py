@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -347,8 +348,21 @@ def agent_lines(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
     ]
 
 
+def stale_fallbacks(agent: Agent) -> float:
+    value = agent.metrics.registry.get_sample_value(
+        "gemini_agent_fallbacks_total", {"reason": "stale"}
+    )
+    assert value is not None
+    return value
+
+
 def fusion_values(agent: Agent) -> dict[str, int]:
     return {n: int((agent.s.sysctl_root / n).read_text()) for n in FUSION_DEFAULT}
+
+
+def a_cubic_flow() -> Flow:
+    stats = FlowStats(2_000_000, 1_000_000, 50_000, 40_000)
+    return Flow("192.0.2.1", stats, {}, 0, dt.datetime.now(dt.UTC), cc="cubic")
 
 
 def test_an_agent_on_a_cubic_policy_refuses_no_fusion_theta(db_url, tmp_path, caplog) -> None:
@@ -400,3 +414,75 @@ def test_a_cubic_theta_outside_the_wide_region_is_refused_once_never_written(
     assert (
         agent.metrics.theta_refused._value.get() == 1 and len(agent_lines(caplog, "refusing")) == 1
     )
+
+
+def test_cubic_falls_back_to_the_kernels_defaults_when_booster_is_stale_and_back_after(
+    db_url, tmp_path, caplog
+) -> None:
+    """Booster goes away: once its silence passes staleness_s the module parameters hold the
+    spec's defaults (the kernel's), counted and logged once however many refreshes fail, and
+    the flows since are reported as CUBIC baselines, not as trials of Booster's θ. Booster
+    comes back on the same address: its θ is written again. Booster stores both reports."""
+    caplog.set_level(logging.INFO, logger="gemini_agent")
+    params = ModuleParams(CUBIC, module_dir(tmp_path))
+    with serve(db_url) as b:
+        cubic_policy(b.http)
+        target = b.grpc_target
+        agent = cubic_agent(tmp_path, target, params)
+        agent.refresh_theta()
+        tuned = params.read()
+        assert tuned != KERNEL_DEFAULTS and 850 <= tuned["beta"] <= 900
+    agent.aggregator.add(a_cubic_flow())  # ran Booster's θ
+    agent.applier.last_ok -= STALENESS_S  # Booster's last answer is older than the limit now
+    fallbacks = stale_fallbacks(agent)
+    for _ in range(3):
+        agent.refresh_theta()  # Booster is away
+        assert params.read() == KERNEL_DEFAULTS
+    [line] = agent_lines(caplog, "cubic falls back")
+    assert "no θ from Booster" in line
+    assert stale_fallbacks(agent) == fallbacks + 2  # Fusion's safe default and CUBIC's, once
+    assert agent.aggregator.datapath_theta is None and len(agent.spool) == 1
+    agent.aggregator.add(a_cubic_flow())  # ran the kernel's defaults
+    with serve(db_url, grpc_listen=target) as b:
+        for _ in range(600):  # the agent's channel reconnects after Booster's restart
+            agent.refresh_theta()
+            if not agent.applier.fell_back:
+                break
+            time.sleep(0.05)
+        assert not agent.applier.fell_back, "Booster never answered again"
+        assert params.read() == tuned
+        assert agent.aggregator.datapath_theta is not None
+        assert dict(agent.aggregator.datapath_theta.values) == tuned
+        assert len(agent.spool) == 2  # the interval at the defaults closed before the change
+        while agent.reporter.drain() == 0 and len(agent.spool):
+            time.sleep(0.05)
+        agent.reporter.drain()
+        assert len(agent.spool) == 0
+        with b.engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT cc, theta_key, flow_count FROM trials ORDER BY cc")
+            ).all()
+    assert [tuple(r) for r in rows] == [("", CUBIC.key(tuned), 1), ("cubic", "", 1)]
+    assert stale_fallbacks(agent) == fallbacks + 2 and agent.metrics.theta_refused._value.get() == 0
+
+
+def test_cubic_falls_back_on_a_host_without_fusions_sysctls(db_url, tmp_path, caplog) -> None:
+    """Fusion's fallback cannot be written (no module, no net.fusion sysctls): that is logged
+    once and the agent carries on; CUBIC still falls back, counted once."""
+    caplog.set_level(logging.INFO, logger="gemini_agent")
+    params = ModuleParams(CUBIC, module_dir(tmp_path))
+    with serve(db_url) as b:
+        cubic_policy(b.http)
+        agent = cubic_agent(tmp_path, b.grpc_target, params)
+        agent.refresh_theta()
+    assert params.read() != KERNEL_DEFAULTS
+    for name in FUSION_DEFAULT:
+        (agent.s.sysctl_root / name).unlink()
+    agent.applier.last_ok -= STALENESS_S
+    fallbacks = stale_fallbacks(agent)
+    for _ in range(2):
+        agent.refresh_theta()
+    assert params.read() == KERNEL_DEFAULTS
+    assert stale_fallbacks(agent) == fallbacks + 1
+    assert len(agent_lines(caplog, "cannot write Fusion's safe default")) == 1
+    assert len(agent_lines(caplog, "cubic falls back")) == 1

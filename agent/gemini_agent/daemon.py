@@ -1,7 +1,10 @@
 """The agent's main loop: every interval, close the aggregates into a report, spool it, drain
 the spool to Booster, ask Booster for θ and write it into the kernel. Booster's errors are
-logged and counted, never fatal: the kernel keeps its last good θ. Neither is a refusal by the
-module: every destination then runs the default θ until the next plan.
+logged and counted, never fatal: the kernel keeps its last good θ, until Booster has been
+silent longer than `staleness_s`; then every datapath the agent set falls back to its spec's
+default (Fusion's safe default; CUBIC's kernel defaults), once, until Booster answers again.
+Nor is a refusal by the module fatal: every destination then runs the default θ until the next
+plan.
 
 The destination places are ranked by the flows seen to them recently, then by how many
 prefixes they hold: the agent asks Booster about the first `max_contexts`, and the kernel's
@@ -190,7 +193,8 @@ class Agent:
                 continue
             if not params.available():
                 continue
-            if params.written is not None and theta != params.written:
+            ran = self.aggregator.datapath_theta  # None after a fallback: baselines
+            if params.written is not None and (ran is None or dict(ran.values) != theta):
                 self.close_interval()  # each report's flows of this CC ran one θ
             try:
                 written = params.write(theta)
@@ -202,6 +206,44 @@ class Agent:
                 log.error("cannot write %s θ into the kernel: %s", datapath, exc)
                 continue
             self.aggregator.datapath_theta = datapath_message(params.spec, written)
+
+    def check_staleness(self) -> None:
+        """Booster has been silent longer than staleness_s: each datapath falls back to its
+        spec's default, once per silence (counted and logged per datapath), until Booster
+        answers again and its θ is applied as usual. Fusion's table takes the safe default;
+        a host-wide datapath this agent set (CUBIC's module parameters) takes its spec's
+        default, which for CUBIC is the kernel's own defaults."""
+        if not self.applier.went_stale():
+            return
+        try:
+            self.applier.fall_back(self.destinations)
+        except OSError as exc:  # no Fusion module on this host: its sysctls are not there
+            log.error("cannot write Fusion's safe default into the kernel: %s", exc)
+        for params in self.module_params.values():
+            if params.written is not None:
+                self._fall_back_params(params)
+
+    def _fall_back_params(self, params: ModuleParams) -> None:
+        """The spec's default into a host-wide datapath, through its usual checked write.
+        Its flows from then on ran the kernel's defaults, not Booster's θ: they are reported
+        as baselines of that CC (as under a kernel-default arm) until Booster answers."""
+        datapath, default = params.spec.datapath, params.spec.default()
+        self.close_interval()  # the flows so far ran Booster's θ
+        try:
+            params.write(default)
+        except OSError as exc:
+            log.error("cannot write %s's default parameters into the kernel: %s", datapath, exc)
+            return
+        ran = self.aggregator.datapath_theta
+        if ran is not None and ran.datapath == datapath:
+            self.aggregator.datapath_theta = None
+        log.warning(
+            "no θ from Booster for %.0f s: %s falls back to its spec's default %s",
+            time.monotonic() - self.applier.last_ok,
+            datapath,
+            default,
+        )
+        self.metrics.fallbacks.labels("stale").inc()
 
     def _restore_params(self, params: ModuleParams) -> None:
         try:
@@ -230,7 +272,7 @@ class Agent:
             log.warning("GetParameters failed (%s): keeping the last good θ", err.code().name)
             self.expire_arm(unknown_policy=err.code() == grpc.StatusCode.NOT_FOUND)
             if self.s.apply_to_kernel:
-                self.applier.check_staleness(self.destinations)
+                self.check_staleness()
             return
         self.applier.booster_answered()
         if resp.refresh_after_seconds:

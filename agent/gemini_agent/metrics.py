@@ -93,9 +93,11 @@ class AgentMetrics:
         )
         self.fallbacks = Counter(
             "gemini_agent_fallbacks",
-            "Times every destination fell back to a default θ: the safe default after Booster "
-            "was silent too long (stale), or Booster's default after the module refused the "
-            "table (table_refused)",
+            "Times a datapath fell back to a default θ: after Booster was silent too long "
+            "(stale), every destination to Fusion's safe default and CUBIC's module parameters "
+            "(when the agent set them) to the kernel's defaults, one count each; or every "
+            "destination to Booster's default after the module refused the table "
+            "(table_refused)",
             ["reason"],
             registry=r,
         )

@@ -197,12 +197,24 @@ class ThetaApplier:
         self.fell_back = False
         self.metrics.staleness.set(0)
 
-    def check_staleness(self, destinations: Destinations | Sequence[tuple[str, Place]]) -> None:
-        """Keep the last good θ while Booster is away, up to the staleness limit."""
+    def went_stale(self) -> bool:
+        """True once per silence of Booster: when it first lasts longer than staleness_s
+        (until Booster answers again). Every datapath the agent set then falls back."""
         age = time.monotonic() - self.last_ok
         self.metrics.staleness.set(age)
-        if age > self.staleness_s and not self.fell_back:
-            log.warning("no θ from Booster for %.0f s: falling back to the safe default", age)
-            self.apply(Plan(self.safe_default, {}), destinations)
-            self.fell_back = True
-            self.metrics.fallbacks.labels("stale").inc()
+        if age <= self.staleness_s or self.fell_back:
+            return False
+        self.fell_back = True
+        return True
+
+    def fall_back(self, destinations: Destinations | Sequence[tuple[str, Place]]) -> None:
+        """Every destination on the spec's safe default; OSError when the kernel refuses."""
+        age = time.monotonic() - self.last_ok
+        log.warning("no θ from Booster for %.0f s: falling back to the safe default", age)
+        self.apply(Plan(self.safe_default, {}), destinations)
+        self.metrics.fallbacks.labels("stale").inc()
+
+    def check_staleness(self, destinations: Destinations | Sequence[tuple[str, Place]]) -> None:
+        """Keep the last good θ while Booster is away, up to the staleness limit."""
+        if self.went_stale():
+            self.fall_back(destinations)

@@ -294,3 +294,18 @@ def test_falls_back_to_the_safe_default_after_the_staleness_limit(sysctl_dir):
     applier.check_staleness([])
     assert _values(sysctl_dir) == SPEC.default()
     assert metrics.registry.get_sample_value("gemini_agent_fallbacks_total", {"reason": "stale"})
+
+
+def test_a_report_interval_ends_after_it_starts_when_the_clock_steps_back(tmp_path, sysctl_dir):
+    """The wall clock stepped back a minute since the interval began (or a change of θ closes
+    it within the millisecond the last close began it): the report still ends after it starts,
+    so Booster does not refuse it and its flows are not set aside."""
+    settings = _settings(tmp_path, "127.0.0.1:1", apply_to_kernel=False, sysctl_root=sysctl_dir)
+    agent = Agent(settings, kernel=Kernel(sysctl_dir, use_netlink=False), module_params={})
+    agent.interval_start_ms = int(time.time() * 1000) + 60_000
+    agent.aggregator.add(_flow("10.1.0.5"))
+    agent.close_interval()
+    [(_, payload)] = agent.spool.pending()
+    report = pb.ReportRequest.FromString(payload)
+    assert report.interval_end_unix_ms > report.interval_start_unix_ms
+    assert agent.interval_start_ms == report.interval_end_unix_ms

@@ -298,7 +298,9 @@ class Agent:
         self.kernel_drops = now or self.kernel_drops
 
     def close_interval(self) -> None:
-        end_ms = int(time.time() * 1000)
+        # A report's interval ends after it starts (Booster refuses it otherwise), also when
+        # a change of θ closes it within the millisecond another close began it.
+        end_ms = max(int(time.time() * 1000), self.interval_start_ms + 1)
         report = self.aggregator.close_interval(self.interval_start_ms, end_ms)
         self.interval_start_ms = end_ms
         if report is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -93,6 +93,18 @@ def make_settings(db_url: str, **overrides) -> Settings:
     )
     values.update(overrides)
     return Settings(**values)
+
+
+def lab_fleet_settings(db_url: str) -> Callable[[str], Settings]:
+    """Booster for a lab run listening where the run says: each lab host has a token of its
+    own, bound to it (no bootstrap agent token, no unbound tokens), refits every 2 s."""
+    return lambda listen: make_settings(
+        db_url,
+        grpc_listen=listen,
+        refit_interval_s=2,
+        bootstrap_agent_token=None,
+        allow_unbound_agent_tokens=False,
+    )
 
 
 @contextmanager

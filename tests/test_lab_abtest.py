@@ -28,7 +28,7 @@ from gemini_lab.abtest import (
 )
 from gemini_lab.fleet import parse_ss_ccs
 from gemini_lab.vm import LabError, find_kernel
-from tests.conftest import OPERATOR, free_port, make_settings, new_database
+from tests.conftest import OPERATOR, free_port, lab_fleet_settings, new_database
 
 # `ss -tin state established` in a lab host: flows to receivers and the agent's connection to
 # Booster through the relay on loopback (both of its ends live in the host's namespace; the
@@ -77,13 +77,7 @@ def run(tmp_path_factory, pg_admin_url):
         pytest.skip(str(exc))
     db_url = new_database(pg_admin_url)
     return run_abtest(
-        lambda listen: make_settings(  # each lab host has a token of its own, bound to it
-            db_url,
-            grpc_listen=listen,
-            refit_interval_s=2,
-            bootstrap_agent_token=None,
-            allow_unbound_agent_tokens=False,
-        ),
+        lab_fleet_settings(db_url),
         free_port(),
         OPERATOR,
         tmp_path_factory.mktemp("abtest"),

@@ -33,7 +33,7 @@ from gemini_lab.cubic import (
     search_bounds,
 )
 from gemini_lab.vm import LabError, find_kernel
-from tests.conftest import OPERATOR, free_port, make_settings, new_database
+from tests.conftest import OPERATOR, free_port, lab_fleet_settings, new_database
 
 CUBIC = load_datapath("cubic")
 DEFAULTS = CUBIC.default()  # the kernel's own values (tests/test_cubic_datapath.py)
@@ -63,13 +63,7 @@ def run(tmp_path_factory, pg_admin_url):
         pytest.skip(str(exc))
     db_url = new_database(pg_admin_url)
     return run_cubic(
-        lambda listen: make_settings(  # the lab host has a token of its own, bound to it
-            db_url,
-            grpc_listen=listen,
-            refit_interval_s=2,
-            bootstrap_agent_token=None,
-            allow_unbound_agent_tokens=False,
-        ),
+        lab_fleet_settings(db_url),
         free_port(),
         OPERATOR,
         tmp_path_factory.mktemp("cubic"),

@@ -215,6 +215,20 @@ def _assigned(http: httpx.Client, token: str, hosts: list[str], default_cc: str)
     return out
 
 
+def fresh_guest_dir(out_dir: Path) -> Path:
+    """``out_dir``/guest, shared with the guest, without a previous run's probes, readings or
+    stop file (a stale one would answer for this run)."""
+    guest_dir = out_dir / "guest"
+    guest_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [
+        *guest_dir.glob(f"{PROBE_PREFIX}*"),
+        *guest_dir.glob("reading-*"),
+        guest_dir / "stop",
+    ]:
+        stale.unlink(missing_ok=True)
+    return guest_dir
+
+
 def run_abtest(
     make_settings: Callable[[str], Settings],
     port: int,
@@ -223,15 +237,7 @@ def run_abtest(
     cfg: AbConfig,
 ) -> AbResult:
     """The whole rehearsal (see the module docstring); writes ``abtest.json`` in ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    guest_dir = out_dir / "guest"
-    guest_dir.mkdir(exist_ok=True)
-    for stale in [
-        *guest_dir.glob(f"{PROBE_PREFIX}*"),
-        *guest_dir.glob("reading-*"),
-        guest_dir / "stop",
-    ]:
-        stale.unlink(missing_ok=True)
+    guest_dir = fresh_guest_dir(out_dir)
     hosts = host_ids(cfg.hosts)
     write_mmdb(guest_dir / "paths.mmdb", tuple(host_paths(cfg)))
     server = BoosterServer(make_settings(f"127.0.0.1:{port}")).start()

@@ -225,22 +225,30 @@ def cmd_fairness(args: argparse.Namespace) -> None:
     )
 
 
-def cmd_abtest(args: argparse.Namespace) -> None:
-    """Booster here with an operator token of the run's own; hosts get tokens bound to them."""
+def _lab_booster(out: Path) -> tuple[str, Callable[[str], Settings]]:
+    """An operator token of the run's own and Booster's settings for a run under ``out``
+    (embedded PostgreSQL there), listening where the run says; hosts get tokens bound to them."""
     from gemini_booster.config import Settings
-    from gemini_lab.abtest import AbConfig, render, run_abtest
 
     operator = "lab-operator-" + os.urandom(8).hex()
+    return operator, lambda listen: Settings(
+        grpc_listen=listen,
+        http_port=0,
+        refit_interval_s=2,
+        data_dir=(out / "booster").resolve(),
+        bootstrap_operator_token=operator,
+    )
+
+
+def cmd_abtest(args: argparse.Namespace) -> None:
+    """Booster here with an operator token of the run's own; hosts get tokens bound to them."""
+    from gemini_lab.abtest import AbConfig, render, run_abtest
+
     out = args.out / "abtest"
     cfg = AbConfig(hosts=args.hosts, day_s=args.day_seconds, interval_s=args.interval)
+    operator, settings = _lab_booster(out)
     result = run_abtest(
-        lambda listen: Settings(
-            grpc_listen=listen,
-            http_port=0,
-            refit_interval_s=2,
-            data_dir=(out / "booster").resolve(),
-            bootstrap_operator_token=operator,
-        ),
+        settings,
         args.port,
         operator,
         out,
@@ -255,7 +263,6 @@ def cmd_abtest(args: argparse.Namespace) -> None:
 
 def cmd_cubic(args: argparse.Namespace) -> None:
     """The check alone (fixed β, no Booster) with --check-only; else the whole run."""
-    from gemini_booster.config import Settings
     from gemini_lab import cubic
 
     command = " ".join(["gemini-lab", *sys.argv[1:]])
@@ -280,15 +287,9 @@ def cmd_cubic(args: argparse.Namespace) -> None:
         print("\n".join(cubic.check_table(results["experiments"].get("check"), cfg.sigma)))
         (out / "check.json").write_text(json.dumps(results, indent=1))
         return
-    operator = "lab-operator-" + os.urandom(8).hex()
+    operator, settings = _lab_booster(out)
     result = cubic.run_cubic(
-        lambda listen: Settings(
-            grpc_listen=listen,
-            http_port=0,
-            refit_interval_s=2,
-            data_dir=(out / "booster").resolve(),
-            bootstrap_operator_token=operator,
-        ),
+        settings,
         args.port,
         operator,
         out,

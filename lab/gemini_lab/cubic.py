@@ -64,9 +64,9 @@ from gemini_lab.abtest import (
     AbConfig,
     _Guest,
     agent_toml,
+    fresh_guest_dir,
     next_boundary,
 )
-from gemini_lab.fleet import PROBE_PREFIX
 from gemini_lab.loop import LabPath, write_mmdb
 from gemini_lab.scenario import Scenario
 
@@ -254,15 +254,7 @@ def run_cubic(
     cfg: CubicConfig,
 ) -> CubicResult:
     """The whole run (see the module docstring); writes ``cubic.json`` in ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    guest_dir = out_dir / "guest"
-    guest_dir.mkdir(exist_ok=True)
-    for stale in [
-        *guest_dir.glob(f"{PROBE_PREFIX}*"),
-        *guest_dir.glob("reading-*"),
-        guest_dir / "stop",
-    ]:
-        stale.unlink(missing_ok=True)
+    guest_dir = fresh_guest_dir(out_dir)
     write_mmdb(guest_dir / "paths.mmdb", (cfg.path,))
     server = BoosterServer(make_settings(f"127.0.0.1:{port}")).start()
     http = httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=REST_TIMEOUT_S)

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gemini_lab.netem import SENDER_NS, receiver_addr, receiver_ns, sh
@@ -89,6 +90,17 @@ class RecordCollector:
         tail = self.proc.stdout.read().strip().splitlines()
         self.proc.wait(timeout=30)
         self.summary = json.loads(tail[-1]) if tail else {}
+
+    def wait_for(self, keep: Callable[[dict], bool], count: int, timeout_s: float = 30.0) -> None:
+        """Until ``count`` records matching ``keep`` are written (or ``timeout_s`` passes): a
+        fixed wait would lose the last records of a burst on a busy host."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            text = self.out.read_text() if self.out.exists() else ""
+            written = text[: text.rfind("\n") + 1].splitlines()  # not a line still being written
+            if sum(1 for line in written if keep(json.loads(line))) >= count:
+                return
+            time.sleep(0.2)
 
     def records(self) -> list[dict]:
         if not self.out.exists():

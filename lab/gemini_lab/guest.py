@@ -221,6 +221,7 @@ def exp_records(e: dict, out: Path) -> dict:
         before = nl.stats()
     with RecordCollector(out / f"records-{mode}.jsonl") as rc:
         sent = _flowgen_send(mode, path, port, e["flows"], e["workers"])
+        rc.wait_for(lambda r: r["dport"] == port, sent["flows"])
     with FusionNetlink() as nl:
         after = nl.stats()
     server.kill()
@@ -287,6 +288,21 @@ def exp_writeback(e: dict, out: Path) -> dict:
     }
 
 
+BURST_PAUSE_S = 3.0  # the burst's sockets stay open this long, for several dumps to see them
+EVENTS_WAIT_S = 30.0  # destroy events leave the kernel from a workqueue, late on a busy guest
+
+
+def _gather(listener, keep, count: int) -> list:
+    """Destroy events matching ``keep`` until ``count`` have come or EVENTS_WAIT_S has passed:
+    the kernel broadcasts them from a workqueue, so a fixed sleep loses the last on a slow host."""
+    got: list = []
+    deadline = time.monotonic() + EVENTS_WAIT_S
+    while len(got) < count and time.monotonic() < deadline:
+        got += [f for f in listener.read() if keep(f)]
+        time.sleep(0.1)
+    return got + [f for f in listener.read() if keep(f)]
+
+
 def exp_sockdiag(e: dict, out: Path) -> dict:
     """The agent's source for flows of other CCs (socket-diagnostics destroy events, completed
     from periodic dumps): a whole cubic flow's bytes against what the receiver got, and cubic
@@ -315,10 +331,9 @@ def exp_sockdiag(e: dict, out: Path) -> dict:
         whole = [f for f in listener.read() if f.dport == port]
         server = _flowgen_receiver(path, "hold", port + 1)
         raw.read()  # what came before the burst
-        sent = _flowgen_send("burst", path, port + 1, e["flows"], 2, "cubic", 1.5)
-        time.sleep(1)
-        closed = [f for f in listener.read() if f.dport == port + 1]
-        raw_zero = sum(1 for f in raw.read() if f.bytes_acked == 0 and f.dport == 0)
+        sent = _flowgen_send("burst", path, port + 1, e["flows"], 2, "cubic", BURST_PAUSE_S)
+        closed = _gather(listener, lambda f: f.dport == port + 1, sent["flows"])
+        raw_zero = len(_gather(raw, lambda f: f.bytes_acked == 0 and f.dport == 0, sent["flows"]))
         stop.set()
         dumper.join()
         server.kill()

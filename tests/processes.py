@@ -12,6 +12,8 @@ import httpx
 
 from .conftest import AGENT, OPERATOR
 
+START_DEADLINE_S = 180  # a Booster's start on a busy host (migrations, pools, two ports)
+
 
 def start_booster(
     db_url: str, grpc_port: int, http_port: int, workdir: Path, **settings: str
@@ -36,10 +38,10 @@ def start_booster(
             stdout=subprocess.DEVNULL,
             stderr=log,
         )
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + START_DEADLINE_S
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"http://127.0.0.1:{http_port}/healthz", timeout=1).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{http_port}/healthz", timeout=5).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass

@@ -33,7 +33,8 @@ from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
 from .conftest import AGENT, OPERATOR, agent_md, auth, serve
-from .test_experiment_arm import _agent
+from .test_experiment_arm import HOSTS, _agent, experiment
+from .test_experiments_api import host_arm
 
 CUBIC = load_datapath("cubic")
 PARAMS = Path(CUBIC.target)
@@ -316,15 +317,26 @@ def module_dir(tmp_path: Path) -> Path:
     return root
 
 
-def cubic_agent(tmp_path: Path, target: str, params: ModuleParams) -> Agent:
+def cubic_agent(
+    tmp_path: Path,
+    target: str,
+    params: ModuleParams,
+    host_id: str = "host-1",
+    with_fusion: bool = True,
+    net_ipv4: Path | None = None,
+) -> Agent:
     """An agent of policy 'tcp' talking gRPC to the Booster at ``target``; Fusion's sysctls
-    and CUBIC's module parameters in directories."""
+    and CUBIC's module parameters in directories. Without Fusion the host is one that never
+    loads the module: no net.fusion sysctls, and the agent asks this machine's kernel for
+    Fusion's netlink family, which it does not have. ``net_ipv4`` stands in for the
+    namespace's CC sysctls when an arm's CC is one this kernel does not offer (Fusion)."""
     fusion = tmp_path / "net-fusion"
-    fusion.mkdir()
-    for name, value in FUSION_DEFAULT.items():
-        (fusion / name).write_text(f"{value}\n")
+    if with_fusion:
+        fusion.mkdir()
+        for name, value in FUSION_DEFAULT.items():
+            (fusion / name).write_text(f"{value}\n")
     settings = AgentSettings(
-        host_id="host-1",
+        host_id=host_id,
         policy="tcp",
         booster_address=target,
         token=AGENT,
@@ -334,10 +346,10 @@ def cubic_agent(tmp_path: Path, target: str, params: ModuleParams) -> Agent:
         retry_initial_s=0.01,
         retry_max_s=0.02,
         staleness_s=STALENESS_S,
+        **({} if net_ipv4 is None else {"net_ipv4_root": net_ipv4}),
     )
-    return Agent(
-        settings, kernel=Kernel(fusion, use_netlink=False), module_params={"cubic": params}
-    )
+    kernel = Kernel(fusion, use_netlink=not with_fusion)
+    return Agent(settings, kernel=kernel, module_params={"cubic": params})
 
 
 def agent_lines(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
@@ -486,3 +498,162 @@ def test_cubic_falls_back_on_a_host_without_fusions_sysctls(db_url, tmp_path, ca
     assert stale_fallbacks(agent) == fallbacks + 1
     assert len(agent_lines(caplog, "cannot write Fusion's safe default")) == 1
     assert len(agent_lines(caplog, "cubic falls back")) == 1
+
+
+# -- Fusion is left alone by an agent whose policy tunes CUBIC ---------------------------------
+
+
+def errors_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def table_refused_fallbacks(agent: Agent) -> float:
+    value = agent.metrics.registry.get_sample_value(
+        "gemini_agent_fallbacks_total", {"reason": "table_refused"}
+    )
+    return value or 0.0  # never counted: the label has no sample yet
+
+
+def narrowed(datapath: str, name: str, lo: int, hi: int) -> dict[str, list[int]]:
+    """Custom bounds of ``datapath``: its production region with ``name`` in [lo, hi], so
+    that Booster's default (the spec's default moved into the region) is a θ of its own."""
+    bounds = {k: list(v) for k, v in load_datapath(datapath).region_bounds("production").items()}
+    bounds[name] = [lo, hi]
+    return bounds
+
+
+FUSION_REGION = narrowed("fusion", "mult_decrease", 60, 70)
+CUBIC_REGION = narrowed("cubic", "beta", 850, 900)
+
+
+def retarget(http, target_cc: str, bounds: dict[str, list[int]]) -> None:
+    """The operator points policy 'tcp' at another datapath (with a region in its space)."""
+    body = {"target_cc": target_cc, "region": "custom", "bounds": bounds}
+    r = http.patch("/v1/policies/tcp", json=body, headers=auth(OPERATOR))
+    assert r.status_code == 200, r.text
+
+
+def test_an_agent_on_a_cubic_policy_leaves_fusion_alone_on_a_host_without_it(
+    db_url, tmp_path, caplog
+) -> None:
+    """A host that tunes its stock CUBIC and never loads Fusion (no net.fusion sysctls, and no
+    Fusion netlink family in this machine's kernel): refresh after refresh the agent writes
+    Booster's CUBIC θ and tries no Fusion table or sysctl, so it logs no error and counts no
+    refused table and no table_refused fallback."""
+    caplog.set_level(logging.INFO, logger="gemini_agent")
+    params = ModuleParams(CUBIC, module_dir(tmp_path))
+    with serve(db_url) as b:
+        cubic_policy(b.http)
+        agent = cubic_agent(tmp_path, b.grpc_target, params, with_fusion=False)
+        for _ in range(5):
+            agent.refresh_theta()
+    assert params.read() != KERNEL_DEFAULTS and 850 <= params.read()["beta"] <= 900
+    assert agent.metrics.tables_refused._value.get() == 0
+    assert table_refused_fallbacks(agent) == 0
+    assert errors_logged(caplog) == []
+    assert agent.leaves_fusion and not agent.s.sysctl_root.exists()
+
+
+def test_a_policy_turned_from_fusion_to_cubic_puts_fusions_table_back_once(
+    db_url, tmp_path, caplog
+) -> None:
+    """The host's policy tuned Fusion; the operator points it at CUBIC: the next refresh
+    writes Booster's CUBIC θ and puts Fusion back on its safe default, once. From then on
+    Fusion is left alone: with its module gone (no sysctls) refreshes log no error. Pointed at
+    Fusion again, the policy's Fusion θ is installed again and CUBIC gets its own values back."""
+    caplog.set_level(logging.INFO, logger="gemini_agent")
+    params = ModuleParams(CUBIC, module_dir(tmp_path))
+    with serve(db_url) as b:
+        body = {"name": "tcp", "region": "custom", "bounds": FUSION_REGION}
+        r = b.http.post("/v1/policies", json=body, headers=auth(OPERATOR))
+        assert r.status_code == 201, r.text
+        agent = cubic_agent(tmp_path, b.grpc_target, params)
+        agent.refresh_theta()
+        tuned = fusion_values(agent)
+        assert tuned != FUSION_DEFAULT and 60 <= tuned["mult_decrease"] <= 70
+        assert params.read() == KERNEL_DEFAULTS and params.saved is None
+
+        retarget(b.http, "cubic", CUBIC_REGION)
+        agent.refresh_theta()
+        assert fusion_values(agent) == FUSION_DEFAULT
+        cubic = params.read()
+        assert 850 <= cubic["beta"] <= 900
+        assert len(agent_lines(caplog, "back on the safe default")) == 1
+
+        for name in FUSION_DEFAULT:  # the module unloaded
+            (agent.s.sysctl_root / name).unlink()
+        for _ in range(3):
+            agent.refresh_theta()
+        assert params.read() == cubic and errors_logged(caplog) == []
+        assert len(agent_lines(caplog, "back on the safe default")) == 1
+
+        retarget(b.http, "fusion", FUSION_REGION)
+        for name, value in FUSION_DEFAULT.items():  # and loaded again
+            (agent.s.sysctl_root / name).write_text(f"{value}\n")
+        agent.refresh_theta()
+    assert fusion_values(agent) == tuned and params.read() == KERNEL_DEFAULTS
+    assert not agent.leaves_fusion and errors_logged(caplog) == []
+
+
+def test_an_agent_started_on_a_cubic_policy_puts_fusions_table_back_once(
+    db_url, tmp_path, caplog
+) -> None:
+    """The host ran a Fusion policy's θ (the module keeps it across the agent's restart), and
+    the agent starts on a cubic policy: its first answer puts Fusion back on the safe default,
+    and no later refresh writes Fusion again."""
+    caplog.set_level(logging.INFO, logger="gemini_agent")
+    params = ModuleParams(CUBIC, module_dir(tmp_path))
+    with serve(db_url) as b:
+        cubic_policy(b.http)
+        agent = cubic_agent(tmp_path, b.grpc_target, params)
+        left = FUSION_DEFAULT | {"mult_decrease": 65}  # what the module held at the start
+        for name, value in left.items():
+            (agent.s.sysctl_root / name).write_text(f"{value}\n")
+        agent.refresh_theta()
+        assert fusion_values(agent) == FUSION_DEFAULT
+        (agent.s.sysctl_root / "mult_decrease").write_text("65\n")  # not the agent's any more
+        for _ in range(3):
+            agent.refresh_theta()
+    assert fusion_values(agent) == left
+    assert len(agent_lines(caplog, "back on the safe default")) == 1
+    assert 850 <= params.read()["beta"] <= 900 and errors_logged(caplog) == []
+
+
+def test_a_fusion_arm_on_a_cubic_policys_host_runs_its_theta_and_leaves_the_safe_default(
+    db_url, tmp_path, caplog
+) -> None:
+    """An experiment assigns a cubic policy's host an arm that runs Fusion at a fixed θ: the
+    agent installs that θ (the policy's own plan has none of Fusion's). The experiment stops:
+    the host's CC comes back and Fusion's table goes back to the safe default rather than
+    keeping the arm's θ. This kernel offers no Fusion, so the namespace's CC sysctls are a
+    directory standing in for /proc/sys/net/ipv4."""
+    caplog.set_level(logging.INFO, logger="gemini_agent")
+    params = ModuleParams(CUBIC, module_dir(tmp_path))
+    net = tmp_path / "net-ipv4"
+    net.mkdir()
+    (net / "tcp_available_congestion_control").write_text("reno cubic fusion\n")
+    (net / "tcp_congestion_control").write_text("cubic\n")
+    fixed = FUSION_DEFAULT | {"mult_decrease": 70}
+    arms = [
+        {"name": "stock", "cc": "cubic"},
+        {"name": "fixed", "cc": "fusion", "params": "fixed", "theta": fixed},
+    ]
+    with serve(db_url) as b:
+        cubic_policy(b.http)
+        r = b.http.post(
+            "/v1/experiments", json=experiment(name="fusion", arms=arms), headers=auth(OPERATOR)
+        )
+        assert r.status_code == 201, r.text
+        host = next(h for h in HOSTS if host_arm(b.http, h)["arm"]["name"] == "fixed")
+        agent = cubic_agent(tmp_path, b.grpc_target, params, host_id=host, net_ipv4=net)
+        agent.refresh_theta()
+        assert agent.arm is not None and agent.arm.cc == "fusion"
+        assert (net / "tcp_congestion_control").read_text().strip() == "fusion"
+        assert fusion_values(agent) == fixed
+        r = b.http.post("/v1/experiments/fusion/stop", headers=auth(OPERATOR))
+        assert r.status_code == 200, r.text
+        agent.refresh_theta()
+    assert agent.arm is None and (net / "tcp_congestion_control").read_text().strip() == "cubic"
+    assert fusion_values(agent) == FUSION_DEFAULT
+    assert 850 <= params.read()["beta"] <= 900  # the policy's CUBIC θ all along
+    assert errors_logged(caplog) == [] and agent.leaves_fusion

@@ -13,7 +13,13 @@ table holds as many of those as its limits allow, in that order (gemini_agent.ta
 When Booster's answer carries an experiment arm, the agent runs it (gemini_agent.congestion):
 its CC host-wide or on some routes, and for Fusion its fixed θ or the spec's default instead of
 the plan; an arm tuned by a policy makes the agent ask, and report, under that policy. An answer
-without an arm, an arm past its end while Booster is away, or a clean exit restores the host."""
+without an arm, an arm past its end while Booster is away, or a clean exit restores the host.
+
+Fusion's table is written only while the host runs a Fusion θ: its policy tunes Fusion, or an
+arm runs Fusion. A policy of another datapath (CUBIC) leaves Fusion alone, so a host that never
+loads the module logs and counts nothing about it; when a host stops running a Fusion θ, its
+table goes back to the safe default once, as CUBIC's parameters go back to the kernel's values
+when its policy no longer targets CUBIC."""
 
 from __future__ import annotations
 
@@ -107,6 +113,10 @@ class Agent:
         self.stopped = threading.Event()
         self.interval_start_ms = int(time.time() * 1000)
         self.refresh_after_s = settings.interval_s  # until Booster says otherwise
+        # Booster's last answer gave Fusion nothing to run here (a policy of another datapath,
+        # no Fusion arm): its table is left alone. False until an answer says so: an agent
+        # that has not heard from Booster yet cannot tell.
+        self.leaves_fusion = False
 
     def ranked_places(self) -> list[Place]:
         """Every place of the destination table, the busiest first."""
@@ -144,8 +154,9 @@ class Agent:
         self.aggregator.policy = self.policy
         return self.policy != before
 
-    def apply_arm(self, plan: Plan) -> Plan:
-        """Run the current arm (or restore the host without one); the θ plan to install."""
+    def apply_arm(self) -> Plan | None:
+        """Run the current arm (or restore the host without one); the Fusion θ the arm runs
+        instead of the plan, None when the plan holds."""
         arm = self.arm
         try:
             fixed = self.fixed_plan(arm)
@@ -153,9 +164,28 @@ class Agent:
             log.error("refusing the arm's fixed θ: %s; the host runs its own settings", exc)
             self.metrics.arm_failures.labels("theta_refused").inc()
             arm, fixed = None, None
-        if self.arms.apply(arm) and fixed is not None:
-            return fixed
-        return plan
+        return fixed if self.arms.apply(arm) else None
+
+    def apply_fusion(
+        self, resp: pb.GetParametersResponse, plan: Plan, arm_plan: Plan | None, rank: list[Place]
+    ) -> None:
+        """Fusion's table: the arm's θ when an arm runs Fusion, else the plan when the policy
+        tunes Fusion. A policy of another datapath without a Fusion arm leaves Fusion alone:
+        no table and no sysctl written, so a host without the module (one that tunes its stock
+        CUBIC only) logs no error and counts no refused table on every refresh. Its table goes
+        back to the safe default once (ThetaApplier.release): when the policy turns from
+        Fusion, a Fusion arm ends, or the agent starts on such a policy, no tuned θ is left
+        running for Fusion flows nobody plans."""
+        self.leaves_fusion = (
+            arm_plan is None and datapath_of(resp.target_cc) != self.applier.spec.datapath
+        )
+        try:
+            if self.leaves_fusion:
+                self.applier.release(self.destinations)
+            else:
+                self.applier.apply(plan if arm_plan is None else arm_plan, self.destinations, rank)
+        except OSError as exc:  # the sysctls are gone: the module was unloaded
+            log.error("cannot write θ into the kernel: %s", exc)
 
     def expire_arm(self, unknown_policy: bool = False) -> None:
         """Booster did not answer: an arm past its end (or crossover) is not run any longer,
@@ -282,12 +312,9 @@ class Agent:
             return
         plan = self.applier.plan_from(resp, asked)
         if self.s.apply_to_kernel:
-            plan = self.apply_arm(plan)
+            arm_plan = self.apply_arm()
             self.apply_host_theta(resp)
-            try:
-                self.applier.apply(plan, self.destinations, rank)
-            except OSError as exc:  # the sysctls are gone: the module was unloaded
-                log.error("cannot write θ into the kernel: %s", exc)
+            self.apply_fusion(resp, plan, arm_plan, rank)
 
     def count_kernel_drops(self) -> None:
         """The module's own counts of records it could not deliver, as counters."""

@@ -79,6 +79,10 @@ class Kernel:
             return {}
         return {"kernel": stats["dropped"], "unheard": stats["unheard"]}
 
+    def present(self) -> bool:
+        """Is the module loaded? Its sysctls are there exactly while it is."""
+        return self.sysctl_root.is_dir()
+
     def version(self) -> int:
         path = self.sysctl_root / "version"
         return int(path.read_text()) if path.exists() else 0
@@ -102,6 +106,7 @@ class ThetaApplier:
         self.installed: CompiledTable | None = None  # what the module holds, as far as known
         self._compiled: tuple[tuple, CompiledTable] | None = None  # the last compile, by input
         self.fell_back = False
+        self.released = False  # the table left alone since: see release()
 
     def checked(self, theta: dict[str, int]) -> dict[str, int] | None:
         try:
@@ -145,7 +150,7 @@ class ThetaApplier:
         except (FusionError, OSError) as exc:
             table = self._catch_all_only(plan, destinations, exc)
         self.kernel.write_default(plan.default)
-        self.applied = plan
+        self.applied, self.released = plan, False
         self.metrics.theta_version.set(self.kernel.version())
         self.metrics.table_rules.set(len(table.rules))
         self.metrics.table_profiles.set(len(table.profiles))
@@ -191,6 +196,28 @@ class ThetaApplier:
             log.error("the module refused the catch-all table too (%s)", again)
         left = dict.fromkeys(LEFT_OUT_REASONS, 0) | {"refused": left_out}
         return CompiledTable({CATCH_ALL_PROFILE: plan.default}, rules, frozenset(), left)
+
+    def release(self, destinations: Destinations | Sequence[tuple[str, Place]]) -> None:
+        """The host runs no θ of this spec any longer (its policy tunes another datapath and
+        no arm runs Fusion): every destination back on the safe default, once, and the table
+        is then left alone until a θ of this spec is applied again. Once also after a start
+        (the module may hold the θ of the policy the host ran before). Never more than once,
+        and not at all without the module (no net.fusion sysctls: no table holds a θ, and the
+        module loads with its own defaults), because a host that never loads it (a fleet
+        tuning its stock CUBIC) would otherwise log and count a refused table nobody asked
+        for on every refresh. OSError when the kernel refuses; not tried again."""
+        if self.released:
+            return
+        self.applied = None
+        try:
+            if self.kernel.present():
+                log.info(
+                    "no %s θ to run: every destination back on the safe default",
+                    self.spec.datapath,
+                )
+                self.apply(Plan(self.safe_default, {}), destinations)
+        finally:
+            self.released = True
 
     def booster_answered(self) -> None:
         self.last_ok = time.monotonic()

@@ -657,3 +657,86 @@ def test_a_fusion_arm_on_a_cubic_policys_host_runs_its_theta_and_leaves_the_safe
     assert fusion_values(agent) == FUSION_DEFAULT
     assert 850 <= params.read()["beta"] <= 900  # the policy's CUBIC θ all along
     assert errors_logged(caplog) == [] and agent.leaves_fusion
+
+
+# -- the interval closes before CUBIC's own values come back -----------------------------------
+
+
+def spooled(agent: Agent) -> list[pb.ReportRequest]:
+    return [pb.ReportRequest.FromString(payload) for _, payload in agent.spool.pending()]
+
+
+def test_a_policy_turned_from_cubic_reports_the_tuned_intervals_flows_as_trials(
+    db_url, tmp_path
+) -> None:
+    """The operator points the host's cubic policy at Fusion: the refresh that puts CUBIC's own
+    values back first closes the interval, whose CUBIC flows ran Booster's θ and are reported
+    as trials of it; the CUBIC flows after are baselines."""
+    params = ModuleParams(CUBIC, module_dir(tmp_path))
+    with serve(db_url) as b:
+        cubic_policy(b.http)
+        agent = cubic_agent(tmp_path, b.grpc_target, params)
+        agent.refresh_theta()
+        tuned = params.read()
+        assert 850 <= tuned["beta"] <= 900
+        agent.aggregator.add(a_cubic_flow())  # ran Booster's θ
+        retarget(b.http, "fusion", FUSION_REGION)
+        agent.refresh_theta()
+    assert params.read() == KERNEL_DEFAULTS
+    agent.aggregator.add(a_cubic_flow())  # ran the kernel's own values
+    agent.close_interval()
+    reports = spooled(agent)
+    assert [len(r.aggregates) for r in reports] == [1, 1]  # one report before, one after
+    [trial], [baseline] = (r.aggregates for r in reports)
+    assert trial.cc == "" and trial.datapath_theta == pb.DatapathTheta(
+        datapath="cubic", values=tuned
+    )
+    assert baseline.cc == "cubic" and not baseline.HasField("datapath_theta")
+    assert (trial.flow_count, baseline.flow_count) == (1, 1)
+
+
+def test_a_kernel_default_cubic_arm_stores_the_tuned_flows_before_it_as_trials(
+    db_url, tmp_path
+) -> None:
+    """A cubic policy's host runs Booster's θ, then joins an experiment whose arm runs CUBIC
+    at the kernel's defaults: the interval closes before the kernel's values come back, and
+    Booster stores the flows before as a trial of the tuned θ and the flows after as the
+    cubic baseline. (The arm sets the CC in a directory standing in for /proc/sys/net/ipv4.)"""
+    params = ModuleParams(CUBIC, module_dir(tmp_path))
+    net = tmp_path / "net-ipv4"
+    net.mkdir()
+    (net / "tcp_available_congestion_control").write_text("reno cubic\n")
+    (net / "tcp_congestion_control").write_text("cubic\n")
+    arms = [{"name": "stock", "cc": "cubic"}, {"name": "reno", "cc": "reno"}]
+    with serve(db_url) as b:
+        cubic_policy(b.http)
+        r = b.http.post(
+            "/v1/experiments", json=experiment(name="stock", arms=arms), headers=auth(OPERATOR)
+        )
+        assert r.status_code == 201, r.text
+        host = next(h for h in HOSTS if host_arm(b.http, h)["arm"]["name"] == "stock")
+        r = b.http.post(
+            "/v1/experiments/stock/leave", json={"hosts": [host]}, headers=auth(OPERATOR)
+        )
+        assert r.status_code == 200, r.text
+        agent = cubic_agent(tmp_path, b.grpc_target, params, host_id=host, net_ipv4=net)
+        agent.refresh_theta()
+        tuned = params.read()
+        assert agent.arm is None and 850 <= tuned["beta"] <= 900
+        agent.aggregator.add(a_cubic_flow())  # ran Booster's θ
+        r = b.http.post(
+            "/v1/experiments/stock/join", json={"hosts": [host]}, headers=auth(OPERATOR)
+        )
+        assert r.status_code == 200, r.text
+        agent.refresh_theta()
+        assert agent.arm is not None and agent.arm.arm == "stock"
+        assert params.read() == KERNEL_DEFAULTS
+        agent.aggregator.add(a_cubic_flow())  # ran the kernel's defaults
+        agent.close_interval()
+        agent.reporter.drain()
+        assert len(agent.spool) == 0
+        with b.engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT cc, theta_key, flow_count FROM trials ORDER BY cc")
+            ).all()
+    assert [tuple(r) for r in rows] == [("", CUBIC.key(tuned), 1), ("cubic", "", 1)]

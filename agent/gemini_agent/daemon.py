@@ -276,6 +276,12 @@ class Agent:
         self.metrics.fallbacks.labels("stale").inc()
 
     def _restore_params(self, params: ModuleParams) -> None:
+        """The kernel's own values back in a host-wide datapath this agent set (its policy no
+        longer targets it, a kernel-default arm of its CC, a clean exit). The interval closes
+        first, as before any change of θ: its flows of that CC ran the θ being taken back and
+        are reported as trials of it; only the flows after are that CC's baselines."""
+        if params.saved is not None:
+            self.close_interval()
         try:
             params.restore()
         except OSError as exc:

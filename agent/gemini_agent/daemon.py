@@ -114,8 +114,8 @@ class Agent:
         self.interval_start_ms = int(time.time() * 1000)
         self.refresh_after_s = settings.interval_s  # until Booster says otherwise
         # Booster's last answer gave Fusion nothing to run here (a policy of another datapath,
-        # no Fusion arm): its table is left alone. False until an answer says so: an agent
-        # that has not heard from Booster yet cannot tell.
+        # no Fusion arm): its table is left alone, also when Booster goes stale. False until
+        # an answer says so: an agent that has not heard from Booster yet cannot tell.
         self.leaves_fusion = False
 
     def ranked_places(self) -> list[Place]:
@@ -240,15 +240,19 @@ class Agent:
     def check_staleness(self) -> None:
         """Booster has been silent longer than staleness_s: each datapath falls back to its
         spec's default, once per silence (counted and logged per datapath), until Booster
-        answers again and its θ is applied as usual. Fusion's table takes the safe default;
-        a host-wide datapath this agent set (CUBIC's module parameters) takes its spec's
-        default, which for CUBIC is the kernel's own defaults."""
+        answers again and its θ is applied as usual. Fusion's table takes the safe default,
+        unless Booster's last answer left Fusion alone (a policy of another datapath, no
+        Fusion arm: the table went back to the safe default then, and a host without the
+        module would log and count a refused table once per silence); a host-wide datapath
+        this agent set (CUBIC's module parameters) takes its spec's default, which for CUBIC
+        is the kernel's own defaults."""
         if not self.applier.went_stale():
             return
-        try:
-            self.applier.fall_back(self.destinations)
-        except OSError as exc:  # no Fusion module on this host: its sysctls are not there
-            log.error("cannot write Fusion's safe default into the kernel: %s", exc)
+        if not self.leaves_fusion:
+            try:
+                self.applier.fall_back(self.destinations)
+            except OSError as exc:  # no Fusion module on this host: its sysctls are not there
+                log.error("cannot write Fusion's safe default into the kernel: %s", exc)
         for params in self.module_params.values():
             if params.written is not None:
                 self._fall_back_params(params)

@@ -12,9 +12,11 @@ import datetime as dt
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -32,7 +34,7 @@ from gemini_booster import simulation as sim
 from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
-from .conftest import AGENT, OPERATOR, agent_md, auth, serve
+from .conftest import AGENT, OPERATOR, agent_md, auth, free_port, serve
 from .test_experiment_arm import HOSTS, _agent, experiment
 from .test_experiments_api import host_arm
 
@@ -323,13 +325,14 @@ def cubic_agent(
     params: ModuleParams,
     host_id: str = "host-1",
     with_fusion: bool = True,
-    net_ipv4: Path | None = None,
+    **extra: Any,
 ) -> Agent:
     """An agent of policy 'tcp' talking gRPC to the Booster at ``target``; Fusion's sysctls
     and CUBIC's module parameters in directories. Without Fusion the host is one that never
     loads the module: no net.fusion sysctls, and the agent asks this machine's kernel for
-    Fusion's netlink family, which it does not have. ``net_ipv4`` stands in for the
-    namespace's CC sysctls when an arm's CC is one this kernel does not offer (Fusion)."""
+    Fusion's netlink family, which it does not have. ``extra`` settings: e.g. net_ipv4_root,
+    a directory standing in for the namespace's CC sysctls when an arm's CC is one this
+    kernel does not offer (Fusion)."""
     fusion = tmp_path / "net-fusion"
     if with_fusion:
         fusion.mkdir()
@@ -346,7 +349,7 @@ def cubic_agent(
         retry_initial_s=0.01,
         retry_max_s=0.02,
         staleness_s=STALENESS_S,
-        **({} if net_ipv4 is None else {"net_ipv4_root": net_ipv4}),
+        **extra,
     )
     kernel = Kernel(fusion, use_netlink=not with_fusion)
     return Agent(settings, kernel=kernel, module_params={"cubic": params})
@@ -579,6 +582,45 @@ def test_a_cubic_policys_agent_on_a_host_without_fusion_falls_back_cubic_alone(
     assert errors_logged(caplog) == []
 
 
+def test_the_agents_loop_runs_on_a_host_without_fusion(db_url, tmp_path, caplog) -> None:
+    """The daemon's loop on a host that never loads Fusion (this kernel has no Fusion netlink
+    family to read flow records from): it starts, watches flows through socket diagnostics,
+    writes Booster's CUBIC θ, says once that there are no Fusion records, logs no error, and
+    a clean exit puts CUBIC's own values back."""
+    caplog.set_level(logging.INFO, logger="gemini_agent")
+    params = ModuleParams(CUBIC, module_dir(tmp_path))
+    failed: list[BaseException] = []
+    with serve(db_url) as b:
+        cubic_policy(b.http)
+        listen = f"127.0.0.1:{free_port()}"
+        agent = cubic_agent(
+            tmp_path, b.grpc_target, params, with_fusion=False, sockdiag=True, metrics_listen=listen
+        )
+
+        def run() -> None:
+            try:
+                agent.run()
+            except BaseException as exc:  # the test's verdict, not the thread's traceback
+                failed.append(exc)
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        try:
+            for _ in range(600):  # until the loop's first refresh has written Booster's θ
+                if params.read() != KERNEL_DEFAULTS or not runner.is_alive():
+                    break
+                time.sleep(0.05)
+            tuned = params.read()
+        finally:
+            agent.stopped.set()
+            runner.join(timeout=30)
+    assert failed == [] and not runner.is_alive()
+    assert 850 <= tuned["beta"] <= 900
+    assert params.read() == KERNEL_DEFAULTS  # the clean exit
+    assert len(agent_lines(caplog, "no Fusion flow records")) == 1
+    assert errors_logged(caplog) == []
+
+
 def test_a_policy_turned_from_fusion_to_cubic_puts_fusions_table_back_once(
     db_url, tmp_path, caplog
 ) -> None:
@@ -670,7 +712,7 @@ def test_a_fusion_arm_on_a_cubic_policys_host_runs_its_theta_and_leaves_the_safe
         )
         assert r.status_code == 201, r.text
         host = next(h for h in HOSTS if host_arm(b.http, h)["arm"]["name"] == "fixed")
-        agent = cubic_agent(tmp_path, b.grpc_target, params, host_id=host, net_ipv4=net)
+        agent = cubic_agent(tmp_path, b.grpc_target, params, host_id=host, net_ipv4_root=net)
         agent.refresh_theta()
         assert agent.arm is not None and agent.arm.cc == "fusion"
         assert (net / "tcp_congestion_control").read_text().strip() == "fusion"
@@ -744,7 +786,7 @@ def test_a_kernel_default_cubic_arm_stores_the_tuned_flows_before_it_as_trials(
             "/v1/experiments/stock/leave", json={"hosts": [host]}, headers=auth(OPERATOR)
         )
         assert r.status_code == 200, r.text
-        agent = cubic_agent(tmp_path, b.grpc_target, params, host_id=host, net_ipv4=net)
+        agent = cubic_agent(tmp_path, b.grpc_target, params, host_id=host, net_ipv4_root=net)
         agent.refresh_theta()
         tuned = params.read()
         assert agent.arm is None and 850 <= tuned["beta"] <= 900

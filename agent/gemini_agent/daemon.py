@@ -43,6 +43,7 @@ from gemini_agent.sources import FusionRecordSource, SockDiagSource, Source
 from gemini_agent.spool import Spool
 from gemini_agent.table import Destinations
 from gemini_agent.writeback import Kernel, Plan, ThetaApplier
+from gemini_api.fusion_genl import FusionError
 from gemini_api.theta import ThetaError, datapath_of, datapaths, load_datapath
 from gemini_api.v1 import booster_pb2 as pb
 
@@ -351,7 +352,18 @@ class Agent:
         self.refresh_theta()
 
     def make_sources(self) -> list[Source]:
-        sources: list[Source] = [FusionRecordSource(self.aggregator.add, self.metrics)]
+        """The flow sources to start. A host without the Fusion module (one that tunes its
+        stock CUBIC only) has no Fusion records to read: the agent still runs, its flows
+        coming from socket diagnostics, and says so once."""
+        sources: list[Source] = []
+        try:
+            sources.append(FusionRecordSource(self.aggregator.add, self.metrics))
+        except (FusionError, OSError) as exc:
+            log.warning(
+                "no Fusion flow records on this host (%s): flows come from socket diagnostics%s",
+                exc,
+                "" if self.s.sockdiag else ", which are off (sockdiag): none will be reported",
+            )
         if self.s.sockdiag:
             sources.append(
                 SockDiagSource(

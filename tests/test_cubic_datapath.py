@@ -621,6 +621,24 @@ def test_the_agents_loop_runs_on_a_host_without_fusion(db_url, tmp_path, caplog)
     assert errors_logged(caplog) == []
 
 
+def test_an_agent_on_a_host_without_fusion_asks_for_no_module_counters(
+    db_url, tmp_path, caplog
+) -> None:
+    """The agent's intervals on a host that never loads Fusion: each closes, drains and asks
+    Booster, and none asks the missing module for its counts of lost records, so nothing is
+    logged about them, at the start or at any interval."""
+    caplog.set_level(logging.INFO, logger="gemini_agent")
+    params = ModuleParams(CUBIC, module_dir(tmp_path))
+    with serve(db_url) as b:
+        cubic_policy(b.http)
+        agent = cubic_agent(tmp_path, b.grpc_target, params, with_fusion=False)
+        for _ in range(3):
+            agent.tick()
+    assert 850 <= params.read()["beta"] <= 900
+    assert agent_lines(caplog, "counters") == [] and agent.kernel_drops == {}
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
 def test_a_policy_turned_from_fusion_to_cubic_puts_fusions_table_back_once(
     db_url, tmp_path, caplog
 ) -> None:

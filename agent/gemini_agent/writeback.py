@@ -68,8 +68,10 @@ class Kernel:
 
     def record_drops(self) -> dict[str, int]:
         """The module's counts of flow records lost (no room or memory: kernel; no listener:
-        unheard) since it loaded; empty when it cannot be asked."""
-        if not self.use_netlink:
+        unheard) since it loaded; empty when it cannot be asked. Not asked while the module
+        is not loaded: a host that never loads it (one that tunes its stock CUBIC) would log
+        a warning every interval."""
+        if not self.use_netlink or not self.present():
             return {}
         try:
             with FusionNetlink() as nl:

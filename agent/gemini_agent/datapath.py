@@ -11,7 +11,9 @@ for, and every report of the host attributes its flows of that CC to the one θ 
 
 A θ is checked against the spec's wide region Θ' (what the parameters safely take) before any
 file is written; the kernel's own values are read once, before the first write, and written
-back by ``restore`` (the agent's clean exit). A write that fails half-way puts back the values
+back by ``restore`` (the agent's clean exit, a policy that no longer targets the datapath, a
+kernel-default arm of its CC; the agent closes the report interval first, so the flows that ran
+the tuned θ are reported as its trials). A write that fails half-way puts back the values
 written so far, so the module never holds a mix of two θ. When Booster has been silent longer
 than ``staleness_s``, the agent writes the spec's default (the kernel's defaults, as the spec
 records them) through the same checked write, as Fusion falls back to its safe default, and

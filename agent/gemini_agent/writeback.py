@@ -1,5 +1,7 @@
 """θ from Booster into the kernel: checked against the θ spec, installed atomically, kept when
-Booster fails, replaced by the spec's safe default once Booster has been silent too long.
+Booster fails, replaced by the spec's safe default once Booster has been silent too long, and
+once when the host stops running a Fusion θ (its policy tunes another datapath: the table is
+then left alone, and a host without the module is never asked).
 
 Everything goes into the module's netlink table in one message that replaces the whole table:
 per-context profiles by destination prefix, compiled to fit the module's limits

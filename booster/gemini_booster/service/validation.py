@@ -220,14 +220,24 @@ def _baseline_problem(a: pb.Aggregate, spec: ThetaSpec, policy: Policy) -> str |
     return None
 
 
+def _carries_only(
+    a: pb.Aggregate, own: str, other: str, path: str, spec: ThetaSpec, problems: list[str]
+) -> bool:
+    """A policy's own flows carry θ in the field of its datapath (``theta`` for Fusion,
+    ``datapath_theta`` for any other) and not in the other one."""
+    if a.HasField(other):
+        problems.append(f"{path}.{other}: a {spec.datapath} policy's flows carry {own}")
+        return False
+    if not a.HasField(own):
+        problems.append(f"{path}.{own}: missing")
+        return False
+    return True
+
+
 def _fusion_theta(
     a: pb.Aggregate, path: str, spec: ThetaSpec, problems: list[str]
 ) -> dict[str, int] | None:
-    if a.HasField("datapath_theta"):
-        problems.append(f"{path}.datapath_theta: a {spec.datapath} policy's flows carry theta")
-        return None
-    if not a.HasField("theta"):
-        problems.append(f"{path}.theta: missing")
+    if not _carries_only(a, "theta", "datapath_theta", path, spec, problems):
         return None
     missing = [name for name in spec.names if not a.theta.HasField(name)]
     if missing:
@@ -240,11 +250,7 @@ def _datapath_theta(
     a: pb.Aggregate, path: str, spec: ThetaSpec, problems: list[str]
 ) -> dict[str, int] | None:
     where = f"{path}.datapath_theta"
-    if a.HasField("theta"):
-        problems.append(f"{path}.theta: a {spec.datapath} policy's flows carry datapath_theta")
-        return None
-    if not a.HasField("datapath_theta"):
-        problems.append(f"{where}: missing")
+    if not _carries_only(a, "datapath_theta", "theta", path, spec, problems):
         return None
     got = a.datapath_theta
     if got.datapath != spec.datapath:

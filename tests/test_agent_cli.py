@@ -90,7 +90,8 @@ def test_a_missing_token_file_stops_the_agent_in_one_line(tmp_path):
 
 @pytest.mark.skipif(Path("/proc/sys/net/fusion").exists(), reason="tcp_fusion is loaded here")
 def test_running_without_the_module_fails_in_one_line_with_exit_1(tmp_path):
-    """Without tcp_fusion the agent says so and exits 1."""
+    """Without tcp_fusion, and without socket diagnostics to take flows from instead, the
+    agent would report nothing: it says so, and how to run without Fusion, and exits 1."""
     out = _agent(
         "run",
         env={
@@ -100,7 +101,10 @@ def test_running_without_the_module_fails_in_one_line_with_exit_1(tmp_path):
     )
     assert out.returncode == EXIT_FAILED
     last = out.stderr.strip().splitlines()[-1]
-    assert last == "gemini-agent: generic netlink family 'fusion' not found: is tcp_fusion loaded?"
+    assert last == (
+        "gemini-agent: generic netlink family 'fusion' not found: is tcp_fusion loaded? "
+        "(a host without Fusion reports flows through sockdiag = true)"
+    )
     assert "Traceback" not in out.stderr
 
 

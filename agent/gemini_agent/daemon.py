@@ -353,16 +353,21 @@ class Agent:
 
     def make_sources(self) -> list[Source]:
         """The flow sources to start. A host without the Fusion module (one that tunes its
-        stock CUBIC only) has no Fusion records to read: the agent still runs, its flows
-        coming from socket diagnostics, and says so once."""
+        stock CUBIC only) has no Fusion records to read: with socket diagnostics on, the agent
+        still runs on their flows and says so once; with them off it would report nothing, so
+        it stops at start, naming both ways out (a Fusion fleet's host missing its module is a
+        deployment error to see at once, not an agent that runs and reports nothing)."""
         sources: list[Source] = []
         try:
             sources.append(FusionRecordSource(self.aggregator.add, self.metrics))
         except (FusionError, OSError) as exc:
+            if not self.s.sockdiag:
+                raise FusionError(
+                    f"{exc} (a host without Fusion reports flows through sockdiag = true)"
+                ) from exc
             log.warning(
-                "no Fusion flow records on this host (%s): flows come from socket diagnostics%s",
+                "no Fusion flow records on this host (%s): flows come from socket diagnostics",
                 exc,
-                "" if self.s.sockdiag else ", which are off (sockdiag): none will be reported",
             )
         if self.s.sockdiag:
             sources.append(

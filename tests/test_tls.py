@@ -238,6 +238,50 @@ def test_the_agent_presents_its_client_certificate(tmp_path, mtls_booster) -> No
     assert _stored(server) == 1
 
 
+def test_a_renewed_client_certificate_is_used_without_a_restart(tmp_path, mtls_booster) -> None:
+    """The agent's certificate files are rewritten under it (a renewal by the node's
+    bootstrap): a certificate Booster does not trust keeps the report spooled; a half-written
+    renewal (a new certificate beside the old key) keeps the current channel and is counted;
+    once the matching key is in place the same reporter sends, on a channel rebuilt from the
+    files."""
+    server, server_ca, fleet, _ = mtls_booster
+    make_ca(tmp_path, "other-ca")
+    stale_cert, stale_key = _signed_cert(tmp_path, "other-ca", "host-a-stale")
+    good_cert, good_key = _signed_cert(tmp_path, "hosts-ca", "host-a")
+    cert, key = tmp_path / "agent-cert.pem", tmp_path / "agent-key.pem"
+    shutil.copy(stale_cert, cert)
+    shutil.copy(stale_key, key)
+    settings = _settings(
+        tmp_path / "agent",
+        f"127.0.0.1:{server.grpc_port}",
+        tls_ca_file=server_ca,
+        tls_cert_file=cert,
+        tls_key_file=key,
+    ).model_copy(update={"host_id": "host-a", "token": SecretStr(fleet)})
+    metrics = AgentMetrics()
+    reporter = Reporter(settings, Spool(tmp_path / "agent" / "spool", 1 << 20), metrics)
+    req = _report(0)
+    req.host_id = "host-a"
+    reporter.submit(req)
+    assert reporter.drain() == 0 and len(reporter.spool) == 1  # Booster refuses the handshake
+
+    def reloads(outcome: str) -> float:
+        value = metrics.registry.get_sample_value(
+            "gemini_agent_tls_reloads_total", {"outcome": outcome}
+        )
+        return value or 0.0
+
+    shutil.copy(good_cert, cert)  # the key is not rewritten yet
+    reporter.next_attempt = 0.0
+    assert reporter.drain() == 0 and len(reporter.spool) == 1
+    assert reloads("unusable") == 1 and reloads("reloaded") == 0
+    shutil.copy(good_key, key)
+    reporter.next_attempt = 0.0
+    assert reporter.drain() == 1 and len(reporter.spool) == 0
+    assert reloads("reloaded") == 1
+    assert _stored(server) == 1
+
+
 @pytest.mark.parametrize(
     "tls,says",
     [

@@ -45,7 +45,7 @@ def _read_toml_token(path: Path) -> str:
     return token.strip()
 
 
-def _identity(path: Path) -> FileIdentity:
+def file_identity(path: Path) -> FileIdentity:
     st = path.stat()  # follows symlinks: a Secret volume swaps the target, not the name
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
@@ -73,7 +73,7 @@ class AgentToken:
         if settings.token_file is not None:
             self.token = self._read_or_fail((settings.token_file, _read_token_file))
         if self.origin is not None:
-            self.seen = _identity(self.origin[0])
+            self.seen = file_identity(self.origin[0])
 
     @staticmethod
     def _read_or_fail(origin: tuple[Path, Callable[[Path], str]]) -> str:
@@ -97,7 +97,7 @@ class AgentToken:
             return
         path, read = self.origin
         try:
-            now: FileIdentity | None = _identity(path)
+            now: FileIdentity | None = file_identity(path)
         except OSError:
             now = None
         if now == self.seen:

@@ -306,7 +306,7 @@ class Agent:
             contexts=[self.resolver.message(p, now.hour) for p in asked],
         )
         try:
-            resp = self.reporter.stub.GetParameters(
+            resp = self.reporter.booster.current().GetParameters(
                 req, metadata=self.reporter.token.metadata(), timeout=self.s.rpc_deadline_s
             )
         except grpc.RpcError as err:

@@ -72,6 +72,14 @@ class AgentMetrics:
             ["outcome"],
             registry=r,
         )
+        self.tls_reloads = Counter(
+            "gemini_agent_tls_reloads",
+            "Times the TLS files (CA, client certificate, key) changed: the channel to Booster "
+            "rebuilt from them (reloaded), or they did not load, so the current one was kept "
+            "(unusable)",
+            ["outcome"],
+            registry=r,
+        )
         self.spool_reports = Gauge(
             "gemini_agent_spool_reports", "Reports waiting in the spool", registry=r
         )

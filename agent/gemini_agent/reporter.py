@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
+import ssl
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 import grpc
 
 from gemini_agent.config import AgentSettings
-from gemini_agent.credentials import AgentToken
+from gemini_agent.credentials import AgentToken, FileIdentity, file_identity
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.spool import Spool
 from gemini_api.service_config import channel_options
@@ -76,6 +77,59 @@ def _read(path: Path | None, setting: str) -> bytes | None:
         raise ValueError(f"cannot read {setting} {path}: {exc.strerror}") from None
 
 
+def _check_pair(settings: AgentSettings) -> None:
+    """The client certificate and key load as a matching pair (gRPC would only find out at
+    the next handshake, with every call failing until then)."""
+    if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+        ssl.create_default_context().load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+
+
+class AgentChannel:
+    """The channel to Booster, rebuilt when a TLS file it was built from changes: a client
+    certificate renewed by the node's bootstrap or cert-manager, or a rotated CA, is used from
+    the next call on, without a restart (gRPC's client credentials are fixed per channel).
+    A rewrite that does not load (a half-written pair, a key that does not match) keeps the
+    current channel, said once per change; the next change is tried again."""
+
+    def __init__(
+        self, settings: AgentSettings, metrics: AgentMetrics, channel: grpc.Channel | None = None
+    ) -> None:
+        self.settings, self.metrics = settings, metrics
+        given = (settings.tls_ca_file, settings.tls_cert_file, settings.tls_key_file)
+        self.files = [p for p in given if p is not None] if channel is None else []
+        self.seen = self._identities()
+        self.channel = channel or open_channel(settings)
+        self.stub = pb_grpc.BoosterStub(self.channel)
+
+    def _identities(self) -> tuple[FileIdentity | None, ...]:
+        out: list[FileIdentity | None] = []
+        for path in self.files:
+            try:
+                out.append(file_identity(path))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def current(self) -> pb_grpc.BoosterStub:
+        """The stub for the next call, on a channel rebuilt first if a TLS file changed."""
+        now = self._identities()
+        if now == self.seen:
+            return self.stub
+        self.seen = now
+        try:
+            _check_pair(self.settings)
+            channel = open_channel(self.settings)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            self.metrics.tls_reloads.labels("unusable").inc()
+            log.error("TLS files changed but do not load (%s): keeping the current channel", exc)
+            return self.stub
+        old, self.channel, self.stub = self.channel, channel, pb_grpc.BoosterStub(channel)
+        old.close()
+        self.metrics.tls_reloads.labels("reloaded").inc()
+        log.info("TLS files changed: a new channel to Booster uses them from now on")
+        return self.stub
+
+
 class Reporter:
     def __init__(
         self,
@@ -85,8 +139,7 @@ class Reporter:
         channel: grpc.Channel | None = None,
     ) -> None:
         self.settings, self.spool, self.metrics = settings, spool, metrics
-        self.channel = channel or open_channel(settings)
-        self.stub = pb_grpc.BoosterStub(self.channel)
+        self.booster = AgentChannel(settings, metrics, channel)
         self.token = AgentToken(settings, metrics)
         self.failures = 0
         self.next_attempt = 0.0
@@ -117,7 +170,7 @@ class Reporter:
         sent = 0
         for path, payload in self.spool.pending():
             try:
-                self.stub.ReportAggregates(
+                self.booster.current().ReportAggregates(
                     pb.ReportRequest.FromString(payload),
                     metadata=self.token.metadata(),
                     timeout=self.settings.rpc_deadline_s,

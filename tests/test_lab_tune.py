@@ -37,7 +37,7 @@ def tuned(tmp_path_factory, pg_admin_url):
         n_initial_points=5,
         default_reports=DEFAULT_ROUNDS,
         staleness_s=12,
-        duration_s=600,
+        duration_s=1800,  # a stall guard only: the host ends the run; a busy host takes longer
     )
     out = tmp_path_factory.mktemp("tune")
     result = run_tune(

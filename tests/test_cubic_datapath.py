@@ -165,6 +165,13 @@ def test_booster_plans_a_cubic_policy_in_cubics_space(booster) -> None:
     assert plan["incumbent_natural"]["beta"] == plan["incumbent"]["beta"] / 1024
 
 
+def _stored_trials(engine) -> list[tuple]:
+    """Every stored trial as (cc, θ key, flows): a tuned θ's trials and baselines apart."""
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT cc, theta_key, flow_count FROM trials ORDER BY cc"))
+        return [tuple(r) for r in rows.all()]
+
+
 def cubic_flows(ctx: pb.Context, theta: dict[str, int], datapath: str = "cubic") -> pb.Aggregate:
     """A CUBIC policy's own flows: cc empty, the host's CUBIC θ as datapath_theta."""
     a = baseline_flows(ctx, "")
@@ -473,11 +480,8 @@ def test_cubic_falls_back_to_the_kernels_defaults_when_booster_is_stale_and_back
             time.sleep(0.05)
         agent.reporter.drain()
         assert len(agent.spool) == 0
-        with b.engine.connect() as conn:
-            rows = conn.execute(
-                text("SELECT cc, theta_key, flow_count FROM trials ORDER BY cc")
-            ).all()
-    assert [tuple(r) for r in rows] == [("", CUBIC.key(tuned), 1), ("cubic", "", 1)]
+        rows = _stored_trials(b.engine)
+    assert rows == [("", CUBIC.key(tuned), 1), ("cubic", "", 1)]
     assert stale_fallbacks(agent) == fallbacks + 1 and agent.metrics.theta_refused._value.get() == 0
 
 
@@ -820,8 +824,5 @@ def test_a_kernel_default_cubic_arm_stores_the_tuned_flows_before_it_as_trials(
         agent.close_interval()
         agent.reporter.drain()
         assert len(agent.spool) == 0
-        with b.engine.connect() as conn:
-            rows = conn.execute(
-                text("SELECT cc, theta_key, flow_count FROM trials ORDER BY cc")
-            ).all()
-    assert [tuple(r) for r in rows] == [("", CUBIC.key(tuned), 1), ("cubic", "", 1)]
+        rows = _stored_trials(b.engine)
+    assert rows == [("", CUBIC.key(tuned), 1), ("cubic", "", 1)]

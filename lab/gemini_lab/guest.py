@@ -15,7 +15,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gemini_api.aggregate import FlowStats
 from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
@@ -292,7 +294,7 @@ BURST_PAUSE_S = 3.0  # the burst's sockets stay open this long, for several dump
 EVENTS_WAIT_S = 30.0  # destroy events leave the kernel from a workqueue, late on a busy guest
 
 
-def _gather(listener, keep, count: int) -> list:
+def _gather(listener: Any, keep: Callable[[Any], bool], count: int) -> list:
     """Destroy events matching ``keep`` until ``count`` have come or EVENTS_WAIT_S has passed:
     the kernel broadcasts them from a workqueue, so a fixed sleep loses the last on a slow host."""
     got: list = []

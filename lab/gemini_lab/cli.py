@@ -12,6 +12,7 @@ gemini-lab determinism  the same flows idle and with every host core busy, compa
 gemini-lab abtest       an A/B experiment (cubic vs tuned fusion, crossover) over lab hosts
 gemini-lab fairness     RTT fairness and cubic-friendliness, two flows on one bottleneck (UML)
 gemini-lab cubic        Booster tunes CUBIC on a lossy path; tuned θ vs kernel defaults (crossover)
+gemini-lab shortflows   completion time of 1 MB transfers and of a size mix, per CC and path (UML)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gemini_api.theta import REGIONS, load_spec
-from gemini_lab import fairness, plans, report, scenario
+from gemini_lab import fairness, plans, report, scenario, shortflows
 from gemini_lab.host import BACKENDS, REPO, run_plan
 from gemini_lab.vm import LabError
 
@@ -225,6 +226,39 @@ def cmd_fairness(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_shortflows(args: argparse.Namespace) -> None:
+    try:
+        theta = fairness.load_theta(args.tuned_theta) if args.tuned_theta else None
+        fewer = tuple(shortflows.parse_fewer(f) for f in args.fewer or ())
+        names = tuple(args.scenario or shortflows.DEFAULT_SCENARIOS)
+        for name in names:
+            shortflows.load_path(name)
+    except (ValueError, scenario.ScenarioError) as exc:
+        raise SystemExit(f"gemini-lab shortflows: {exc}") from exc
+    cfg = shortflows.ShortConfig(
+        scenarios=names,
+        tuned_theta=theta,
+        tuned_source=args.tuned_source,
+        only=tuple(args.contender or ()),
+        transfers=args.transfers,
+        mix=args.mix,
+        seed=args.seed,
+        fewer=fewer,
+    )
+    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    record = None if args.no_record else args.record
+    print(
+        shortflows.run(
+            cfg,
+            args.out,
+            command,
+            record,
+            lambda label, r: print(shortflows.progress_line(label, r), flush=True),
+            args.merge,
+        )
+    )
+
+
 def _lab_booster(out: Path) -> tuple[str, Callable[[str], Settings]]:
     """An operator token of the run's own and Booster's settings for a run under ``out``
     (embedded PostgreSQL there), listening where the run says; hosts get tokens bound to them."""
@@ -398,6 +432,26 @@ def main(argv: list[str] | None = None) -> None:
     fair.add_argument(
         "--merge", action="append", type=Path, help="render these results.json, run nothing"
     )
+    short = sub.add_parser("shortflows", help="1 MB and size-mix transfer times per CC (UML)")
+    short.add_argument(
+        "--scenario", action="append", help="repeat; " + " ".join(shortflows.DEFAULT_SCENARIOS)
+    )
+    short.add_argument("--tuned-theta", help="fusion-tuned's θ: JSON (spec units) or a JSON file")
+    short.add_argument("--tuned-source", default="given", help="where the tuned θ comes from")
+    short.add_argument(
+        "--contender", action="append", choices=shortflows.CONTENDERS, help="repeat; all"
+    )
+    short.add_argument("--transfers", type=int, default=20, help="1 MB transfers per path, CC")
+    short.add_argument("--mix", type=int, default=40, help="size-mix transfers per path, CC")
+    short.add_argument("--seed", type=int, default=1, help="of the size mix")
+    short.add_argument(
+        "--fewer", action="append", help="PATH=N_1MB,N_MIX: fewer transfers there (repeat)"
+    )
+    short.add_argument("--record", type=Path, default=shortflows.RESULTS_PATH)
+    short.add_argument("--no-record", action="store_true", help="print only")
+    short.add_argument(
+        "--merge", action="append", type=Path, help="render these results.json, run nothing"
+    )
     ab = sub.add_parser("abtest", help="an A/B experiment over lab hosts, with a crossover")
     ab.add_argument("--hosts", type=int, default=4, help="lab hosts (namespaces with agents)")
     ab.add_argument("--day-seconds", type=int, default=120, help="a compressed day")
@@ -418,7 +472,7 @@ def main(argv: list[str] | None = None) -> None:
     cub.add_argument("--port", type=int, default=50163)
     cub.add_argument("--record", type=Path, help="write the summary here (markdown)")
     cub.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    for p in (run, bench, records, loop, land, tune, det, fair, sub.choices["check"]):
+    for p in (run, bench, records, loop, land, tune, det, fair, short, sub.choices["check"]):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     for p in (run, bench, records, det):
         p.add_argument(
@@ -452,6 +506,8 @@ def main(argv: list[str] | None = None) -> None:
             return cmd_tune(args)
         elif args.cmd == "fairness":
             return cmd_fairness(args)
+        elif args.cmd == "shortflows":
+            return cmd_shortflows(args)
         elif args.cmd == "abtest":
             return cmd_abtest(args)
         elif args.cmd == "cubic":

@@ -48,6 +48,7 @@ from gemini_lab.netem import (
 )
 from gemini_lab.relay import start_relay
 from gemini_lab.scenario import Scenario
+from gemini_lab.shortflows import exp_shortflows
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = REPO / "fusion-kmod" / "tcp_fusion.ko"
@@ -578,6 +579,7 @@ EXPERIMENTS = {
     "fairness": exp_fairness,
     "fleet": exp_fleet,
     "cubic_check": exp_cubic_check,
+    "shortflows": lambda e, out: exp_shortflows(e, out, SCHEDULES),
 }
 
 

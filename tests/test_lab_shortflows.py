@@ -93,6 +93,20 @@ def test_completion_takes_at_least_what_the_path_allows(results, name, workload)
         assert t["throughput_mbps"] == pytest.approx(t["size"] * 8 / t["completion_s"] / 1e6)
 
 
+SAME_S = 0.002  # timer granularity on the simulated clock
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ASKED))
+def test_every_transfer_starts_cold(results, name):
+    """On a path without loss or a rate schedule, transfers of one size are the same
+    transfer: nothing of one connection (cached metrics, the path's first ARP resolution)
+    reaches the next."""
+    times = [t["completion_s"] for t in _series(results, name, "1mb")["transfers"]]
+    assert max(times) - min(times) <= SAME_S, times
+
+
 @pytest.mark.lab
 @pytest.mark.slow
 def test_the_kernel_stayed_healthy(results):

@@ -3,10 +3,11 @@ gives the same flows. Its clock is simulated (time-travel=inf-cpu), so how busy 
 changes only how long the run takes; nothing here depends on host speed. The cubic flows keep
 the check independent of Fusion's datapath; the cellular path replays a capacity trace.
 
-Lossy paths are left out: with the host's randomness patched out of the guest, two boots
-usually draw the same netem losses, but not always (measured: identical in most pairs of boots,
-3.9 against 3.7 MB for cubic and 22.5 against 21.8 MB for fusion in others), so some source
-still seeds the guest now and then. A check on them would pass or fail by chance.
+Every path is compared, lossy ones too: netem draws from a fixed seed per queue
+(lab/uml/netem-fixed-seed.patch), and nothing that differs between runs, such as the job's own
+directory on the kernel's command line, reaches the guest's random generator
+(lab/uml/no-host-randomness.patch). Measured: every figure of every flow below identical across
+two directories, with the host busy.
 
 Needs Debian's linux-source-6.1, flex and bison (lab/install-deps.sh); the kernel is built once
 into var/uml/ by lab/uml/build-kernel.sh (about 8 minutes on 2 cores), then reused."""
@@ -24,13 +25,13 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 # The issue's bound for repeated runs in UML.
 TOLERANCE = 0.02
 DURATION_S = 10
+CCS = ("cubic", "fusion")
 
 
 @pytest.fixture(scope="module")
 def twice(tmp_path_factory) -> list[dict]:
-    plan = plans.repeat_plan(
-        [scenario.load("ethernet"), scenario.load("cellular")], ("cubic", "fusion"), DURATION_S
-    )  # cellular/fusion runs but is not compared (see LABELS)
+    paths = [scenario.load(n) for n in ("ethernet", "cellular", "satellite")] + [plans.LOSSY]
+    plan = plans.repeat_plan(paths, CCS, DURATION_S)
     runs = []
     for i in range(2):
         try:
@@ -43,10 +44,10 @@ def twice(tmp_path_factory) -> list[dict]:
 
 
 # cellular replays a capacity trace: each flow restarts it (netem.RateSchedule), so a flow's
-# figures do not depend on what ran before it. Fusion there is left out: its delay signal reads
-# the trace's rate changes to the microsecond, and two boots differed by 2.4 % in bytes
-# (32.8 against 32.0 MB), past the bound; cubic repeats exactly.
-LABELS = ["ethernet/cubic", "ethernet/fusion", "cellular/cubic"]
+# figures do not depend on what ran before it; satellite and lossy-short drop packets at random.
+LABELS = [
+    f"{path}/{cc}" for path in ("ethernet", "cellular", "satellite", "lossy-short") for cc in CCS
+]
 
 
 @pytest.mark.parametrize("label", LABELS)

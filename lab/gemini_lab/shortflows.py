@@ -38,8 +38,11 @@ the module's sysctls are per network namespace), set before a CC's series and re
 A path with a rate schedule (the cellular trace) is put back at its first row before each
 transfer and the transfer starts TRACE_STEP_S × i (mod TRACE_SPAN_S) seconds into it: transfer
 i of every CC meets the same capacities, and the series samples more of the trace than its
-first second. Paths with random loss draw from the guest's generator, whose state depends on
-everything before, so two CCs see different loss patterns: more transfers, not the same ones.
+first second. On a path with random loss the path's netem queue draws its losses from one
+sequence as packets pass (a fixed seed per queue: lab/uml/netem-fixed-seed.patch), continued
+from one transfer to the next: two CCs meet other draws (more transfers even that out, not the
+same draws); the same plan's transfers repeat from run to run as the lab's bulk flows do
+(tests/test_lab_uml.py).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from gemini_lab.host import REPO, run_plan
 from gemini_lab.netem import DELAY_LIMIT, TCP_MEM, _veth, sh, tbf_args
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "fairness.md"
+RUN_TIMEOUT_S = 7200  # one boot's wall-clock limit, a stall guard
 
 # --- guest side ------------------------------------------------------------------------------
 
@@ -543,6 +544,21 @@ def merged(paths: list[Path]) -> dict:
     return {**runs[0], "experiments": experiments}
 
 
+def run_or_merge(
+    plan: dict,
+    out: Path,
+    progress: Callable[[str, dict], None] | None,
+    merge: list[Path] | None,
+) -> dict:
+    """The plan's results from one UML boot (kept in ``out``/results.json), or, with ``merge``,
+    those runs' results as one, without running anything."""
+    if merge:
+        return merged(merge)
+    results = run_plan(plan, out, backend="uml", progress=progress, timeout_s=RUN_TIMEOUT_S)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
 def run(
     cfg: FairnessConfig,
     out: Path,
@@ -553,11 +569,7 @@ def run(
 ) -> str:
     """Run the plan in UML and render it; with ``merge``, render those runs' results instead
     (runs of the same settings, e.g. one per position) without running anything."""
-    if merge:
-        results = merged(merge)
-    else:
-        results = run_plan(build_plan(cfg), out, backend="uml", progress=progress, timeout_s=7200)
-        (out / "results.json").write_text(json.dumps(results, indent=1))
+    results = run_or_merge(build_plan(cfg), out, progress, merge)
     text = render(results, cfg, command)
     if record:
         record.write_text(text)

@@ -65,8 +65,8 @@ from gemini_api.theta import load_spec
 from gemini_lab import plans, scenario
 from gemini_lab.bulk import CHUNK_BYTES, tcp_info
 from gemini_lab.experiment import read_sysctl, set_default_theta
-from gemini_lab.fairness import Contender, merged
-from gemini_lab.host import REPO, run_plan
+from gemini_lab.fairness import Contender, run_or_merge
+from gemini_lab.host import REPO
 from gemini_lab.netem import SENDER_NS, RateSchedule, receiver_addr, receiver_ns
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "short-flows.md"
@@ -479,11 +479,7 @@ def run(
     merge: list[Path] | None = None,
 ) -> str:
     """Run the plan in UML and render it; with ``merge``, render those runs' results."""
-    if merge:
-        results = merged(merge)
-    else:
-        results = run_plan(build_plan(cfg), out, backend="uml", progress=progress, timeout_s=7200)
-        (out / "results.json").write_text(json.dumps(results, indent=1))
+    results = run_or_merge(build_plan(cfg), out, progress, merge)
     if wrong := _checked(results):
         raise RuntimeError("transfers not as asked:\n" + "\n".join(wrong[:10]))
     text = render(results, cfg, command)

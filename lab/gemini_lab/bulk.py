@@ -31,6 +31,7 @@ import struct
 import sys
 import threading
 import time
+from typing import cast
 
 CHUNK_BYTES = 256 * 1024
 SAMPLE_S = 0.1
@@ -73,8 +74,7 @@ def recv(port: int, flows: int, omit_s: float, duration_s: float) -> dict:
     open_conns = flows
     while open_conns:
         for key, _ in sel.select():
-            conn = key.fileobj
-            assert isinstance(conn, socket.socket)
+            conn = cast(socket.socket, key.fileobj)  # only connections are registered
             n = conn.recv_into(buf)
             now = time.monotonic()
             if n == 0:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from gemini_api.theta import REGIONS, load_spec
 from gemini_lab import fairness, plans, report, scenario, shortflows
-from gemini_lab.host import BACKENDS, REPO, run_plan
+from gemini_lab.host import BACKENDS, REPO, Backend, run_plan
 from gemini_lab.vm import LabError
 
 if TYPE_CHECKING:
@@ -79,7 +79,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     """The network outcomes on the UML lab's simulated clock, then the module in Debian's
     stock kernel under qemu; a table each, then every failure, and 1 if there was one."""
     failed: list[str] = []
-    for backend, plan in (("uml", plans.outcome_plan()), ("qemu", plans.module_plan())):
+    acceptance: tuple[tuple[Backend, dict], ...] = (
+        ("uml", plans.outcome_plan()),
+        ("qemu", plans.module_plan()),
+    )
+    for backend, plan in acceptance:
         print(f"[{backend}] {len(plan['experiments'])} experiments", flush=True)
         out = args.out / f"check-{backend}"
         results = run_plan(plan, out, backend=backend, progress=_progress)

@@ -44,6 +44,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -308,6 +309,7 @@ def run_cubic(
         server.stop()
     windows = compared_windows(experiment, off, cfg)
     phases = compare(intervals, windows, cfg.sigma)
+    record = out_dir / "cubic.json"
     result = CubicResult(
         policy=policy_name,
         experiment=experiment,
@@ -322,9 +324,9 @@ def run_cubic(
         difference=phases["difference"],
         guest=guest.box["results"],
         schedule=run.schedule,
-        record=out_dir / "cubic.json",
+        record=record,
     )
-    result.record.write_text(json.dumps(_record(result, cfg), indent=1, default=str))
+    record.write_text(json.dumps(_record(result, cfg), indent=1, default=str))
     return result
 
 
@@ -508,7 +510,8 @@ def _record(result: CubicResult, cfg: CubicConfig) -> dict:
 def from_record(path: Path) -> tuple[CubicResult, CubicConfig]:
     """A run back from its ``cubic.json`` (for rendering it again)."""
     r = json.loads(path.read_text())
-    cfg = CubicConfig(**{k: tuple(v) if k == "tuned" else v for k, v in r["config"].items()})
+    fields: dict[str, Any] = {k: tuple(v) if k == "tuned" else v for k, v in r["config"].items()}
+    cfg = CubicConfig(**fields)
     result = CubicResult(
         policy=r["policy"],
         experiment=r["experiment"],

@@ -131,7 +131,8 @@ def start_flow(
     ready = server.stdout.readline().strip()
     if ready != "ready":
         server.kill()
-        raise RuntimeError(f"flow receiver did not start: {ready!r} {server.stderr.read()[-500:]}")
+        err = server.stderr.read()[-500:] if server.stderr else ""
+        raise RuntimeError(f"flow receiver did not start: {ready!r} {err}")
     client = _bulk(SENDER_NS, "send", receiver_addr(path), port, cc, parallel, duration_s)
     return server, client
 

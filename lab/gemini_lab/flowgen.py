@@ -25,6 +25,7 @@ import socket
 import struct
 import sys
 import time
+from typing import cast
 
 FLOW_BYTES = 1024
 BACKLOG = 4096
@@ -76,7 +77,7 @@ def serve(port: int) -> None:
             if key.fileobj is lsock:
                 _accept_all(lsock, sel)
                 continue
-            conn = key.fileobj
+            conn = cast(socket.socket, key.fileobj)
             try:
                 data = conn.recv(65536)
             except BlockingIOError:
@@ -148,7 +149,8 @@ def _burst_worker(args: tuple) -> tuple[int, dict[str, int], float, float]:
     addr, port, n, cc, pause_s, barrier = args
     _raise_fd_limit()
     payload = b"x" * FLOW_BYTES
-    socks, failed = [], {}
+    socks: list[socket.socket] = []
+    failed: dict[str, int] = {}
     for _ in range(n):
         try:
             socks.append(_open_flow(addr, port, cc, payload, 30))

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from gemini_api.theta import load_spec
 from gemini_booster.config import Settings
@@ -69,7 +70,11 @@ PATHS = (
 # landscape (lab-loop.md) shows what there is to find: ω 40 against 10 gives +1.6 on the wired
 # path and +2.8 on the lossy one, l 3 % against 0 another +1.5 there. A small custom region an
 # operator might choose, and one a single lab host can search in minutes.
-TUNED_UNITS = {"init_cwnd": "production", "mult_decrease": "wide", "loss_threshold": (0, 30)}
+TUNED_UNITS: dict[str, str | tuple[int, int]] = {
+    "init_cwnd": "production",
+    "mult_decrease": "wide",
+    "loss_threshold": (0, 30),
+}
 METRICS_PORT = 9465
 HOST_ID = "lab-host"
 
@@ -105,7 +110,10 @@ def lab_bounds() -> dict[str, tuple[int, int]]:
     spec = load_spec()
     bounds = {p.name: (p.default, p.default) for p in spec.params}
     for name, region in TUNED_UNITS.items():
-        bounds[name] = spec.param(name).bounds(region) if isinstance(region, str) else region
+        if isinstance(region, str):
+            bounds[name] = spec.param(name).bounds(region)
+        else:
+            bounds[name] = region
     return bounds
 
 
@@ -233,7 +241,8 @@ def utility_rounds(
     """Eq. 9 per context per reporting interval."""
     out: dict[str, list[tuple[dt.datetime, float]]] = {}
     for g in repo.fusion_sums_by(engine, policy_id, "interval"):
-        out.setdefault(g.dst_region, []).append((g.group, g.sums.utility(sigma).mean))
+        interval = cast(dt.datetime, g.group)  # grouped by reporting interval
+        out.setdefault(g.dst_region, []).append((interval, g.sums.utility(sigma).mean))
     return out
 
 
@@ -243,7 +252,7 @@ def trial_table(
     """Per context, each θ tried in the order first run (``names`` of it): its flows and eq. 9
     utility. What the model was fit on, for reading a run's incumbent against the evidence. The
     θ are those of the kernel's flow records, as the agent reported them."""
-    spec, out = load_spec(), {}
+    spec, out = load_spec(), dict[str, list[dict]]()
     for g in repo.fusion_sums_by(engine, policy_id, "theta"):
         theta = spec.from_key(str(g.group))
         out.setdefault(g.dst_region, []).append(
@@ -587,6 +596,7 @@ def run_closed_loop(
         if rounds
         else None
     )
+    record = out_dir / f"{search.name}.json"
     result = LoopResult(
         guest=box["results"],
         rounds=utilities,
@@ -602,9 +612,9 @@ def run_closed_loop(
         round_log=log,
         tuned=evaluated_theta(log),
         default=_within(rounds, on_default, cfg.interval_s),
-        record=out_dir / f"{search.name}.json",
+        record=record,
     )
-    result.record.write_text(json.dumps(_record(result, search, cfg), indent=1))
+    record.write_text(json.dumps(_record(result, search, cfg), indent=1))
     return result
 
 

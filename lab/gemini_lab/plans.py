@@ -127,7 +127,8 @@ def benchmark_plan(duration_s: int = 30, *, cpu: bool = True) -> dict:
     experiments: list[dict] = []
     for i, p in enumerate(paths[:3]):
         secs = duration_s * (LONG_RTT_FACTOR if p.rtt_ms >= 500 else 1)
-        runs = [("fusion", {}, "fusion")] + [(cc, {}, cc) for cc in CCS]
+        runs: list[tuple[str, dict[str, int], str]] = [("fusion", {}, "fusion")]
+        runs += [(cc, {}, cc) for cc in CCS]
         runs += [("fusion", theta, name) for name, theta in HAND_THETAS.items()]
         for cc, theta, name in runs:
             experiments.append(

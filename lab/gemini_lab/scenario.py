@@ -62,7 +62,8 @@ class Scenario:
         """Bottleneck queue in packets."""
         if self.queue_packets is not None:
             return self.queue_packets
-        return max(1, math.ceil(self.bdp_packets() * float(self.queue_bdp)))
+        assert self.queue_bdp is not None, f"{self.name}: neither queue_packets nor queue_bdp"
+        return max(1, math.ceil(self.bdp_packets() * self.queue_bdp))
 
     def to_dict(self) -> dict:
         return asdict(self)

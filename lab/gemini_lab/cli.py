@@ -216,18 +216,24 @@ def cmd_fairness(args: argparse.Namespace) -> None:
         duration_s=args.duration,
         omit_s=args.omit,
     )
+    _run_recorded(fairness.run, fairness.progress_line, cfg, args)
+
+
+def _run_recorded(
+    run: Callable[..., str],
+    progress_line: Callable[[str, dict], str],
+    cfg: object,
+    args: argparse.Namespace,
+) -> None:
+    """A UML measurement's run (or ``--merge``), each experiment's line as it ends, then its
+    table, written to ``--record`` unless ``--no-record``; the command line goes into it."""
     command = " ".join(["gemini-lab", *sys.argv[1:]])
     record = None if args.no_record else args.record
-    print(
-        fairness.run(
-            cfg,
-            args.out,
-            command,
-            record,
-            lambda label, r: print(fairness.progress_line(label, r), flush=True),
-            args.merge,
-        )
-    )
+
+    def progress(label: str, result: dict) -> None:
+        print(progress_line(label, result), flush=True)
+
+    print(run(cfg, args.out, command, record, progress, args.merge))
 
 
 def cmd_shortflows(args: argparse.Namespace) -> None:
@@ -249,18 +255,7 @@ def cmd_shortflows(args: argparse.Namespace) -> None:
         seed=args.seed,
         fewer=fewer,
     )
-    command = " ".join(["gemini-lab", *sys.argv[1:]])
-    record = None if args.no_record else args.record
-    print(
-        shortflows.run(
-            cfg,
-            args.out,
-            command,
-            record,
-            lambda label, r: print(shortflows.progress_line(label, r), flush=True),
-            args.merge,
-        )
-    )
+    _run_recorded(shortflows.run, shortflows.progress_line, cfg, args)
 
 
 def _lab_booster(out: Path) -> tuple[str, Callable[[str], Settings]]:

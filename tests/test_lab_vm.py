@@ -70,3 +70,34 @@ def test_a_module_built_elsewhere_is_loaded_as_given(installed, tmp_path, monkey
     monkeypatch.setenv(host.FUSION_KO_ENV, str(tmp_path / "absent.ko"))
     with pytest.raises(vm.LabError, match=r"GEMINI_LAB_FUSION_KO=.*absent\.ko is not a file"):
         host.module_for(installed)
+
+
+def _run(out_dir: Path, *, rc: int, console: str, job_started: bool) -> vm.GuestRun:
+    if job_started:
+        (out_dir / "job.log").write_text("")
+    return vm.GuestRun(returncode=rc, console=console, dmesg="", out_dir=out_dir)
+
+
+PANIC = "RIP: 0010:sched_clock_cpu+0x9/0x1d0\nKernel panic - not syncing: Fatal exception"
+
+
+def test_only_a_panic_before_the_job_starts_is_a_failed_boot(tmp_path):
+    """Such a boot is run again; a panic once the job ran is the job's own result."""
+    before, during, done = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for d in (before, during, done):
+        d.mkdir()
+    assert vm.panicked_before_the_job(_run(before, rc=-1, console=PANIC, job_started=False))
+    assert not vm.panicked_before_the_job(_run(during, rc=-1, console=PANIC, job_started=True))
+    assert not vm.panicked_before_the_job(_run(done, rc=0, console="", job_started=True))
+    # no status and no job log, but no panic either (a missing share, say): not retried
+    assert not vm.panicked_before_the_job(
+        _run(before, rc=-1, console="lab: no output share", job_started=False)
+    )
+
+
+def test_a_new_job_starts_without_the_last_jobs_log(tmp_path):
+    (tmp_path / "job.log").write_text("the previous job\n")
+    (tmp_path / "rc").write_text("0\n")
+    vm.prepare_job("true", tmp_path)
+    assert not (tmp_path / "job.log").exists()
+    assert not (tmp_path / "rc").exists()

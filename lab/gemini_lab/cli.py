@@ -13,6 +13,8 @@ gemini-lab abtest       an A/B experiment (cubic vs tuned fusion, crossover) ove
 gemini-lab fairness     RTT fairness and cubic-friendliness, two flows on one bottleneck (UML)
 gemini-lab cubic        Booster tunes CUBIC on a lossy path; tuned θ vs kernel defaults (crossover)
 gemini-lab shortflows   completion time of 1 MB transfers and of a size mix, per CC and path (UML)
+gemini-lab plannertune  Booster's planner tunes θ for long flows, one UML boot per round
+gemini-lab evaluate     long flows: Booster-tuned θ beside default Fusion and the baselines (UML)
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gemini_api.theta import REGIONS, load_spec
-from gemini_lab import fairness, plans, report, scenario, shortflows
+from gemini_lab import evaluation, fairness, plannertune, plans, report, scenario, shortflows
 from gemini_lab.host import BACKENDS, REPO, Backend, run_plan
 from gemini_lab.vm import LabError
 
@@ -258,6 +260,48 @@ def cmd_shortflows(args: argparse.Namespace) -> None:
     _run_recorded(shortflows.run, shortflows.progress_line, cfg, args)
 
 
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    try:
+        tuned = evaluation.Tuned.load(args.tuned)
+        names = tuple(args.scenario or evaluation.DEFAULT_SCENARIOS)
+        for name in names:
+            scenario.load(name)
+    except (OSError, ValueError, scenario.ScenarioError) as exc:
+        raise SystemExit(f"gemini-lab evaluate: {exc}") from exc
+    if args.runs < 1:
+        raise SystemExit("gemini-lab evaluate: --runs must be at least 1")
+    cfg = evaluation.EvalConfig(
+        scenarios=names, tuned=tuned, runs=args.runs, cross=not args.no_cross
+    )
+    _run_recorded(evaluation.run, evaluation.progress_line, cfg, args)
+
+
+def cmd_plannertune(args: argparse.Namespace) -> None:
+    try:
+        names = tuple(args.scenario or evaluation.DEFAULT_SCENARIOS)
+        for name in names:
+            scenario.load(name)
+    except scenario.ScenarioError as exc:
+        raise SystemExit(f"gemini-lab plannertune: {exc}") from exc
+    if not 0 < args.explorers < args.hosts or args.rounds < 1:
+        raise SystemExit("gemini-lab plannertune: need 0 < --explorers < --hosts and --rounds ≥ 1")
+    cfg = plannertune.TuneConfig(
+        scenarios=names,
+        sigma=args.sigma,
+        rounds=args.rounds,
+        hosts=args.hosts,
+        explorers=args.explorers,
+        seed=args.seed,
+    )
+    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    history = plannertune.tune(cfg, args.out)
+    text = plannertune.render(history, cfg, command)
+    print(text)
+    if not args.no_record:
+        args.record.write_text(text)
+        plannertune.write_tuned(history, cfg, command, args.tuned)
+
+
 def _lab_booster(out: Path) -> tuple[str, Callable[[str], Settings]]:
     """An operator token of the run's own and Booster's settings for a run under ``out``
     (embedded PostgreSQL there), listening where the run says; hosts get tokens bound to them."""
@@ -451,6 +495,32 @@ def main(argv: list[str] | None = None) -> None:
     short.add_argument(
         "--merge", action="append", type=Path, help="render these results.json, run nothing"
     )
+    ptune = sub.add_parser("plannertune", help="Booster's planner tunes θ for long flows (UML)")
+    ptune.add_argument(
+        "--scenario", action="append", help="repeat; " + " ".join(evaluation.DEFAULT_SCENARIOS)
+    )
+    ptune.add_argument("--sigma", type=float, default=0.1)
+    ptune.add_argument("--rounds", type=int, default=12)
+    ptune.add_argument("--hosts", type=int, default=5, help="lab hosts per context")
+    ptune.add_argument("--explorers", type=int, default=4, help="of them, exploring")
+    ptune.add_argument("--seed", type=int, default=1, help="the policy id: the planner's draws")
+    ptune.add_argument("--record", type=Path, default=plannertune.RESULTS_PATH)
+    ptune.add_argument("--tuned", type=Path, default=evaluation.TUNED_PATH, help="θ written here")
+    ptune.add_argument("--no-record", action="store_true", help="print only")
+    ev = sub.add_parser("evaluate", help="long flows: tuned θ, default Fusion, baselines (UML)")
+    ev.add_argument(
+        "--scenario", action="append", help="repeat; " + " ".join(evaluation.DEFAULT_SCENARIOS)
+    )
+    ev.add_argument(
+        "--tuned", type=Path, default=evaluation.TUNED_PATH, help="JSON: scenario → tuned θ"
+    )
+    ev.add_argument("--runs", type=int, default=3, help="runs per path and CC")
+    ev.add_argument("--no-cross", action="store_true", help="no θ tuned on the other paths")
+    ev.add_argument("--record", type=Path, default=evaluation.RESULTS_PATH)
+    ev.add_argument("--no-record", action="store_true", help="print only")
+    ev.add_argument(
+        "--merge", action="append", type=Path, help="render these results.json, run nothing"
+    )
     ab = sub.add_parser("abtest", help="an A/B experiment over lab hosts, with a crossover")
     ab.add_argument("--hosts", type=int, default=4, help="lab hosts (namespaces with agents)")
     ab.add_argument("--day-seconds", type=int, default=120, help="a compressed day")
@@ -471,7 +541,20 @@ def main(argv: list[str] | None = None) -> None:
     cub.add_argument("--port", type=int, default=50163)
     cub.add_argument("--record", type=Path, help="write the summary here (markdown)")
     cub.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    for p in (run, bench, records, loop, land, tune, det, fair, short, sub.choices["check"]):
+    for p in (
+        run,
+        bench,
+        records,
+        loop,
+        land,
+        tune,
+        det,
+        fair,
+        short,
+        ev,
+        ptune,
+        sub.choices["check"],
+    ):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     for p in (run, bench, records, det):
         p.add_argument(
@@ -507,6 +590,10 @@ def main(argv: list[str] | None = None) -> None:
             return cmd_fairness(args)
         elif args.cmd == "shortflows":
             return cmd_shortflows(args)
+        elif args.cmd == "plannertune":
+            return cmd_plannertune(args)
+        elif args.cmd == "evaluate":
+            return cmd_evaluate(args)
         elif args.cmd == "abtest":
             return cmd_abtest(args)
         elif args.cmd == "cubic":

@@ -66,6 +66,7 @@ def exp_flow(e: dict, out: Path) -> dict:
     with RecordCollector(out / f"records-{e['label'].replace('/', '-')}.jsonl") as rc:
         if e["path"] in SCHEDULES:
             SCHEDULES[e["path"]].restart()
+            time.sleep(e.get("offset_s", 0))  # this far into the rate schedule
         result = run_flow(
             e["path"],
             e["cc"],

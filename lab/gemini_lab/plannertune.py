@@ -1,0 +1,276 @@
+"""Booster's planner tunes Fusion for long flows on the lab's paths, in the UML lab on its
+simulated clock: one guest boot per round.
+
+    gemini-lab plannertune [--scenario S ...] [--sigma 0.1] [--rounds 12] [--hosts 5]
+
+Why this and ``gemini-lab tune`` both exist. ``tune`` is the real loop (Booster's service,
+its database, gRPC, the agent in the guest, the kernel's flow records) and has to run under
+qemu: the agent talks to Booster on the host's clock, which a UML guest on a simulated clock
+cannot do. Under qemu's emulation a path's figures move with the emulator's speed, and a long
+flow on the satellite path takes minutes of real time, so ``tune`` searches with short
+transfers. This command asks what the issue's evaluation needs: which θ Booster's optimiser
+finds when the objective is a long flow on the path, measured on the simulated clock.
+
+What is the service's own here: the planner (``gemini_booster.policy.Planner.plan``) with a
+policy over all seven parameters in Θ (the production region) at the given σ; its trials are
+the service's running sums of flows per (context, θ, hour bucket) (``FlowSums``, ``Trial``),
+one round being one hour bucket; the published incumbent and candidates are passed back as the
+service passes them; each lab host of a context gets its θ by the service's assignment
+(``policy.assignment.assign``) with the policy's exploration share. What the lab adds: every
+host's round is one long flow (evaluation.duration_s) of its θ on the context's path, in a UML
+boot that runs the round's flows one after another; Fusion's θ is read back from the kernel's
+flow record of each flow (a flow at another θ stops the run). Not exercised here: the agent,
+gRPC, storage and the kernel's per-destination profile table (``tune`` and the loop tests do).
+
+Each scenario is its own context (its own destination region and ISP). On a path with a rate
+schedule, round r starts evaluation.TRACE_STEP_S × r seconds into the schedule (every host of
+the round alike); on a lossy path the flows continue one loss sequence, so two hosts meet
+other draws. The record: per context and round the incumbent and each θ run with its utility,
+and the tuned θ (the incumbent after the last round) as JSON for ``gemini-lab evaluate``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gemini_api.sums import FlowSums
+from gemini_api.theta import load_spec
+from gemini_booster.domain import ContextKey, Trial
+from gemini_booster.models import Policy
+from gemini_booster.policy.assignment import assign, exploration_position
+from gemini_booster.policy.planner import Planner, PolicyState
+from gemini_lab import evaluation, scenario
+from gemini_lab.host import REPO, run_plan
+
+RESULTS_PATH = REPO / "benchmarks" / "results" / "planner-tune.md"
+T0 = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)  # round r is the hour bucket T0 + r hours
+SRC = ("lab", "lab-isp")
+ROUND_TIMEOUT_S = 3600  # of host time, for one boot's flows  # every lab host's own region and ISP
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    scenarios: tuple[str, ...] = evaluation.DEFAULT_SCENARIOS
+    sigma: float = 0.1
+    rounds: int = 12
+    hosts: int = 5  # per context
+    explorers: int = 4  # of them, exploring in every round
+    seed: int = 1  # the policy's id: the planner's random draws
+
+    def policy(self) -> Policy:
+        return Policy(
+            id=self.seed,
+            name="lab-plannertune",
+            revision=1,
+            sigma=self.sigma,
+            exploration_share=self.explorers / self.hosts,
+        )
+
+
+def context_key(name: str) -> ContextKey:
+    return ContextKey(*SRC, name, f"{name}-isp", 0)
+
+
+def lab_hosts(key: ContextKey, hosts: int, explorers: int, share: float) -> list[str]:
+    """``hosts`` host names of which exactly ``explorers`` fall below ``share`` in the
+    service's exploration position (so each round explores as planned, whatever the hash)."""
+    explore: list[str] = []
+    exploit: list[str] = []
+    i = 0
+    while len(explore) < explorers or len(exploit) < hosts - explorers:
+        host = f"lab-host-{i}"
+        i += 1
+        below = exploration_position(host, key) < share
+        if below and len(explore) < explorers:
+            explore.append(host)
+        elif not below and len(exploit) < hosts - explorers:
+            exploit.append(host)
+    return explore + exploit
+
+
+@dataclass
+class Tuner:
+    """The planner's side of the run: trials, published incumbents and candidates."""
+
+    cfg: TuneConfig
+    planner: Planner = field(default_factory=lambda: Planner(load_spec()))
+    state: PolicyState = field(default_factory=PolicyState)
+    trials: list[Trial] = field(default_factory=list)
+    incumbents: dict[int, str] = field(default_factory=dict)
+    candidates: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.policy = self.cfg.policy()
+        self.contexts = {i + 1: context_key(n) for i, n in enumerate(self.cfg.scenarios)}
+        share = self.policy.exploration_share
+        self.hosts = {
+            c: lab_hosts(k, self.cfg.hosts, self.cfg.explorers, share)
+            for c, k in self.contexts.items()
+        }
+
+    def plan(self, r: int) -> dict[int, tuple[dict[str, int], dict[str, dict[str, int]]]]:
+        """Per context: (incumbent, host → θ) for round ``r``."""
+        spec = load_spec()
+        plans = self.planner.plan(
+            self.policy,
+            self.trials,
+            self.contexts,
+            self.contexts.keys(),
+            self.state,
+            now=T0 + dt.timedelta(hours=r),
+            incumbents=dict(self.incumbents),
+            candidates=dict(self.candidates),
+        )
+        out = {}
+        for c, p in plans.items():
+            self.incumbents[c] = spec.key(p.incumbent)
+            self.candidates[c] = tuple(spec.key(t) for t in p.candidates)
+            share = self.policy.exploration_share
+            runs = {
+                h: assign(h, self.contexts[c], p.incumbent, p.candidates, share)[0]
+                for h in self.hosts[c]
+            }
+            out[c] = (p.incumbent, runs)
+        return out
+
+    def observe(self, r: int, context_id: int, theta: dict[str, int], sums: FlowSums) -> None:
+        """One θ's flows of round ``r`` in one context, as the service stores them."""
+        t = T0 + dt.timedelta(hours=r)
+        key = load_spec().key(theta)
+        self.trials.append(Trial(context_id, key, sums, 0, 1, t, t))
+
+
+def round_plan(cfg: TuneConfig, r: int, runs: dict[int, dict[str, dict[str, int]]]) -> dict:
+    """One boot: every host's flow of every context, path by path."""
+    paths = [scenario.load(n) for n in cfg.scenarios]
+    experiments = []
+    for i, p in enumerate(paths):
+        for host, theta in runs[i + 1].items():
+            experiments.append(
+                {
+                    "label": f"{p.name}/{host}",
+                    "kind": "flow",
+                    "path": i,
+                    "cc": "fusion",
+                    "theta": theta,
+                    "duration_s": evaluation.duration_s(p),
+                    "offset_s": evaluation.offset_s(p, r),
+                }
+            )
+    return {"paths": [p.to_dict() for p in paths], "experiments": experiments}
+
+
+def measured(flow: dict, asked: dict[str, int]) -> FlowSums:
+    """A flow's sums, once its kernel record shows it ran at ``asked``."""
+    if "error" in flow:
+        raise RuntimeError(f"a lab flow failed:\n{flow['error']}")
+    ran = [rec["theta"] for rec in flow["records"]]
+    full = {**load_spec().default(), **asked}
+    if not ran or any(t != full for t in ran):
+        raise RuntimeError(f"the kernel ran {ran}, not the planned θ {full}")
+    return FlowSums.of_flow(flow["throughput_mbps"], flow["queue_delay_ms"])
+
+
+def tune(
+    cfg: TuneConfig, out: Path, progress: Callable[[str], None] = print
+) -> dict[str, list[dict]]:
+    """Run the rounds; per scenario, a row per round: incumbent and each host's θ, Mbit/s, ms."""
+    tuner = Tuner(cfg)
+    history: dict[str, list[dict]] = {n: [] for n in cfg.scenarios}
+    for r in range(cfg.rounds):
+        plans = tuner.plan(r)
+        boot = round_plan(cfg, r, {c: runs for c, (_, runs) in plans.items()})
+        results = run_plan(boot, out / f"round-{r}", backend="uml", timeout_s=ROUND_TIMEOUT_S)
+        for c, (incumbent, runs) in plans.items():
+            name = cfg.scenarios[c - 1]
+            rows = []
+            by_theta: dict[str, tuple[dict[str, int], FlowSums]] = {}
+            for host, theta in runs.items():
+                flow = results["experiments"][f"{name}/{host}"]
+                sums = measured(flow, theta)
+                key = load_spec().key(theta)
+                prev = by_theta.get(key)
+                by_theta[key] = (theta, sums if prev is None else prev[1] + sums)
+                rows.append(
+                    {
+                        "host": host,
+                        "theta": theta,
+                        "mbps": flow["throughput_mbps"],
+                        "queue_ms": flow["queue_delay_ms"],
+                        "retransmits": flow["retransmits"],
+                    }
+                )
+            for theta, sums in by_theta.values():
+                tuner.observe(r, c, theta, sums)
+            history[name].append({"round": r, "incumbent": incumbent, "runs": rows})
+            progress(progress_line(name, r, incumbent, rows, cfg.sigma))
+    final = tuner.plan(cfg.rounds)
+    for c, (incumbent, _) in final.items():
+        history[cfg.scenarios[c - 1]].append({"round": cfg.rounds, "incumbent": incumbent})
+    (out / "history.json").write_text(json.dumps(history, indent=1))
+    return history
+
+
+def utility(row: dict, sigma: float) -> float:
+    return float(row["mbps"]) - sigma * float(row["queue_ms"])
+
+
+def progress_line(name: str, r: int, incumbent: dict, rows: list[dict], sigma: float) -> str:
+    us = " ".join(f"{utility(row, sigma):.1f}" for row in rows)
+    inc = [utility(row, sigma) for row in rows if row["theta"] == incumbent]
+    at_inc = f"{inc[0]:.2f}" if inc else "not run"
+    return f"{name} round {r}: utilities {us}; incumbent's {at_inc}"
+
+
+def tuned_theta(history: dict[str, list[dict]]) -> dict[str, dict[str, int]]:
+    """The incumbent after the last round, per scenario."""
+    return {name: rows[-1]["incumbent"] for name, rows in history.items()}
+
+
+def _theta_text(theta: dict[str, int]) -> str:
+    spec = load_spec()
+    return ", ".join(f"{spec.param(n).symbol} {theta[n]}" for n in spec.names)
+
+
+def render(history: dict[str, list[dict]], cfg: TuneConfig, command: str) -> str:
+    parts = [
+        "# Booster's planner tunes Fusion for long flows (UML lab)",
+        "",
+        f"Command: `{command}` (recorded {dt.date.today().isoformat()}; User-Mode Linux on a "
+        "simulated clock). What is the service's and what the lab adds: "
+        "`lab/gemini_lab/plannertune.py`.",
+        "",
+        f"σ = {cfg.sigma:g}, {cfg.rounds} rounds, {cfg.hosts} lab hosts per context of which "
+        f"{cfg.explorers} explore, all seven parameters in Θ. θ in spec units (α, λ in %, "
+        "l in tenths of a percent, δ in % of T^min, n in quarter round trips).",
+    ]
+    for name, rows in history.items():
+        parts += [
+            "",
+            f"## {name}",
+            "",
+            "| round | incumbent's utility | best run | utilities run |",
+        ]
+        parts.append("|---:|---:|---:|---|")
+        for row in rows[:-1]:
+            us = [utility(x, cfg.sigma) for x in row["runs"]]
+            inc = [utility(x, cfg.sigma) for x in row["runs"] if x["theta"] == row["incumbent"]]
+            inc_text = f"{inc[0]:.2f}" if inc else "not run"
+            listed = " ".join(f"{u:.1f}" for u in us)
+            parts.append(f"| {row['round']} | {inc_text} | {max(us):.2f} | {listed} |")
+        parts += [
+            "",
+            f"Tuned θ (the incumbent after round {cfg.rounds - 1}): "
+            f"{_theta_text(rows[-1]['incumbent'])}.",
+        ]
+    return "\n".join(parts) + "\n"
+
+
+def write_tuned(history: dict[str, list[dict]], cfg: TuneConfig, command: str, path: Path) -> None:
+    """The tuned θ per scenario, in the file ``gemini-lab evaluate --tuned`` reads."""
+    source = f"{command}: Booster's planner on UML long flows, σ = {cfg.sigma:g}"
+    path.write_text(json.dumps({"source": source, "theta": tuned_theta(history)}, indent=1) + "\n")

@@ -28,7 +28,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gemini_api.theta import REGIONS, load_spec
-from gemini_lab import evaluation, fairness, plannertune, plans, report, scenario, shortflows
+from gemini_lab import (
+    evaluation,
+    fairness,
+    plannertune,
+    plans,
+    recorded,
+    report,
+    scenario,
+    shortflows,
+)
 from gemini_lab.host import BACKENDS, REPO, Backend, run_plan
 from gemini_lab.vm import LabError
 
@@ -201,7 +210,7 @@ def cmd_landscape(args: argparse.Namespace) -> None:
 
 def cmd_fairness(args: argparse.Namespace) -> None:
     try:
-        theta = fairness.load_theta(args.tuned_theta) if args.tuned_theta else None
+        theta = recorded.load_theta(args.tuned_theta) if args.tuned_theta else None
     except ValueError as exc:
         raise SystemExit(f"--tuned-theta: {exc}") from exc
     cfg = fairness.FairnessConfig(
@@ -240,7 +249,7 @@ def _run_recorded(
 
 def cmd_shortflows(args: argparse.Namespace) -> None:
     try:
-        theta = fairness.load_theta(args.tuned_theta) if args.tuned_theta else None
+        theta = recorded.load_theta(args.tuned_theta) if args.tuned_theta else None
         fewer = tuple(shortflows.parse_fewer(f) for f in args.fewer or ())
         names = tuple(args.scenario or shortflows.DEFAULT_SCENARIOS)
         for name in names:

@@ -36,8 +36,8 @@ from pathlib import Path
 
 from gemini_api.theta import load_spec
 from gemini_lab import scenario
-from gemini_lab.fairness import Contender, load_theta, run_or_merge
 from gemini_lab.host import REPO
+from gemini_lab.recorded import Contender, load_theta, measure
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "evaluation.md"
 TUNED_PATH = REPO / "benchmarks" / "results" / "tuned-theta.json"
@@ -257,13 +257,7 @@ def run(
     merge: list[Path] | None = None,
 ) -> str:
     """Run the plan in UML and render it; with ``merge``, render those runs' results."""
-    results = run_or_merge(build_plan(cfg), out, progress, merge)
-    if wrong := wrong_theta(results, cfg):
-        raise RuntimeError("Fusion flows not at the θ asked for:\n" + "\n".join(wrong[:10]))
-    text = render(results, cfg, command)
-    if record:
-        record.write_text(text)
-    return text
+    return measure(cfg, build_plan, render, out, command, record, progress, merge, wrong_theta)
 
 
 def progress_line(label: str, result: dict) -> str:

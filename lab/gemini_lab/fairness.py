@@ -40,11 +40,11 @@ from pathlib import Path
 
 from gemini_api.theta import load_spec
 from gemini_lab.experiment import _bulk, finish_flow
-from gemini_lab.host import REPO, run_plan
+from gemini_lab.host import REPO
 from gemini_lab.netem import DELAY_LIMIT, TCP_MEM, _veth, sh, tbf_args
+from gemini_lab.recorded import Contender, measure
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "fairness.md"
-RUN_TIMEOUT_S = 7200  # one boot's wall-clock limit, a stall guard
 
 # --- guest side ------------------------------------------------------------------------------
 
@@ -163,15 +163,6 @@ RTT_RATE_MBIT = 100.0  # the paper's: 1 BDP = 10 ms x 100 Mbit/s
 FRIENDLY_RATE_MBIT = (1.0, 50.0)
 FRIENDLY_RTT_MS = (2.0, 100.0)
 FRIENDLY_BUFFER_BDP = (0.5, 5.0)
-
-
-@dataclass(frozen=True)
-class Contender:
-    """A CC as the figures name it: ``fusion-tuned`` is cc fusion with its own θ."""
-
-    name: str
-    cc: str
-    theta: dict[str, int]
 
 
 CONTENDERS = ("fusion-default", "fusion-tuned", "cubic", "bbr")
@@ -537,28 +528,6 @@ def render(results: dict, cfg: FairnessConfig, command: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-def merged(paths: list[Path]) -> dict:
-    """The experiments of several runs' results.json as one result (the first run's kernel)."""
-    runs = [json.loads(p.read_text()) for p in paths]
-    experiments = {k: v for r in runs for k, v in r["experiments"].items()}
-    return {**runs[0], "experiments": experiments}
-
-
-def run_or_merge(
-    plan: dict,
-    out: Path,
-    progress: Callable[[str, dict], None] | None,
-    merge: list[Path] | None,
-) -> dict:
-    """The plan's results from one UML boot (kept in ``out``/results.json), or, with ``merge``,
-    those runs' results as one, without running anything."""
-    if merge:
-        return merged(merge)
-    results = run_plan(plan, out, backend="uml", progress=progress, timeout_s=RUN_TIMEOUT_S)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    return results
-
-
 def run(
     cfg: FairnessConfig,
     out: Path,
@@ -569,11 +538,7 @@ def run(
 ) -> str:
     """Run the plan in UML and render it; with ``merge``, render those runs' results instead
     (runs of the same settings, e.g. one per position) without running anything."""
-    results = run_or_merge(build_plan(cfg), out, progress, merge)
-    text = render(results, cfg, command)
-    if record:
-        record.write_text(text)
-    return text
+    return measure(cfg, build_plan, render, out, command, record, progress, merge)
 
 
 def progress_line(label: str, result: dict) -> str:
@@ -581,17 +546,3 @@ def progress_line(label: str, result: dict) -> str:
         return f"{label}: ERROR {result['error'].strip().splitlines()[-1]}"
     tpts = " + ".join(f"{f['throughput_mbps']:.2f}" for f in result["flows"])
     return f"{label}: {tpts} Mbit/s ({100 * utilisation(result):.0f} % of the link)"
-
-
-def load_theta(text: str) -> dict[str, int]:
-    """θ from JSON text or a JSON file's path, checked against the spec's names and Θ′."""
-    path = Path(text)
-    data = json.loads(path.read_text() if path.is_file() else text)
-    spec = load_spec()
-    for name, value in data.items():
-        if name not in spec.names:
-            raise ValueError(f"θ: {name!r} is not one of {', '.join(spec.names)}")
-        lo, hi = spec.param(name).wide
-        if not isinstance(value, int) or not lo <= value <= hi:
-            raise ValueError(f"θ: {name} = {value!r} is not an integer in [{lo}, {hi}]")
-    return dict(data)

@@ -65,9 +65,9 @@ from gemini_api.theta import load_spec
 from gemini_lab import plans, scenario
 from gemini_lab.bulk import CHUNK_BYTES, tcp_info
 from gemini_lab.experiment import read_sysctl, set_default_theta
-from gemini_lab.fairness import Contender, run_or_merge
 from gemini_lab.host import REPO
 from gemini_lab.netem import SENDER_NS, RateSchedule, receiver_addr, receiver_ns
+from gemini_lab.recorded import Contender, measure
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "short-flows.md"
 
@@ -458,7 +458,7 @@ def render(results: dict, cfg: ShortConfig, command: str) -> str:
     return "\n".join(parts)
 
 
-def _checked(results: dict) -> list[str]:
+def _checked(results: dict, cfg: ShortConfig) -> list[str]:
     """Transfers that did not deliver their size or ran another CC than asked: a run with
     any of these is not a measurement."""
     wrong = []
@@ -479,13 +479,7 @@ def run(
     merge: list[Path] | None = None,
 ) -> str:
     """Run the plan in UML and render it; with ``merge``, render those runs' results."""
-    results = run_or_merge(build_plan(cfg), out, progress, merge)
-    if wrong := _checked(results):
-        raise RuntimeError("transfers not as asked:\n" + "\n".join(wrong[:10]))
-    text = render(results, cfg, command)
-    if record:
-        record.write_text(text)
-    return text
+    return measure(cfg, build_plan, render, out, command, record, progress, merge, _checked)
 
 
 def progress_line(label: str, series: dict) -> str:

@@ -112,10 +112,26 @@ def test_a_fusion_flow_at_another_theta_than_asked_is_refused():
     assert len(evaluation.wrong_theta(results, cfg)) == 1
 
 
-def test_a_failed_flow_is_named():
-    results = {"experiments": {"ethernet/bbr/0": {"error": "Traceback ...\nOSError: boom\n"}}}
-    with pytest.raises(RuntimeError, match="ethernet/bbr/0 failed"):
-        evaluation.flows_of(results, "ethernet", "bbr")
+def test_a_failed_run_is_listed_and_left_out_of_the_means():
+    base = {"cubic": (1.0, 0.0), "bbr": (2.0, 0.0), "vegas": (12.0, 0.0), "reno": (1.0, 0.0)}
+    results = _results((12.5, 0.0), base)
+    results["experiments"]["ethernet/vegas/1"] = {"error": "Traceback ...\nRuntimeError: stuck\n"}
+    assert len(evaluation.flows_of(results, "ethernet", "vegas")) == 1
+    assert evaluation.failures_of(results, "ethernet", "vegas") == [
+        "ethernet/vegas/1: RuntimeError: stuck"
+    ]
+    text = evaluation.render(
+        results,
+        evaluation.EvalConfig(scenarios=("ethernet",), tuned=TUNED, runs=2, cross=False),
+        "cmd",
+    )
+    assert "| vegas | 1 of 2 |" in text
+    assert "Failed run (not in the means): ethernet/vegas/1: RuntimeError: stuck" in text
+    # a failed run of the tuned θ: no verdict on that path
+    results["experiments"]["ethernet/fusion-tuned/1"] = {"error": "x\nOSError: boom\n"}
+    assert evaluation.verdicts(results, "ethernet", CFG) == [
+        "A run of the tuned θ failed: no verdict."
+    ]
 
 
 def test_a_tuned_file_with_a_theta_outside_its_range_is_one_clear_error(tmp_path, capsys):

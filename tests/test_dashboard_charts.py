@@ -158,6 +158,20 @@ def seed_experiment(svc, rng: random.Random, now: datetime) -> None:
             report(svc, host, EXP_POLICY, aggs, now_ms - d * DAY_MS - 10 * 60_000)
 
 
+def rounds_clock(now: datetime) -> datetime:
+    """The latest half past an hour at or before ``now``: the rounds start there, so each
+    round's refit (REFIT_AFTER_MS later) is published within the round's own hour bucket,
+    whatever the minute the test runs at (from :50 on, a refit fell into the next bucket)."""
+    half_past = now.replace(minute=30, second=0, microsecond=0)
+    return half_past if half_past <= now else half_past - timedelta(hours=1)
+
+
+def experiment_clock(now: datetime) -> datetime:
+    """``now``, or 00:10 UTC if earlier in the day: the day's reports, 10 minutes before it,
+    then fall on that UTC day and not after ``now``."""
+    return max(now, now.replace(hour=0, minute=10, second=0, microsecond=0))
+
+
 @pytest.fixture
 def fleet(booster):
     """A planned policy with six rounds of Fusion and cubic flows, and a three-day experiment."""
@@ -165,9 +179,23 @@ def fleet(booster):
     booster.booster.reload_policies()
     rng = random.Random(15)
     now = datetime.now(UTC)
-    booster.sent = seed_rounds(booster, rng, int(now.timestamp() * 1000))
-    seed_experiment(booster, rng, now)
+    booster.sent = seed_rounds(booster, rng, int(rounds_clock(now).timestamp() * 1000))
+    seed_experiment(booster, rng, experiment_clock(now))
     return booster
+
+
+@pytest.mark.parametrize("minute", [0, 9, 29, 30, 49, 50, 59])
+def test_the_fixtures_clocks_hold_at_any_minute_of_the_day(minute):
+    """The fixture's rounds and experiment days do not depend on when the tests run."""
+    for hour in (0, 13, 23):
+        now = datetime(2026, 11, 24, hour, minute, 7, tzinfo=UTC)
+        start = rounds_clock(now)
+        assert start <= now and start.minute == 30 and now - start < timedelta(hours=1)
+        refit = start + timedelta(milliseconds=REFIT_AFTER_MS)
+        assert refit.hour == start.hour  # published in the round's own bucket
+        exp = experiment_clock(now)
+        last_report = exp - timedelta(minutes=10)
+        assert last_report.date() == now.date() and last_report <= now
 
 
 def get(svc, path: str):

@@ -195,9 +195,11 @@ def verdicts(results: dict, path: str, cfg: EvalConfig) -> list[str]:
         u = mean_utility(tuned, s)
         margin = (u - best_u) / abs(best_u) if best_u else float("inf")
         mark = "at or above" if u >= best_u else ("within 5 % of" if margin >= -0.05 else "below")
+        # a percentage of a utility near zero says nothing: the difference alone then
+        by = f"{u - best_u:+.2f}" + (f", {100 * margin:+.1f} %" if abs(best_u) >= 1 else "")
         lines.append(
             f"- σ = {s:g}: fusion-tuned {u:.2f} against the best baseline ({best}) "
-            f"{best_u:.2f}: **{mark}** ({100 * margin:+.1f} %)."
+            f"{best_u:.2f}: **{mark}** ({by})."
         )
     return lines
 

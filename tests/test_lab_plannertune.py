@@ -57,8 +57,33 @@ def test_a_flow_at_another_theta_than_planned_stops_the_run():
     flow["records"] = [{"theta": load_spec().default()}]
     with pytest.raises(RuntimeError, match="not the planned"):
         plannertune.measured(flow, theta)
-    with pytest.raises(RuntimeError, match="failed"):
-        plannertune.measured({"error": "boom"}, theta)
+
+
+def test_a_failed_flow_gives_the_planner_nothing_and_is_shown_as_failed():
+    tuner = plannertune.Tuner(CFG)
+    _, runs = tuner.plan(0)[1]
+    hosts = list(runs)
+    flows = {h: _synthetic_flow(runs[h]) for h in hosts}
+    flows[hosts[0]] = {"error": "Traceback ...\nRuntimeError: flow still running\n"}
+    rows = plannertune.observe_round(tuner, 0, 1, runs, flows)
+    assert rows[0] == {
+        "host": hosts[0],
+        "theta": runs[hosts[0]],
+        "error": "RuntimeError: flow still running",
+    }
+    # the others' flows reached the planner, summed per θ: one flow per host
+    assert sum(t.sums.flow_count for t in tuner.trials) == len(hosts) - 1
+    line = plannertune.progress_line("ethernet", 0, runs[hosts[-1]], rows, 0.1)
+    assert line.split("utilities ")[1].startswith("failed ")
+    history = {
+        "ethernet": [
+            {"round": 0, "incumbent": runs[hosts[-1]], "runs": rows},
+            {"round": 1, "incumbent": runs[hosts[-1]]},
+        ]
+    }
+    assert "| 0 |" in plannertune.render(history, CFG, "cmd") and "failed" in plannertune.render(
+        history, CFG, "cmd"
+    )
 
 
 def test_a_round_runs_every_hosts_theta_on_its_contexts_path():

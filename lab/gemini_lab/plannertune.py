@@ -164,15 +164,46 @@ def round_plan(cfg: TuneConfig, r: int, runs: dict[int, dict[str, dict[str, int]
     return {"paths": [p.to_dict() for p in paths], "experiments": experiments}
 
 
-def measured(flow: dict, asked: dict[str, int]) -> FlowSums:
-    """A flow's sums, once its kernel record shows it ran at ``asked``."""
+def measured(flow: dict, asked: dict[str, int]) -> FlowSums | None:
+    """A flow's sums, once its kernel record shows it ran at ``asked``; None for a flow that
+    failed (a host whose flow failed reports nothing, as a fleet's host would not)."""
     if "error" in flow:
-        raise RuntimeError(f"a lab flow failed:\n{flow['error']}")
+        return None
     ran = [rec["theta"] for rec in flow["records"]]
     full = {**load_spec().default(), **asked}
     if not ran or any(t != full for t in ran):
         raise RuntimeError(f"the kernel ran {ran}, not the planned θ {full}")
     return FlowSums.of_flow(flow["throughput_mbps"], flow["queue_delay_ms"])
+
+
+def _row(host: str, theta: dict[str, int], flow: dict) -> dict:
+    if "error" in flow:
+        return {"host": host, "theta": theta, "error": flow["error"].strip().splitlines()[-1]}
+    return {
+        "host": host,
+        "theta": theta,
+        "mbps": flow["throughput_mbps"],
+        "queue_ms": flow["queue_delay_ms"],
+        "retransmits": flow["retransmits"],
+    }
+
+
+def observe_round(
+    tuner: Tuner, r: int, c: int, runs: dict[str, dict[str, int]], flows: dict[str, dict]
+) -> list[dict]:
+    """Give the planner one context's round (each θ's flows summed, as the service stores
+    them); the round's rows, one per host."""
+    by_theta: dict[str, tuple[dict[str, int], FlowSums]] = {}
+    for host, theta in runs.items():
+        sums = measured(flows[host], theta)
+        if sums is None:
+            continue
+        key = load_spec().key(theta)
+        prev = by_theta.get(key)
+        by_theta[key] = (theta, sums if prev is None else prev[1] + sums)
+    for theta, total in by_theta.values():
+        tuner.observe(r, c, theta, total)
+    return [_row(host, theta, flows[host]) for host, theta in runs.items()]
 
 
 def tune(
@@ -187,25 +218,8 @@ def tune(
         results = run_plan(boot, out / f"round-{r}", backend="uml", timeout_s=ROUND_TIMEOUT_S)
         for c, (incumbent, runs) in plans.items():
             name = cfg.scenarios[c - 1]
-            rows = []
-            by_theta: dict[str, tuple[dict[str, int], FlowSums]] = {}
-            for host, theta in runs.items():
-                flow = results["experiments"][f"{name}/{host}"]
-                sums = measured(flow, theta)
-                key = load_spec().key(theta)
-                prev = by_theta.get(key)
-                by_theta[key] = (theta, sums if prev is None else prev[1] + sums)
-                rows.append(
-                    {
-                        "host": host,
-                        "theta": theta,
-                        "mbps": flow["throughput_mbps"],
-                        "queue_ms": flow["queue_delay_ms"],
-                        "retransmits": flow["retransmits"],
-                    }
-                )
-            for theta, sums in by_theta.values():
-                tuner.observe(r, c, theta, sums)
+            flows = {h: results["experiments"][f"{name}/{h}"] for h in runs}
+            rows = observe_round(tuner, r, c, runs, flows)
             history[name].append({"round": r, "incumbent": incumbent, "runs": rows})
             progress(progress_line(name, r, incumbent, rows, cfg.sigma))
     final = tuner.plan(cfg.rounds)
@@ -219,9 +233,13 @@ def utility(row: dict, sigma: float) -> float:
     return float(row["mbps"]) - sigma * float(row["queue_ms"])
 
 
+def _utility_text(row: dict, sigma: float) -> str:
+    return "failed" if "error" in row else f"{utility(row, sigma):.1f}"
+
+
 def progress_line(name: str, r: int, incumbent: dict, rows: list[dict], sigma: float) -> str:
-    us = " ".join(f"{utility(row, sigma):.1f}" for row in rows)
-    inc = [utility(row, sigma) for row in rows if row["theta"] == incumbent]
+    us = " ".join(_utility_text(row, sigma) for row in rows)
+    inc = [utility(x, sigma) for x in rows if x["theta"] == incumbent and "error" not in x]
     at_inc = f"{inc[0]:.2f}" if inc else "not run"
     return f"{name} round {r}: utilities {us}; incumbent's {at_inc}"
 
@@ -257,11 +275,13 @@ def render(history: dict[str, list[dict]], cfg: TuneConfig, command: str) -> str
         ]
         parts.append("|---:|---:|---:|---|")
         for row in rows[:-1]:
-            us = [utility(x, cfg.sigma) for x in row["runs"]]
-            inc = [utility(x, cfg.sigma) for x in row["runs"] if x["theta"] == row["incumbent"]]
+            ok = [x for x in row["runs"] if "error" not in x]
+            us = [utility(x, cfg.sigma) for x in ok]
+            inc = [utility(x, cfg.sigma) for x in ok if x["theta"] == row["incumbent"]]
             inc_text = f"{inc[0]:.2f}" if inc else "not run"
-            listed = " ".join(f"{u:.1f}" for u in us)
-            parts.append(f"| {row['round']} | {inc_text} | {max(us):.2f} | {listed} |")
+            best = f"{max(us):.2f}" if us else "–"
+            listed = " ".join(_utility_text(x, cfg.sigma) for x in row["runs"])
+            parts.append(f"| {row['round']} | {inc_text} | {best} | {listed} |")
         parts += [
             "",
             f"Tuned θ (the incumbent after round {cfg.rounds - 1}): "

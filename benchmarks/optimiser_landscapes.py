@@ -37,7 +37,7 @@ import numpy as np
 from gemini_api.aggregate import SLOW_FLOW_MBPS
 from gemini_api.theta import load_spec
 from gemini_booster.domain import ContextKey, FlowSums, Trial
-from gemini_booster.policy.assignment import exploration_position
+from gemini_booster.simulation import hosts_exploring
 
 SIGMA = 0.1  # eq. 9's σ, Mbit/s per ms, as in the lab loop
 FLOW_NOISE = 0.15  # relative std of one flow's utility
@@ -274,22 +274,10 @@ LANDSCAPES = {"lab": lab_landscape, "shared24": shared_landscape, "drift": drift
 
 
 def fleet_hosts(key: ContextKey, share: float = EXPLORATION_SHARE) -> tuple[list[str], list[str]]:
-    """(explorers, exploiters) of one context: HOSTS_PER_CONTEXT names picked so that exactly
-    ``share`` of them fall below the share in the service's own exploration position, so every
-    context has the same number of explorers under every method."""
+    """(explorers, exploiters) of one context: HOSTS_PER_CONTEXT hosts of which exactly
+    ``share`` explore, so every context has the same number of explorers under every method."""
     want = round(HOSTS_PER_CONTEXT * share)
-    explore: list[str] = []
-    exploit: list[str] = []
-    i = 0
-    while len(explore) < want or len(exploit) < HOSTS_PER_CONTEXT - want:
-        host = f"host-{i}"
-        i += 1
-        if exploration_position(host, key) < share:
-            if len(explore) < want:
-                explore.append(host)
-        elif len(exploit) < HOSTS_PER_CONTEXT - want:
-            exploit.append(host)
-    return explore, exploit
+    return hosts_exploring(key, HOSTS_PER_CONTEXT, want, share)
 
 
 def flow_factors(seed: int, landscape: str, round_index: int, context_id: int, host: str):

@@ -20,6 +20,9 @@ from gemini_api.aggregate import SIZE_EDGES_BYTES, SLOW_FLOW_MBPS
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 
+from .domain import ContextKey
+from .policy.assignment import exploration_position
+
 
 @dataclass(frozen=True)
 class SyntheticContext:
@@ -136,3 +139,24 @@ def make_report(
         interval_end_unix_ms=start_ms + interval_ms,
         aggregates=aggregates,
     )
+
+
+def hosts_exploring(
+    key: ContextKey, hosts: int, explorers: int, share: float, prefix: str = "host-"
+) -> tuple[list[str], list[str]]:
+    """(explorers, exploiters) of one context of a simulated fleet: ``hosts`` names
+    ``<prefix><i>`` picked so that exactly ``explorers`` of them fall below ``share`` in the
+    service's own exploration position, whatever the hash gives, so a simulation explores as
+    much as it planned."""
+    explore: list[str] = []
+    exploit: list[str] = []
+    i = 0
+    while len(explore) < explorers or len(exploit) < hosts - explorers:
+        host = f"{prefix}{i}"
+        i += 1
+        if exploration_position(host, key) < share:
+            if len(explore) < explorers:
+                explore.append(host)
+        elif len(exploit) < hosts - explorers:
+            exploit.append(host)
+    return explore, exploit

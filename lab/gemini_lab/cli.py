@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from gemini_api.theta import REGIONS, load_spec
 from gemini_lab import (
@@ -227,14 +227,14 @@ def cmd_fairness(args: argparse.Namespace) -> None:
         duration_s=args.duration,
         omit_s=args.omit,
     )
-    _run_recorded(fairness.run, fairness.progress_line, cfg, args)
+    _run_recorded(fairness.MEASUREMENT, cfg, args)
+
+
+Config = TypeVar("Config")
 
 
 def _run_recorded(
-    run: Callable[..., str],
-    progress_line: Callable[[str, dict], str],
-    cfg: object,
-    args: argparse.Namespace,
+    measurement: recorded.Measurement[Config], cfg: Config, args: argparse.Namespace
 ) -> None:
     """A UML measurement's run (or ``--merge``), each experiment's line as it ends, then its
     table, written to ``--record`` unless ``--no-record``; the command line goes into it."""
@@ -242,18 +242,28 @@ def _run_recorded(
     record = None if args.no_record else args.record
 
     def progress(label: str, result: dict) -> None:
-        print(progress_line(label, result), flush=True)
+        print(measurement.progress_line(label, result), flush=True)
 
-    print(run(cfg, args.out, command, record, progress, args.merge))
+    print(measurement.run(cfg, args.out, command, record, progress, args.merge))
+
+
+def _scenario_names(
+    args: argparse.Namespace,
+    default: tuple[str, ...],
+    load: Callable[[str], scenario.Scenario] = scenario.load,
+) -> tuple[str, ...]:
+    """``--scenario`` names (or ``default``), each loaded once so a bad name fails first."""
+    names = tuple(args.scenario or default)
+    for name in names:
+        load(name)
+    return names
 
 
 def cmd_shortflows(args: argparse.Namespace) -> None:
     try:
         theta = recorded.load_theta(args.tuned_theta) if args.tuned_theta else None
         fewer = tuple(shortflows.parse_fewer(f) for f in args.fewer or ())
-        names = tuple(args.scenario or shortflows.DEFAULT_SCENARIOS)
-        for name in names:
-            shortflows.load_path(name)
+        names = _scenario_names(args, shortflows.DEFAULT_SCENARIOS, shortflows.load_path)
     except (ValueError, scenario.ScenarioError) as exc:
         raise SystemExit(f"gemini-lab shortflows: {exc}") from exc
     cfg = shortflows.ShortConfig(
@@ -266,15 +276,13 @@ def cmd_shortflows(args: argparse.Namespace) -> None:
         seed=args.seed,
         fewer=fewer,
     )
-    _run_recorded(shortflows.run, shortflows.progress_line, cfg, args)
+    _run_recorded(shortflows.MEASUREMENT, cfg, args)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     try:
         tuned = evaluation.Tuned.load(args.tuned)
-        names = tuple(args.scenario or evaluation.DEFAULT_SCENARIOS)
-        for name in names:
-            scenario.load(name)
+        names = _scenario_names(args, evaluation.DEFAULT_SCENARIOS)
     except (OSError, ValueError, scenario.ScenarioError) as exc:
         raise SystemExit(f"gemini-lab evaluate: {exc}") from exc
     if args.runs < 1:
@@ -282,14 +290,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     cfg = evaluation.EvalConfig(
         scenarios=names, tuned=tuned, runs=args.runs, cross=not args.no_cross
     )
-    _run_recorded(evaluation.run, evaluation.progress_line, cfg, args)
+    _run_recorded(evaluation.MEASUREMENT, cfg, args)
 
 
 def cmd_plannertune(args: argparse.Namespace) -> None:
     try:
-        names = tuple(args.scenario or evaluation.DEFAULT_SCENARIOS)
-        for name in names:
-            scenario.load(name)
+        names = _scenario_names(args, evaluation.DEFAULT_SCENARIOS)
     except scenario.ScenarioError as exc:
         raise SystemExit(f"gemini-lab plannertune: {exc}") from exc
     if not 0 < args.explorers < args.hosts or args.rounds < 1:

@@ -32,14 +32,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemini_api.theta import load_spec
 from gemini_lab import scenario
 from gemini_lab.host import REPO
-from gemini_lab.recorded import Contender, load_theta, measure
+from gemini_lab.recorded import Contender, Measurement, load_theta
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "evaluation.md"
 TUNED_PATH = REPO / "benchmarks" / "results" / "tuned-theta.json"
@@ -269,18 +269,6 @@ def wrong_theta(results: dict, cfg: EvalConfig) -> list[str]:
     return wrong
 
 
-def run(
-    cfg: EvalConfig,
-    out: Path,
-    command: str,
-    record: Path | None,
-    progress: Callable[[str, dict], None] | None = None,
-    merge: list[Path] | None = None,
-) -> str:
-    """Run the plan in UML and render it; with ``merge``, render those runs' results."""
-    return measure(cfg, build_plan, render, out, command, record, progress, merge, wrong_theta)
-
-
 def progress_line(label: str, result: dict) -> str:
     if "error" in result:
         return f"{label}: ERROR {result['error'].strip().splitlines()[-1]}"
@@ -288,3 +276,6 @@ def progress_line(label: str, result: dict) -> str:
         f"{label}: {result['throughput_mbps']:.2f} Mbit/s, "
         f"{result['queue_delay_ms']:.1f} ms queueing, {result['retransmits']} retransmits"
     )
+
+
+MEASUREMENT = Measurement(build_plan, render, progress_line, wrong_theta)

@@ -34,7 +34,6 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from gemini_api.theta import load_spec
 from gemini_lab.experiment import _bulk, finish_flow
 from gemini_lab.host import REPO
 from gemini_lab.netem import DELAY_LIMIT, TCP_MEM, _veth, sh, tbf_args
-from gemini_lab.recorded import Contender, measure
+from gemini_lab.recorded import Contender, Measurement
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "fairness.md"
 
@@ -528,21 +527,11 @@ def render(results: dict, cfg: FairnessConfig, command: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-def run(
-    cfg: FairnessConfig,
-    out: Path,
-    command: str,
-    record: Path | None,
-    progress: Callable[[str, dict], None] | None = None,
-    merge: list[Path] | None = None,
-) -> str:
-    """Run the plan in UML and render it; with ``merge``, render those runs' results instead
-    (runs of the same settings, e.g. one per position) without running anything."""
-    return measure(cfg, build_plan, render, out, command, record, progress, merge)
-
-
 def progress_line(label: str, result: dict) -> str:
     if "error" in result:
         return f"{label}: ERROR {result['error'].strip().splitlines()[-1]}"
     tpts = " + ".join(f"{f['throughput_mbps']:.2f}" for f in result["flows"])
     return f"{label}: {tpts} Mbit/s ({100 * utilisation(result):.0f} % of the link)"
+
+
+MEASUREMENT = Measurement(build_plan, render, progress_line)

@@ -41,8 +41,9 @@ from gemini_api.sums import FlowSums
 from gemini_api.theta import load_spec
 from gemini_booster.domain import ContextKey, Trial
 from gemini_booster.models import Policy
-from gemini_booster.policy.assignment import assign, exploration_position
+from gemini_booster.policy.assignment import assign
 from gemini_booster.policy.planner import Planner, PolicyState
+from gemini_booster.simulation import hosts_exploring
 from gemini_lab import evaluation, scenario
 from gemini_lab.host import REPO, run_plan
 
@@ -76,19 +77,9 @@ def context_key(name: str) -> ContextKey:
 
 
 def lab_hosts(key: ContextKey, hosts: int, explorers: int, share: float) -> list[str]:
-    """``hosts`` host names of which exactly ``explorers`` fall below ``share`` in the
-    service's exploration position (so each round explores as planned, whatever the hash)."""
-    explore: list[str] = []
-    exploit: list[str] = []
-    i = 0
-    while len(explore) < explorers or len(exploit) < hosts - explorers:
-        host = f"lab-host-{i}"
-        i += 1
-        below = exploration_position(host, key) < share
-        if below and len(explore) < explorers:
-            explore.append(host)
-        elif not below and len(exploit) < hosts - explorers:
-            exploit.append(host)
+    """``hosts`` host names of which exactly ``explorers`` explore in the service's own
+    assignment (so each round explores as planned, whatever the hash)."""
+    explore, exploit = hosts_exploring(key, hosts, explorers, share, prefix="lab-host-")
     return explore + exploit
 
 

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from gemini_api.theta import load_spec
 from gemini_lab.host import run_plan
@@ -48,26 +48,35 @@ def run_or_merge(
     return results
 
 
-def measure(
-    cfg: Config,
-    build_plan: Callable[[Config], dict],
-    render: Callable[[dict, Config, str], str],
-    out: Path,
-    command: str,
-    record: Path | None,
-    progress: Callable[[str, dict], None] | None = None,
-    merge: list[Path] | None = None,
-    check: Callable[[dict, Config], list[str]] | None = None,
-) -> str:
-    """Run ``cfg``'s plan in UML (or merge recorded runs), refuse results ``check`` finds
-    wrong (none is written then), render them and write the record."""
-    results = run_or_merge(build_plan(cfg), out, progress, merge)
-    if check and (wrong := check(results, cfg)):
-        raise RuntimeError("results not as asked:\n" + "\n".join(wrong[:10]))
-    text = render(results, cfg, command)
-    if record:
-        record.write_text(text)
-    return text
+@dataclass(frozen=True)
+class Measurement(Generic[Config]):
+    """One recorded UML measurement: how a configuration becomes a plan, how results become
+    the record, each experiment's progress line, and what makes results not a measurement."""
+
+    build_plan: Callable[[Config], dict]
+    render: Callable[[dict, Config, str], str]
+    progress_line: Callable[[str, dict], str]
+    check: Callable[[dict, Config], list[str]] | None = None
+
+    def run(
+        self,
+        cfg: Config,
+        out: Path,
+        command: str,
+        record: Path | None,
+        progress: Callable[[str, dict], None] | None = None,
+        merge: list[Path] | None = None,
+    ) -> str:
+        """Run ``cfg``'s plan in UML, or with ``merge`` render recorded runs of the same
+        settings as one (e.g. one run per position) without running anything; refuse results
+        ``check`` finds wrong (nothing is written then), render them and write the record."""
+        results = run_or_merge(self.build_plan(cfg), out, progress, merge)
+        if self.check and (wrong := self.check(results, cfg)):
+            raise RuntimeError("results not as asked:\n" + "\n".join(wrong[:10]))
+        text = self.render(results, cfg, command)
+        if record:
+            record.write_text(text)
+        return text
 
 
 def load_theta(text: str) -> dict[str, int]:

@@ -57,7 +57,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,7 +67,7 @@ from gemini_lab.bulk import CHUNK_BYTES, tcp_info
 from gemini_lab.experiment import read_sysctl, set_default_theta
 from gemini_lab.host import REPO
 from gemini_lab.netem import SENDER_NS, RateSchedule, receiver_addr, receiver_ns
-from gemini_lab.recorded import Contender, measure
+from gemini_lab.recorded import Contender, Measurement
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "short-flows.md"
 
@@ -470,18 +470,6 @@ def _checked(results: dict, cfg: ShortConfig) -> list[str]:
     return wrong
 
 
-def run(
-    cfg: ShortConfig,
-    out: Path,
-    command: str,
-    record: Path | None,
-    progress: Callable[[str, dict], None] | None = None,
-    merge: list[Path] | None = None,
-) -> str:
-    """Run the plan in UML and render it; with ``merge``, render those runs' results."""
-    return measure(cfg, build_plan, render, out, command, record, progress, merge, _checked)
-
-
 def progress_line(label: str, series: dict) -> str:
     if "error" in series:
         return f"{label}: ERROR {series['error'].strip().splitlines()[-1]}"
@@ -510,3 +498,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+MEASUREMENT = Measurement(build_plan, render, progress_line, _checked)

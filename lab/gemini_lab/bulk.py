@@ -19,6 +19,14 @@ byte (iperf3's ``-O``: slow start left out), and every byte until the senders cl
 samples each connection's ``struct tcp_info`` every 100 ms: the mean of the smoothed RTT over
 the flow, the kernel's minimum RTT (the path's base RTT as the flow saw it), and the
 retransmitted segments at the end.
+
+A flow ends at its duration, not when its socket buffer has drained: the buffers hold several
+BDPs of the satellite path, and a window that a timeout collapsed there takes minutes to
+deliver them (a vegas flow and two of Booster's exploratory θ did not finish within a minute
+of their end). So the sender stops writing at ``DURATION_S`` even inside a blocked send, and
+the receiver reads to EOF for at most ``DRAIN_S`` more, then resets the connections (which
+also ends the sender's orphaned socket at once, and with it Fusion's flow record). Its
+``complete`` says whether every byte sent arrived; the figures are the window's either way.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ TCPI_SND_CWND_OFFSET = 80
 TCPI_TOTAL_RETRANS_OFFSET = 100
 TCPI_MIN_RTT_US_OFFSET = 148
 HOST_CC = "-"  # as a CC argument: set none, the kernel picks (route congctl, else the sysctl)
+DRAIN_S = 30  # after the duration: the receiver reads to EOF this long at most, then resets
+SEND_STEP_MIN_S = 0.001  # a blocked send is given at least this long before the deadline check
 
 
 def tcp_info(s: socket.socket) -> dict[str, int]:
@@ -59,8 +69,15 @@ def tcp_info(s: socket.socket) -> dict[str, int]:
     }
 
 
-def recv(port: int, flows: int, omit_s: float, duration_s: float) -> dict:
-    """Accept ``flows`` connections and read them all to EOF."""
+def _reset(conn: socket.socket) -> None:
+    """Close with RST: the peer's socket, orphaned or not, ends at once."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+
+
+def recv(port: int, flows: int, omit_s: float, duration_s: float, drain_s: float = DRAIN_S) -> dict:
+    """Accept ``flows`` connections and read them to EOF, or until ``drain_s`` after the
+    duration (then reset them)."""
     lsock = socket.create_server(("0.0.0.0", port), backlog=flows)
     print("ready", flush=True)
     sel = selectors.DefaultSelector()
@@ -73,7 +90,11 @@ def recv(port: int, flows: int, omit_s: float, duration_s: float) -> dict:
     buf = bytearray(CHUNK_BYTES)
     open_conns = flows
     while open_conns:
-        for key, _ in sel.select():
+        give_up = first + duration_s + drain_s if first else None
+        events = sel.select(None if give_up is None else max(give_up - time.monotonic(), 0))
+        if not events:
+            break  # the drain limit: what is still in flight is not the measurement's
+        for key, _ in events:
             conn = cast(socket.socket, key.fileobj)  # only connections are registered
             n = conn.recv_into(buf)
             now = time.monotonic()
@@ -87,19 +108,28 @@ def recv(port: int, flows: int, omit_s: float, duration_s: float) -> dict:
             total += n
             if omit_s <= now - first <= duration_s:
                 in_window += n
+    for key in list(sel.get_map().values()):
+        _reset(cast(socket.socket, key.fileobj))
     window_s = duration_s - omit_s
     return {
         "bytes_received": total,
         "bytes_in_window": in_window,
         "window_s": window_s,
         "throughput_mbps": in_window * 8 / window_s / 1e6,
+        "complete": open_conns == 0,
     }
 
 
 def _pump(s: socket.socket, until: float) -> None:
+    """Write until ``until``; a send still blocked then is cut short (what it wrote stays)."""
     payload = b"\0" * CHUNK_BYTES
-    while time.monotonic() < until:
-        s.sendall(payload)
+    while (left := until - time.monotonic()) > 0:
+        s.settimeout(max(left, SEND_STEP_MIN_S))
+        try:
+            s.sendall(payload)
+        except TimeoutError:
+            break
+    s.settimeout(None)
     s.shutdown(socket.SHUT_WR)
 
 

@@ -19,6 +19,7 @@ rate would keep the departure times it gave them on arrival.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import subprocess
 import threading
@@ -70,10 +71,21 @@ def _tune_tcp(ns: str) -> None:
     sh("sysctl", "-qw", "net.ipv4.tcp_no_metrics_save=1", ns=ns)
 
 
+def _mac(ns: str, ifname: str) -> str:
+    return str(json.loads(sh("ip", "-j", "link", "show", ifname, ns=ns))[0]["address"])
+
+
 def _veth(a_ns: str, a_if: str, a_addr: str, b_ns: str, b_if: str, b_addr: str) -> None:
+    """A veth pair whose ends know each other's address for good. Without the permanent
+    neighbour entries each end re-probes ARP at a randomised reachable time, and a probe
+    through a lossy netem queue takes one of its loss draws: the flow's later packets then meet
+    other draws, by the guest's random generator and not by the experiment."""
     sh("ip", "link", "add", a_if, "netns", a_ns, "type", "veth", "peer", b_if, "netns", b_ns)
     sh("ip", "addr", "add", f"{a_addr}/24", "dev", a_if, ns=a_ns)
     sh("ip", "addr", "add", f"{b_addr}/24", "dev", b_if, ns=b_ns)
+    a_mac, b_mac = _mac(a_ns, a_if), _mac(b_ns, b_if)
+    for ns, ifname, peer, mac in ((a_ns, a_if, b_addr, b_mac), (b_ns, b_if, a_addr, a_mac)):
+        sh("ip", "neigh", "replace", peer, "lladdr", mac, "dev", ifname, "nud", "permanent", ns=ns)
     sh("ip", "link", "set", a_if, "up", ns=a_ns)
     sh("ip", "link", "set", b_if, "up", ns=b_ns)
 

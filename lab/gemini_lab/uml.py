@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gemini_lab.vm import (
+    CONSOLE_FILE,
     GUEST_INIT,
     REPO_ROOT,
     GuestRun,
@@ -150,6 +151,7 @@ def uml_command(kernel: UmlKernel, out_dir: Path, memory_mb: int) -> list[str]:
         f"time-travel-start={TIME_TRAVEL_START_NS}",
         "con=null",
         "con0=null,fd:1",
+        "ipv6.disable=1",  # no router solicitations at random times through the lossy queues
         f"uml_dir={out_dir}",
         "umid=lab",
         "loglevel=4",
@@ -176,21 +178,26 @@ def run_in_uml(
     env = {**os.environ, "TMPDIR": "/dev/shm" if os.access("/dev/shm", os.W_OK) else "/tmp"}
     # its own session: UML runs every guest process as a host process, and on a timeout (or
     # our own exit) the whole group goes, not only the kernel's main process
-    proc = subprocess.Popen(
-        uml_command(kernel, out_dir, memory_mb),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        env=env,
-        start_new_session=True,
-    )
+    # The console goes to a regular file, not a pipe: a host process reading a pipe signals
+    # the writer (SIGIO), and the guest takes that as a console interrupt at whatever simulated
+    # time the host's scheduling lets it arrive, which reaches the guest's random generator.
+    # A regular file raises no such signal.
+    console_file = out_dir / CONSOLE_FILE
+    with console_file.open("wb") as console_out:
+        proc = subprocess.Popen(
+            uml_command(kernel, out_dir, memory_mb),
+            stdin=subprocess.DEVNULL,
+            stdout=console_out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     try:
-        console, _ = proc.communicate(timeout=timeout_s)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
         os.killpg(proc.pid, signal.SIGKILL)
-        console, _ = proc.communicate()
+        proc.wait()
+        console = console_file.read_text(errors="replace")
         raise LabError(
             f"UML guest did not finish within {timeout_s:.0f} s; console:\n{console[-4000:]}"
         ) from exc
@@ -199,4 +206,4 @@ def run_in_uml(
         raise
     finally:
         shutil.rmtree(out_dir / "lab", ignore_errors=True)  # UML's mconsole socket directory
-    return collect_run(out_dir, console)
+    return collect_run(out_dir, console_file.read_text(errors="replace"))

@@ -36,6 +36,7 @@ GUEST_INIT = LAB_DIR / "guest_init.sh"
 KERNEL_ROOT_ENV = "GEMINI_LAB_KERNEL_ROOT"
 # Boots per job: a kernel panic before the job starts (see panicked_before_the_job) boots again.
 BOOT_ATTEMPTS = 2
+CONSOLE_FILE = "console.txt"  # in the job directory: what the guest printed
 # The modules the initramfs needs to mount the 9p root; their dependencies come along.
 BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p")
 INITRAMFS_INIT = """#!/bin/busybox sh
@@ -305,7 +306,7 @@ def prepare_job(command: str, out_dir: Path) -> Path:
 def collect_run(out_dir: Path, console: str) -> GuestRun:
     """What the guest left in the output directory (exit status, kernel log), plus the
     console; a guest that died before writing its status reads as -1."""
-    (out_dir / "console.txt").write_text(console)
+    (out_dir / CONSOLE_FILE).write_text(console)
     rc_file = out_dir / "rc"
     rc = int(rc_file.read_text().strip()) if rc_file.exists() else -1
     dmesg_file = out_dir / "dmesg.txt"

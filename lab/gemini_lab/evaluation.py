@@ -18,9 +18,10 @@ same flow in the same place would show no spread. The runs here differ where the
 - on a path with a rate schedule (the cellular trace), run k starts TRACE_STEP_S × k seconds
   into the schedule, so each run meets another stretch of the trace (all contenders the same).
 On a fixed, loss-free path (ethernet) the runs are the same experiment and agree to the byte;
-the table shows that. A run that fails (a flow that does not end: vegas on the satellite path
-once carried 0.25 Mbit/s and did not drain its socket in time) is listed under its path and left
-out of the means; a failed run of the tuned θ leaves its path without a verdict.
+the table shows that. A run that fails is listed under its path and left out of the means; a
+failed run of the tuned θ leaves its path without a verdict. (Flows end at their duration
+whatever their socket still holds, gemini_lab.bulk: before that, a vegas flow on the satellite
+path at 0.25 Mbit/s did not drain in time and failed its run.)
 
 Utility is eq. 9 per flow, throughput − σ · queueing delay (Mbit/s, ms), with queueing = mean
 RTT − minimum RTT from the sender's tcp_info, at each σ of SIGMAS; a cell is the mean over runs

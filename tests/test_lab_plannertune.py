@@ -106,3 +106,19 @@ def test_the_tuned_theta_is_the_last_incumbent():
         ]
     }
     assert plannertune.tuned_theta(history) == {"ethernet": last}
+
+
+def test_the_wide_region_plans_inside_theta_prime_and_the_record_says_so():
+    wide = plannertune.TuneConfig(scenarios=("ethernet",), rounds=2, region="wide")
+    tuner = plannertune.Tuner(wide)
+    spec = load_spec()
+    bounds = tuner.policy.resolved_bounds()
+    assert bounds["mult_decrease"] == spec.param("mult_decrease").bounds("wide")
+    assert bounds["mult_decrease"] != spec.param("mult_decrease").bounds("production")
+    for r in range(wide.rounds):
+        for c, (_, runs) in tuner.plan(r).items():
+            for theta in runs.values():
+                assert all(bounds[n][0] <= v <= bounds[n][1] for n, v in theta.items())
+                tuner.observe(r, c, theta, plannertune.measured(_synthetic_flow(theta), theta))
+    assert "all seven parameters in Θ′" in plannertune.render({}, wide, "cmd")
+    assert "all seven parameters in Θ." in plannertune.render({}, CFG, "cmd")

@@ -307,6 +307,7 @@ def cmd_plannertune(args: argparse.Namespace) -> None:
         hosts=args.hosts,
         explorers=args.explorers,
         seed=args.seed,
+        region=args.region,
     )
     command = " ".join(["gemini-lab", *sys.argv[1:]])
     history = plannertune.tune(cfg, args.out)
@@ -519,6 +520,9 @@ def main(argv: list[str] | None = None) -> None:
     ptune.add_argument("--hosts", type=int, default=5, help="lab hosts per context")
     ptune.add_argument("--explorers", type=int, default=4, help="of them, exploring")
     ptune.add_argument("--seed", type=int, default=1, help="the policy id: the planner's draws")
+    ptune.add_argument(
+        "--region", choices=("production", "wide"), default="production", help="Θ or Θ′"
+    )
     ptune.add_argument("--record", type=Path, default=plannertune.RESULTS_PATH)
     ptune.add_argument("--tuned", type=Path, default=evaluation.TUNED_PATH, help="θ written here")
     ptune.add_argument("--no-record", action="store_true", help="print only")

@@ -36,6 +36,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from gemini_api.sums import FlowSums
 from gemini_api.theta import load_spec
@@ -61,6 +62,7 @@ class TuneConfig:
     hosts: int = 5  # per context
     explorers: int = 4  # of them, exploring in every round
     seed: int = 1  # the policy's id: the planner's random draws
+    region: Literal["production", "wide"] = "production"  # Θ, or Θ' (the spec's wide bounds)
 
     def policy(self) -> Policy:
         return Policy(
@@ -68,8 +70,13 @@ class TuneConfig:
             name="lab-plannertune",
             revision=1,
             sigma=self.sigma,
+            region=self.region,
             exploration_share=self.explorers / self.hosts,
         )
+
+    @property
+    def region_symbol(self) -> str:
+        return "Θ" if self.region == "production" else "Θ′"
 
 
 def context_key(name: str) -> ContextKey:
@@ -254,8 +261,8 @@ def render(history: dict[str, list[dict]], cfg: TuneConfig, command: str) -> str
         "`lab/gemini_lab/plannertune.py`.",
         "",
         f"σ = {cfg.sigma:g}, {cfg.rounds} rounds, {cfg.hosts} lab hosts per context of which "
-        f"{cfg.explorers} explore, all seven parameters in Θ. θ in spec units (α, λ in %, "
-        "l in tenths of a percent, δ in % of T^min, n in quarter round trips).",
+        f"{cfg.explorers} explore, all seven parameters in {cfg.region_symbol}. θ in spec "
+        "units (α, λ in %, l in tenths of a percent, δ in % of T^min, n in quarter round trips).",
     ]
     for name, rows in history.items():
         parts += [
@@ -283,5 +290,7 @@ def render(history: dict[str, list[dict]], cfg: TuneConfig, command: str) -> str
 
 def write_tuned(history: dict[str, list[dict]], cfg: TuneConfig, command: str, path: Path) -> None:
     """The tuned θ per scenario, in the file ``gemini-lab evaluate --tuned`` reads."""
-    source = f"{command}: Booster's planner on UML long flows, σ = {cfg.sigma:g}"
+    source = (
+        f"{command}: Booster's planner on UML long flows, σ = {cfg.sigma:g}, {cfg.region_symbol}"
+    )
     path.write_text(json.dumps({"source": source, "theta": tuned_theta(history)}, indent=1) + "\n")

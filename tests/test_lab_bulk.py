@@ -89,3 +89,18 @@ def test_a_sender_blocked_in_send_stops_at_its_deadline() -> None:
             received += len(chunk)
         assert received > 0  # what it wrote before the deadline still arrives, then EOF
         peer.close()
+
+
+def test_the_sender_reports_its_windows_course_every_half_second() -> None:
+    port, out = _free_port(), {}
+    thread = _receiver(port, duration_s=5, drain_s=5, out=out)
+    sent = bulk.send("127.0.0.1", port, "reno", 1, 1.2)
+    thread.join(WAIT_S)
+    series = sent["window_series"]
+    assert len(series) >= 2
+    times = [t for t, _, _ in series]
+    assert times == sorted(times) and times[0] < 0.5 <= times[-1]
+    assert all(window >= 1 for _, window, _ in series)
+    retransmits = [r for _, _, r in series]
+    assert retransmits == sorted(retransmits)
+    assert out["complete"] is True

@@ -17,8 +17,9 @@ straight to the next packet's event and runs 16–400× faster.
 The receiver counts the bytes that arrive between ``OMIT_S`` and ``DURATION_S`` after the first
 byte (iperf3's ``-O``: slow start left out), and every byte until the senders close. The sender
 samples each connection's ``struct tcp_info`` every 100 ms: the mean of the smoothed RTT over
-the flow, the kernel's minimum RTT (the path's base RTT as the flow saw it), and the
-retransmitted segments at the end.
+the flow, the kernel's minimum RTT (the path's base RTT as the flow saw it), the
+retransmitted segments at the end, and every 0.5 s the window and retransmits so far (what a
+flow's course looked like: a slow start, a cut, a window that stopped growing).
 
 A flow ends at its duration, not when its socket buffer has drained: the buffers hold several
 BDPs of the satellite path, and a window that a timeout collapsed there takes minutes to
@@ -52,6 +53,7 @@ TCPI_MIN_RTT_US_OFFSET = 148
 HOST_CC = "-"  # as a CC argument: set none, the kernel picks (route congctl, else the sysctl)
 DRAIN_S = 30  # after the duration: the receiver reads to EOF this long at most, then resets
 SEND_STEP_MIN_S = 0.001  # a blocked send is given at least this long before the deadline check
+WINDOW_EVERY_SAMPLES = 5  # the window's time series: one point per 0.5 s of the flow
 
 
 def tcp_info(s: socket.socket) -> dict[str, int]:
@@ -133,6 +135,16 @@ def _pump(s: socket.socket, until: float) -> None:
     s.shutdown(socket.SHUT_WR)
 
 
+def _window_point(t_s: float, infos: list[dict[str, int]]) -> list[float]:
+    """[seconds since the start, window (segments), retransmitted segments so far], summed
+    over the connections."""
+    return [
+        round(t_s, 2),
+        sum(i["cwnd"] for i in infos),
+        sum(i["total_retrans"] for i in infos),
+    ]
+
+
 def send(addr: str, port: int, cc: str, flows: int, duration_s: float) -> dict:
     """``flows`` connections with congestion control ``cc``, each sending for ``duration_s``."""
     conns = []
@@ -146,9 +158,15 @@ def send(addr: str, port: int, cc: str, flows: int, duration_s: float) -> dict:
     for t in pumps:
         t.start()
     rtts: list[int] = []
+    window: list[list[float]] = []
+    start, samples = time.monotonic(), 0
     while any(t.is_alive() for t in pumps):
         time.sleep(SAMPLE_S)
-        rtts += [tcp_info(s)["rtt_us"] for s in conns]
+        infos = [tcp_info(s) for s in conns]
+        rtts += [i["rtt_us"] for i in infos]
+        if samples % WINDOW_EVERY_SAMPLES == 0:
+            window.append(_window_point(time.monotonic() - start, infos))
+        samples += 1
     for t in pumps:
         t.join()
     last = [tcp_info(s) for s in conns]
@@ -162,6 +180,7 @@ def send(addr: str, port: int, cc: str, flows: int, duration_s: float) -> dict:
         "mean_rtt_us": sum(rtts) / len(rtts),
         "min_rtt_us": min(i["min_rtt_us"] for i in last),
         "cwnd_end": [i["cwnd"] for i in last],
+        "window_series": window,
     }
 
 

@@ -164,6 +164,7 @@ def summarize(sender: dict, receiver: dict) -> dict:
         "min_rtt_ms": sender["min_rtt_us"] / 1000,
         "queue_delay_ms": (sender["mean_rtt_us"] - sender["min_rtt_us"]) / 1000,
         "cwnd_end": sender["cwnd_end"],
+        "window_series": sender["window_series"],
         "ports": sender["ports"],
     }
 

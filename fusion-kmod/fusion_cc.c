@@ -33,9 +33,13 @@
  *
  * Recovery (eq. 3): on a congestion signal, W' = λ · W. The reduction runs through the kernel's
  * CWR or Recovery state and reaches λ · W by proportional rate reduction (RFC 6937): the window
- * follows the packets delivered instead of collapsing at once. At most one reduction per round
- * trip; a reduction the signal started for a loss is given back if the stack proves the
- * losses spurious (undo), one started for delay is not.
+ * follows the packets delivered instead of collapsing at once. It ends when the socket leaves
+ * CWR or Recovery, or when what was sent before it is acknowledged, whichever comes first: on a
+ * long lossy path one recovery episode follows the next within a single ACK, and a reduction
+ * that waited for the socket to leave Recovery ran PRR for the rest of the flow, the window
+ * falling by a segment per loss. At most one reduction per round trip; a reduction the signal
+ * started for a loss is given back if the stack proves the losses spurious (undo), one started
+ * for delay is not.
  *
  * Tolerated loss. Losses whose rate stays at or below l are no signal: they are repaired
  * without any reduction, and the window keeps growing by eqs. 2 and 4 meanwhile. The kernel
@@ -136,6 +140,7 @@ struct fusion_flow {
 	u32 prev_round_delivered;
 	u32 prev_round_lost;
 	u32 cut_round;				/* round of the latest reduction, + 1 */
+	u32 reduction_end_seq;			/* the reduction is over once this is acked */
 	u32 probe_step;				/* eq. 4's additive step: γ, doubling */
 	u32 ss_rtt_min_us;			/* HyStart: min of this round's first samples */
 	u8 ss_samples;
@@ -291,11 +296,20 @@ static u32 fusion_reduced_cwnd(const struct sock *sk, const struct fusion_flow *
 			  FUSION_MULT_DECREASE_SCALE, FUSION_CWND_MIN);
 }
 
-/* Eq. 3 decided: this round's reduction, its cause, and eq. 4's step back to γ. */
-static void fusion_note_cut(struct fusion_flow *f, enum fusion_cut cause)
+/*
+ * Eq. 3 decided: this round's reduction, its cause, and eq. 4's step back to γ. The reduction
+ * lasts until what was sent before it is acknowledged (the stack's high_seq for its own
+ * episodes), not until the socket leaves Recovery: on a long lossy path one recovery episode
+ * ends and the next begins within a single ACK, the socket is never seen outside Recovery,
+ * and a reduction waiting for that kept PRR running for the rest of the flow; with losses in
+ * every ACK PRR sends only what is delivered, so the window followed the packets in flight
+ * down (satellite: 1,970 to 1,284 segments over 28 s) and eq. 4 never ran again.
+ */
+static void fusion_note_cut(struct sock *sk, struct fusion_flow *f, enum fusion_cut cause)
 {
 	f->mode = FUSION_AVOIDANCE;
 	f->reduction = cause;
+	f->reduction_end_seq = tcp_sk(sk)->snd_nxt;
 	f->cut_round = f->round + 1;
 	f->probe_step = fusion_theta(f, FUSION_THETA_ADD_INCREASE);
 }
@@ -336,7 +350,7 @@ static void fusion_congestion(struct sock *sk, struct fusion_flow *f, enum fusio
 		tp->snd_ssthresh = min(tp->snd_ssthresh, fusion_reduced_cwnd(sk, f));
 	else					/* repairing tolerated losses: reduce now */
 		fusion_start_prr(sk, f);
-	fusion_note_cut(f, cause);
+	fusion_note_cut(sk, f, cause);
 }
 
 static void fusion_sample_rtt(struct fusion_flow *f, u32 rtt_us)
@@ -507,7 +521,8 @@ static u32 fusion_grow_cwnd(struct sock *sk, struct fusion_flow *f, u32 cwnd, u3
 }
 
 /*
- * The socket is back in Open or Disorder: Fusion's reduction is over. Settle on its target
+ * The socket is back in Open or Disorder, or what was sent before the cut is acknowledged:
+ * Fusion's reduction is over. Settle on its target
  * (tcp_end_cwnd_reduction() leaves that to a CC with cong_control), unless undo already
  * restored the window: fusion_undo_cwnd() clears the reduction then.
  */
@@ -527,7 +542,8 @@ static void fusion_set_cwnd(struct sock *sk, struct fusion_flow *f, const struct
 	u8 state = inet_csk(sk)->icsk_ca_state;
 	u32 cwnd = tcp_snd_cwnd(tp);
 
-	if (f->reduction && state < TCP_CA_CWR)
+	if (f->reduction && (state < TCP_CA_CWR ||
+			     (state != TCP_CA_Loss && !before(tp->snd_una, f->reduction_end_seq))))
 		cwnd = fusion_end_reduction(sk, f, cwnd);
 	if (state == TCP_CA_Loss) {
 		if (cwnd < tp->snd_ssthresh)	/* after a timeout: back up to ssthresh */
@@ -608,9 +624,9 @@ static u32 fusion_ssthresh(struct sock *sk)
 	if (!f)
 		return max(tcp_snd_cwnd(tp) >> 1, 2U);
 	if (f->cutting)
-		fusion_note_cut(f, f->cutting);
+		fusion_note_cut(sk, f, f->cutting);
 	else if (fusion_loss_signal(f))
-		fusion_note_cut(f, FUSION_CUT_LOSS);
+		fusion_note_cut(sk, f, FUSION_CUT_LOSS);
 	else
 		return tcp_snd_cwnd(tp);	/* loss within tolerance l: no reduction */
 	return fusion_reduced_cwnd(sk, f);

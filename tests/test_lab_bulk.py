@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 
 from gemini_lab import bulk
 
@@ -28,24 +29,26 @@ def _receiver(port: int, duration_s: float, drain_s: float, out: dict) -> thread
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
+    _wait_listening(port)
     return thread
 
 
-def _connect(port: int) -> socket.socket:
+def _wait_listening(port: int) -> None:
+    """Until the receiver listens (the kernel's socket table, read without touching the port):
+    a sender must not race it."""
+    listen = f":{port:04X} 00000000:0000 0A"  # local port, no peer, state LISTEN
     deadline = time.monotonic() + WAIT_S
-    while True:
-        try:
-            return socket.create_connection(("127.0.0.1", port))
-        except ConnectionRefusedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
+    while time.monotonic() < deadline:
+        if listen in Path("/proc/net/tcp").read_text():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the receiver never listened on port {port}")
 
 
 def test_a_receiver_resets_a_flow_that_has_not_ended_by_the_drain_limit() -> None:
     port, out = _free_port(), {}
     thread = _receiver(port, duration_s=0.2, drain_s=0.2, out=out)
-    sender = _connect(port)
+    sender = socket.create_connection(("127.0.0.1", port))
     sender.sendall(b"x" * 1000)  # ...and neither closes nor sends again
     thread.join(WAIT_S)
     assert not thread.is_alive()
@@ -64,7 +67,7 @@ def test_a_receiver_resets_a_flow_that_has_not_ended_by_the_drain_limit() -> Non
 def test_a_flow_that_ends_in_time_is_complete() -> None:
     port, out = _free_port(), {}
     thread = _receiver(port, duration_s=5, drain_s=5, out=out)
-    with _connect(port) as sender:
+    with socket.create_connection(("127.0.0.1", port)) as sender:
         sender.sendall(b"x" * 300_000)
     thread.join(WAIT_S)
     assert out["complete"] is True

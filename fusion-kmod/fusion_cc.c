@@ -521,6 +521,20 @@ static u32 fusion_grow_cwnd(struct sock *sk, struct fusion_flow *f, u32 cwnd, u3
 }
 
 /*
+ * A reduction under way is over once the socket has left CWR and Recovery, or (short of a
+ * timeout) once what was sent before the cut is acknowledged.
+ */
+static bool fusion_reduction_over(const struct tcp_sock *tp, const struct fusion_flow *f,
+				  u8 state)
+{
+	if (!f->reduction)
+		return false;
+	if (state < TCP_CA_CWR)
+		return true;
+	return state != TCP_CA_Loss && !before(tp->snd_una, f->reduction_end_seq);
+}
+
+/*
  * The socket is back in Open or Disorder, or what was sent before the cut is acknowledged:
  * Fusion's reduction is over. Settle on its target
  * (tcp_end_cwnd_reduction() leaves that to a CC with cong_control), unless undo already
@@ -542,8 +556,7 @@ static void fusion_set_cwnd(struct sock *sk, struct fusion_flow *f, const struct
 	u8 state = inet_csk(sk)->icsk_ca_state;
 	u32 cwnd = tcp_snd_cwnd(tp);
 
-	if (f->reduction && (state < TCP_CA_CWR ||
-			     (state != TCP_CA_Loss && !before(tp->snd_una, f->reduction_end_seq))))
+	if (fusion_reduction_over(tp, f, state))
 		cwnd = fusion_end_reduction(sk, f, cwnd);
 	if (state == TCP_CA_Loss) {
 		if (cwnd < tp->snd_ssthresh)	/* after a timeout: back up to ssthresh */

@@ -206,4 +206,4 @@ def run_in_uml(
         raise
     finally:
         shutil.rmtree(out_dir / "lab", ignore_errors=True)  # UML's mconsole socket directory
-    return collect_run(out_dir, console_file.read_text(errors="replace"))
+    return collect_run(out_dir)

@@ -254,7 +254,8 @@ def run_in_guest(
         "-virtfs",
         f"local,path={out_dir},mount_tag=labout,security_model=none",
     ]
-    run = collect_run(out_dir, _run_qemu(args, timeout_s))
+    _run_qemu(args, out_dir, timeout_s)
+    run = collect_run(out_dir)
     for attempt in range(1, BOOT_ATTEMPTS):
         if not panicked_before_the_job(run):
             break
@@ -264,21 +265,22 @@ def run_in_guest(
             f"boot-failure-{attempt}.txt; booting again",
             file=sys.stderr,
         )
-        run = collect_run(out_dir, _run_qemu(args, timeout_s))
+        _run_qemu(args, out_dir, timeout_s)
+        run = collect_run(out_dir)
     return run
 
 
-def _run_qemu(args: list[str], timeout_s: float) -> str:
-    """Run qemu to the guest's power-off; its console."""
+def _run_qemu(args: list[str], out_dir: Path, timeout_s: float) -> None:
+    """Run qemu to the guest's power-off, its console into the job's console file."""
+    console_file = out_dir / CONSOLE_FILE
     try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+        with console_file.open("wb") as console:
+            subprocess.run(args, stdout=console, stderr=subprocess.STDOUT, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
-        raw = exc.stdout or b""
-        console = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        text = console_file.read_text(errors="replace")
         raise LabError(
-            f"guest did not finish within {timeout_s:.0f} s; console:\n{console[-4000:]}"
+            f"guest did not finish within {timeout_s:.0f} s; console:\n{text[-4000:]}"
         ) from exc
-    return proc.stdout + proc.stderr
 
 
 def panicked_before_the_job(run: GuestRun) -> bool:
@@ -303,10 +305,11 @@ def prepare_job(command: str, out_dir: Path) -> Path:
     return out_dir
 
 
-def collect_run(out_dir: Path, console: str) -> GuestRun:
-    """What the guest left in the output directory (exit status, kernel log), plus the
-    console; a guest that died before writing its status reads as -1."""
-    (out_dir / CONSOLE_FILE).write_text(console)
+def collect_run(out_dir: Path) -> GuestRun:
+    """What the guest left in the output directory (exit status, kernel log, and the console
+    its backend wrote to CONSOLE_FILE); a guest that died before writing its status reads as
+    -1."""
+    console = (out_dir / CONSOLE_FILE).read_text(errors="replace")
     rc_file = out_dir / "rc"
     rc = int(rc_file.read_text().strip()) if rc_file.exists() else -1
     dmesg_file = out_dir / "dmesg.txt"

@@ -101,3 +101,20 @@ def test_a_new_job_starts_without_the_last_jobs_log(tmp_path):
     vm.prepare_job("true", tmp_path)
     assert not (tmp_path / "job.log").exists()
     assert not (tmp_path / "rc").exists()
+
+
+def test_a_boot_that_never_reaches_the_job_is_killed_and_named(tmp_path):
+    """The watchdog, driven by stand-in processes for the guest (a hung boot cannot be made on
+    demand): one that never creates the job log is killed at the boot timeout; one that starts
+    the job is left to finish."""
+    hung = vm._run_qemu(["sleep", "600"], tmp_path, timeout_s=900, boot_timeout_s=1)
+    assert not hung
+    run = vm.collect_run(tmp_path)
+    assert vm.boot_failure(run, booted=hung) == (
+        "the guest did not start the job within the boot timeout"
+    )
+    job = f"touch {tmp_path / vm.JOB_LOG}; sleep 3; echo 0 > {tmp_path / 'rc'}"
+    assert vm._run_qemu(["sh", "-c", job], tmp_path, timeout_s=900, boot_timeout_s=300)
+    run = vm.collect_run(tmp_path)
+    assert run.returncode == 0
+    assert vm.boot_failure(run, booted=True) is None

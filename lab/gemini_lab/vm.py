@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,13 +35,21 @@ REPO_ROOT = LAB_DIR.parents[1]
 GUEST_INIT = LAB_DIR / "guest_init.sh"
 # A directory holding an unpacked Debian kernel (boot/vmlinuz-*, lib/modules/*), instead of /.
 KERNEL_ROOT_ENV = "GEMINI_LAB_KERNEL_ROOT"
-# Boots per job: a kernel panic before the job starts (see panicked_before_the_job) boots again.
-BOOT_ATTEMPTS = 2
+# Boots per job: a boot that fails before the job starts (a kernel panic, see
+# panicked_before_the_job, or a boot that never reaches the job) boots again.
+BOOT_ATTEMPTS = 3
+# From qemu's start to the job's start. An idle TCG boot takes about 30 s; a loaded host may
+# slow that several times over, and a boot that stalls is killed here instead of holding the
+# job's whole timeout.
+BOOT_TIMEOUT_S = 600.0
+JOB_LOG = "job.log"  # the guest creates it as the job starts: the sign that the boot is over
+BOOT_POLL_S = 2.0
 CONSOLE_FILE = "console.txt"  # in the job directory: what the guest printed
 # The modules the initramfs needs to mount the 9p root; their dependencies come along.
 BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p")
 INITRAMFS_INIT = """#!/bin/busybox sh
 /bin/busybox --install -s /bin
+echo "lab: initramfs"
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
@@ -49,6 +58,7 @@ mkdir -p /newroot
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose hostroot /newroot \\
   || { echo "lab: cannot mount the host root"; poweroff -f; }
 umount /proc /sys /dev
+echo "lab: host root mounted"
 exec switch_root /newroot /bin/sh {guest_init}
 """
 
@@ -254,33 +264,74 @@ def run_in_guest(
         "-virtfs",
         f"local,path={out_dir},mount_tag=labout,security_model=none",
     ]
-    _run_qemu(args, out_dir, timeout_s)
-    run = collect_run(out_dir)
-    for attempt in range(1, BOOT_ATTEMPTS):
-        if not panicked_before_the_job(run):
-            break
+    attempt = 1
+    while True:
+        booted = _run_qemu(args, out_dir, timeout_s)
+        run = collect_run(out_dir)
+        failure = boot_failure(run, booted)
+        if failure is None:
+            return run
+        if attempt == BOOT_ATTEMPTS:
+            raise LabError(
+                f"the guest failed to boot {BOOT_ATTEMPTS} times ({failure}); console:\n"
+                f"{run.console[-4000:]}"
+            )
         (out_dir / f"boot-failure-{attempt}.txt").write_text(run.console)
         print(
-            f"lab: the guest kernel panicked before the job started; its console is in "
-            f"boot-failure-{attempt}.txt; booting again",
+            f"lab: {failure}; its console is in boot-failure-{attempt}.txt; booting again",
             file=sys.stderr,
         )
-        _run_qemu(args, out_dir, timeout_s)
-        run = collect_run(out_dir)
-    return run
+        attempt += 1
 
 
-def _run_qemu(args: list[str], out_dir: Path, timeout_s: float) -> None:
-    """Run qemu to the guest's power-off, its console into the job's console file."""
+def _run_qemu(
+    args: list[str], out_dir: Path, timeout_s: float, boot_timeout_s: float = BOOT_TIMEOUT_S
+) -> bool:
+    """Run qemu to the guest's power-off, its console into the job's console file. False when
+    the job had not started ``boot_timeout_s`` after qemu did: the guest is killed then."""
     console_file = out_dir / CONSOLE_FILE
+    with console_file.open("wb") as console:
+        proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT
+        )
     try:
-        with console_file.open("wb") as console:
-            subprocess.run(args, stdout=console, stderr=subprocess.STDOUT, timeout=timeout_s)
+        if not _wait_for_job_start(proc, out_dir / JOB_LOG, boot_timeout_s):
+            proc.kill()
+            proc.wait()
+            return False
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        proc.wait()
         text = console_file.read_text(errors="replace")
         raise LabError(
             f"guest did not finish within {timeout_s:.0f} s; console:\n{text[-4000:]}"
         ) from exc
+    except BaseException:
+        proc.kill()
+        raise
+    return True
+
+
+def _wait_for_job_start(proc: subprocess.Popen[bytes], job_log: Path, timeout_s: float) -> bool:
+    """Whether the guest started the job (or powered off) within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not job_log.exists():
+        if proc.poll() is not None:
+            return True  # powered off or panicked before the job: boot_failure tells which
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(BOOT_POLL_S)
+    return True
+
+
+def boot_failure(run: GuestRun, booted: bool) -> str | None:
+    """Why this boot says nothing about the job and is run again, or None when it does."""
+    if not booted:
+        return "the guest did not start the job within the boot timeout"
+    if panicked_before_the_job(run):
+        return "the guest kernel panicked before the job started"
+    return None
 
 
 def panicked_before_the_job(run: GuestRun) -> bool:
@@ -291,7 +342,7 @@ def panicked_before_the_job(run: GuestRun) -> bool:
     patches at run time), before any of the project's code or modules ran. Such a boot says
     nothing about the job, so it is run again; a panic once the job has started is the job's
     result and is never retried."""
-    started = (run.out_dir / "job.log").exists()
+    started = (run.out_dir / JOB_LOG).exists()
     return run.returncode == -1 and not started and "Kernel panic" in run.console
 
 
@@ -299,7 +350,7 @@ def prepare_job(command: str, out_dir: Path) -> Path:
     """The output directory, absolute, with the job script PID 1 runs and no stale results."""
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("rc", "dmesg.txt", "job.log"):
+    for stale in ("rc", "dmesg.txt", JOB_LOG):
         (out_dir / stale).unlink(missing_ok=True)
     (out_dir / "job.sh").write_text(f"cd {shlex.quote(os.getcwd())}\n{command}\n")
     return out_dir

@@ -220,6 +220,31 @@ class _NoSources(Agent):
         return []
 
 
+def test_a_clean_stop_delivers_the_last_interval(tmp_path, db_url):
+    """Flows that ended after the last interval closed reach Booster when the agent stops (a
+    rolling update's SIGTERM, a host leaving the fleet), not only at a next start that a
+    retired host never has; the spool is left empty."""
+    server = BoosterServer(make_settings(db_url)).start()
+    repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+    server.booster.reload_policies()
+    settings = _settings(
+        tmp_path,
+        f"127.0.0.1:{server.grpc_port}",
+        interval_s=60,
+        apply_to_kernel=False,
+        metrics_listen=f"127.0.0.1:{free_port()}",
+    )
+    agent = _NoSources(settings, kernel=Kernel(tmp_path, use_netlink=False))
+    agent.aggregator.add(_flow("10.1.0.5"))  # ended within the first, still open, interval
+    agent.stopped.set()  # SIGTERM's handler, before the first interval closes
+    try:
+        agent.run()
+        assert len(_stored(server.engine)) == 1
+        assert len(agent.reporter.spool) == 0
+    finally:
+        server.stop()
+
+
 def test_agent_asks_for_theta_as_often_as_booster_says(tmp_path, db_url):
     """Booster's refresh_after_seconds (1 s here) paces GetParameters between 60 s intervals."""
     server = BoosterServer(make_settings(db_url, refresh_after_s=1)).start()

@@ -4,6 +4,8 @@ Booster is stopped mid-run and restarted. Needs what the other lab tests need.""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from gemini_api.theta import load_spec
@@ -39,13 +41,18 @@ def _agent(loop) -> dict:
 
 
 def test_no_report_lost_or_doubled_across_a_booster_restart(loop):
-    """Stored reports tile time without a gap (none lost) and each key is stored once."""
+    """Every flow the agent counted is stored exactly once: none lost with a report, none
+    doubled by a retry. Stored intervals follow each other without overlapping; an interval in
+    which no flow ended sends no report, so a gap between two of them is no loss (on a busy
+    host a 3 MB flow under qemu can outlast an 8 s interval)."""
     m = _agent(loop)["agent_metrics"]
     assert m.get("gemini_agent_reports_total{outcome=failed}", 0) >= 1, "the outage was not felt"
     assert loop.duplicate_ids == 0
     assert len(loop.intervals) >= m["gemini_agent_reports_total{outcome=spooled}"] >= 12
-    for (_, end), (start, _) in zip(loop.intervals, loop.intervals[1:], strict=False):
-        assert start == end, "a reporting interval is missing"
+    for (_, end), (start, _) in itertools.pairwise(loop.intervals):
+        assert start >= end, "two stored intervals overlap"
+    stored = sum(t["flows"] for rows in loop.trials.values() for t in rows)
+    assert stored == m["gemini_agent_flows_total{source=fusion}"], "flows lost or doubled"
     assert m["gemini_agent_spool_reports"] == 0
 
 

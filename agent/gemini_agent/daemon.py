@@ -408,3 +408,4 @@ class Agent:
                 self.arms.restore()  # a clean exit leaves the host's own CC settings
                 for params in self.module_params.values():
                     self._restore_params(params)
+            self.reporter.drain_at_exit()  # after the kernel is restored: it may wait

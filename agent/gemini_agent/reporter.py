@@ -163,6 +163,13 @@ class Reporter:
         )
         self.next_attempt = time.monotonic() + random.uniform(0, cap)
 
+    def drain_at_exit(self) -> int:
+        """One last send of what the spool holds, backoff or not. A clean stop (an upgrade, a
+        host leaving the fleet) delivers its last interval now; what Booster does not take
+        stays spooled for the next start, as in an outage."""
+        self.next_attempt = 0.0
+        return self.drain()
+
     def drain(self) -> int:
         """Send what the spool holds, oldest first; stop at the first transient failure."""
         if time.monotonic() < self.next_attempt:

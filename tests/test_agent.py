@@ -251,6 +251,48 @@ def test_a_clean_stop_delivers_the_last_interval(tmp_path, db_url):
         server.stop()
 
 
+def test_a_report_through_after_an_outage_brings_theta_at_once(tmp_path, db_url):
+    """Booster back from an outage: the first spooled report that gets through is followed by
+    GetParameters at once, not at the end of the (600 s) interval, so a host that fell back
+    to the safe default takes Booster's θ again within seconds."""
+    server = BoosterServer(make_settings(db_url)).start()
+    repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+    target = f"127.0.0.1:{server.grpc_port}"
+    server.stop()  # Booster goes away before the agent starts
+    settings = _settings(
+        tmp_path,
+        target,
+        interval_s=600,
+        apply_to_kernel=False,
+        metrics_listen=f"127.0.0.1:{free_port()}",
+    )
+    agent = _NoSources(settings, kernel=Kernel(tmp_path, use_netlink=False))
+    agent.reporter.submit(_report(0))  # an interval closed during the outage
+    runner = threading.Thread(target=agent.run)
+    runner.start()
+    server = None
+    try:
+        deadline = time.monotonic() + 60  # a tenth of the interval: only the drain can ask
+        while not agent.booster_silent and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert agent.booster_silent  # the agent's first GetParameters failed
+        server = BoosterServer(make_settings(db_url, grpc_listen=target)).start()
+        registry = server.booster.metrics.registry
+        labels = {"method": "GetParameters", "code": "OK"}
+        while time.monotonic() < deadline and not registry.get_sample_value(
+            "gemini_booster_grpc_request_seconds_count", labels
+        ):
+            time.sleep(0.05)
+        assert _stored(server.engine) == [_report(0).report_id]
+        assert registry.get_sample_value("gemini_booster_grpc_request_seconds_count", labels)
+        assert not agent.booster_silent
+    finally:
+        agent.stopped.set()
+        runner.join(timeout=30)
+        if server is not None:
+            server.stop()
+
+
 def test_agent_asks_for_theta_as_often_as_booster_says(tmp_path, db_url):
     """Booster's refresh_after_seconds (1 s here) paces GetParameters between 60 s intervals."""
     server, agent = _booster_and_agent(tmp_path, make_settings(db_url, refresh_after_s=1))

@@ -118,6 +118,9 @@ class Agent:
         # no Fusion arm): its table is left alone, also when Booster goes stale. False until
         # an answer says so: an agent that has not heard from Booster yet cannot tell.
         self.leaves_fusion = False
+        # The last GetParameters failed: the first report that gets through after it shows
+        # Booster is back, and θ is asked for then, not at the interval's end.
+        self.booster_silent = False
 
     def ranked_places(self) -> list[Place]:
         """Every place of the destination table, the busiest first."""
@@ -311,11 +314,13 @@ class Agent:
             )
         except grpc.RpcError as err:
             log.warning("GetParameters failed (%s): keeping the last good θ", err.code().name)
+            self.booster_silent = True
             self.expire_arm(unknown_policy=err.code() == grpc.StatusCode.NOT_FOUND)
             if self.s.apply_to_kernel:
                 self.check_staleness()
             return
         self.applier.booster_answered()
+        self.booster_silent = False
         if resp.refresh_after_seconds:
             self.refresh_after_s = max(float(resp.refresh_after_seconds), MIN_REFRESH_S)
         if self.follow_arm(resp) and not _retry:
@@ -377,6 +382,16 @@ class Agent:
             )
         return sources
 
+    def drain_between_intervals(self) -> bool:
+        """A spool left by an outage drains between intervals. When a report gets through
+        while θ could not be fetched, Booster is back: its θ is asked for at once, so the
+        host does not run the safe default (or a stale θ) until the interval's end. True
+        when θ was asked for."""
+        if not self.reporter.drain() or not self.booster_silent:
+            return False
+        self.refresh_theta()
+        return True
+
     def run(self) -> None:
         host, _, port = self.s.metrics_listen.rpartition(":")
         start_http_server(int(port), addr=host, registry=self.metrics.registry)
@@ -398,8 +413,8 @@ class Agent:
                 elif now - last_refresh >= self.refresh_after_s:
                     self.refresh_theta()  # Booster asked to be asked sooner than each interval
                     last_refresh = time.monotonic()
-                else:
-                    self.reporter.drain()  # a spool left by an outage drains between intervals
+                elif self.drain_between_intervals():
+                    last_refresh = time.monotonic()
         finally:
             for source in sources:
                 source.stop()

@@ -55,9 +55,10 @@ def set_aside_reason(err: grpc.RpcError) -> str | None:
 
 def open_channel(settings: AgentSettings) -> grpc.Channel:
     """The channel to Booster's agent port, with the project's service config (retries on
-    UNAVAILABLE, round robin over replicas, keepalive: gemini_api.service_config) and, where
-    set, TLS and this host's client certificate."""
-    options = channel_options()
+    UNAVAILABLE, round robin over replicas, keepalive: gemini_api.service_config), a failed
+    connection tried again within ``retry_max_s`` like a spooled report, and, where set, TLS
+    and this host's client certificate."""
+    options = channel_options(reconnect_max_s=settings.retry_max_s)
     if not settings.tls_ca_file:
         return grpc.insecure_channel(settings.booster_address, options=options)
     creds = grpc.ssl_channel_credentials(

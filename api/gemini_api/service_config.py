@@ -17,6 +17,11 @@ One definition, for every client (the agent's reporter, the demo fleet, load gen
   (a NAT that forgot it) before the next report does. The period respects Booster's
   enforcement (``GrpcLimits.min_ping_interval_s``, 30 s: pinging more often gets the
   connection closed with "too_many_pings").
+* **Reconnecting.** After a connection fails, gRPC waits before the next attempt, growing to
+  two minutes by default; calls made meanwhile fail at once with UNAVAILABLE. A Booster back
+  from an outage would stay unseen that long, its hosts on the safe default. The caller bounds
+  the wait (the agent: its own ``retry_max_s``); gRPC's jitter still spreads a fleet's
+  reconnects.
 """
 
 from __future__ import annotations
@@ -62,9 +67,20 @@ def service_config_json() -> str:
     return json.dumps(SERVICE_CONFIG, separators=(",", ":"), sort_keys=True)
 
 
-def channel_options() -> list[tuple[str, str | int]]:
-    """Options for ``grpc.insecure_channel`` / ``grpc.secure_channel`` to Booster."""
+RECONNECT_INITIAL_S = 1.0  # gRPC's own default
+RECONNECT_MAX_S = 60.0  # gRPC's default is 120 s
+
+
+def channel_options(reconnect_max_s: float = RECONNECT_MAX_S) -> list[tuple[str, str | int]]:
+    """Options for ``grpc.insecure_channel`` / ``grpc.secure_channel`` to Booster; a failed
+    connection is tried again at most ``reconnect_max_s`` later."""
+    reconnect_max_ms = max(1, int(reconnect_max_s * 1000))
     return [
+        (
+            "grpc.initial_reconnect_backoff_ms",
+            min(int(RECONNECT_INITIAL_S * 1000), reconnect_max_ms),
+        ),
+        ("grpc.max_reconnect_backoff_ms", reconnect_max_ms),
         ("grpc.service_config", service_config_json()),
         ("grpc.enable_retries", 1),
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_S * 1000),

@@ -450,7 +450,9 @@ def _default_phase(timeline: _Timeline, settings: Settings, cfg: LoopConfig) -> 
     restarted = dt.datetime.now(dt.UTC)
     timeline.restart(settings)
     timeline.wait_for(cfg.default_reports, since=start)
-    timeline.wait_for(1, since=restarted)  # the host runs Booster's θ again
+    # the host runs Booster's θ again: the agent asks for it as soon as a report gets
+    # through, also mid-interval (gemini_agent.daemon, Agent.drain_between_intervals)
+    timeline.wait_for(1, since=restarted)
     return start, restarted
 
 

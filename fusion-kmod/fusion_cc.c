@@ -31,15 +31,18 @@
  * slow start the RTT range is not learnt yet, so the delay signal also needs a rise past that
  * same bar: jitter of a few milliseconds must not end slow start at the initial window.
  *
- * Recovery (eq. 3): on a congestion signal, W' = λ · W. The reduction runs through the kernel's
- * CWR or Recovery state and reaches λ · W by proportional rate reduction (RFC 6937): the window
- * follows the packets delivered instead of collapsing at once. It ends when the socket leaves
- * CWR or Recovery, or when what was sent before it is acknowledged, whichever comes first: on a
- * long lossy path one recovery episode follows the next within a single ACK, and a reduction
- * that waited for the socket to leave Recovery ran PRR for the rest of the flow, the window
- * falling by a segment per loss. At most one reduction per round trip; a reduction the signal
- * started for a loss is given back if the stack proves the losses spurious (undo), one started
- * for delay is not.
+ * Recovery (eq. 3): on a congestion signal, W' = λ · W. At the exit from slow start with a queue,
+ * W' is also at most the estimated BDP: the exit test sees the queue a round trip late, when
+ * slow start has doubled the window past the BDP, and a gentle λ would drain that overshoot
+ * only one cut per round trip (BBR's DRAIN answers the same overshoot; fusion_reduced_cwnd).
+ * The reduction runs through the kernel's CWR or Recovery state and reaches W' by proportional
+ * rate reduction (RFC 6937): the window follows the packets delivered instead of collapsing at
+ * once. It ends when the socket leaves CWR or Recovery, or when what was sent before it is
+ * acknowledged, whichever comes first: on a long lossy path one recovery episode follows the
+ * next within a single ACK, and a reduction that waited for the socket to leave Recovery ran
+ * PRR for the rest of the flow, the window falling by a segment per loss. At most one reduction
+ * per round trip; a reduction the signal started for a loss is given back if the stack proves
+ * the losses spurious (undo), one started for delay is not.
  *
  * Tolerated loss. Losses whose rate stays at or below l are no signal: they are repaired
  * without any reduction, and the window keeps growing by eqs. 2 and 4 meanwhile. The kernel
@@ -150,6 +153,7 @@ struct fusion_flow {
 	u8 cutting;				/* ssthresh() is asked on our own signal */
 	u8 reduction;				/* the reduction (eq. 3) under way, if any */
 	bool queue_free;			/* latest interval: no queue beyond the floor */
+	bool queue_seen;			/* latest interval: RTT samples above the floor */
 
 	/* for the flow record; counters mirrored per ACK, since an abortive close zeroes them */
 	struct fusion_endpoints ends;
@@ -288,12 +292,29 @@ static bool fusion_delay_signal(const struct fusion_flow *f, u32 latest_min_us)
 	       (u64)fusion_theta(f, FUSION_THETA_RTT_THRESHOLD) * range;
 }
 
+/*
+ * Eq. 3's target, λ · W. Leaving slow start with a queue, the target is also at most the
+ * estimated BDP, R^max · T^min: the exit test sees a queue a round trip after it began, and
+ * slow start doubles the window in that round trip, so the exit finds up to twice the BDP in
+ * flight. Cut by λ alone, a gentle λ drained that one cut per round trip (ethernet, λ = 0.95:
+ * from 371 packets to the BDP of 190 over 6 s). Once a queue shows, the bottleneck is busy and
+ * the delivery rate is its rate, so R^max · T^min is what the path holds without a queue
+ * (BBR drains its startup's queue to the same estimate, in DRAIN). Without a queue in the
+ * latest interval's RTT samples (slow start ended by random loss, or no samples yet: a long
+ * path's first intervals) the delivery rate is only what the window sent, a round trip ago,
+ * and λ · W stands. A first version that took "no sample" for a queue cut a satellite flow's
+ * window at 63 packets to half of that and cost it 12 Mbit/s. In avoidance W is taken as it
+ * is, the delay signal keeping its queue small.
+ */
 static u32 fusion_reduced_cwnd(const struct sock *sk, const struct fusion_flow *f)
 {
-	u32 cwnd = tcp_snd_cwnd(tcp_sk(sk));
+	u32 cwnd = tcp_snd_cwnd(tcp_sk(sk)), bdp = fusion_bdp(f, 1, 1);
+	u32 target = cwnd * fusion_theta(f, FUSION_THETA_MULT_DECREASE) /
+		     FUSION_MULT_DECREASE_SCALE;
 
-	return max_t(u32, cwnd * fusion_theta(f, FUSION_THETA_MULT_DECREASE) /
-			  FUSION_MULT_DECREASE_SCALE, FUSION_CWND_MIN);
+	if (f->mode == FUSION_SLOW_START && f->queue_seen && bdp)
+		target = min(target, bdp);
+	return max_t(u32, target, FUSION_CWND_MIN);
 }
 
 /*
@@ -335,17 +356,17 @@ static void fusion_congestion(struct sock *sk, struct fusion_flow *f, enum fusio
 	struct tcp_sock *tp = tcp_sk(sk);
 	u8 state = inet_csk(sk)->icsk_ca_state;
 
-	f->mode = FUSION_AVOIDANCE;
-	if (f->cut_round == f->round + 1)
+	/* the mode leaves slow start only once the target is set: it depends on it */
+	if (f->cut_round == f->round + 1 || state == TCP_CA_Loss) {
+		f->mode = FUSION_AVOIDANCE;	/* cut this round already; a timeout reduced */
 		return;
+	}
 	if (state < TCP_CA_CWR) {
 		f->cutting = cause;
 		tcp_enter_cwr(sk);		/* asks fusion_ssthresh() for the target */
 		f->cutting = FUSION_CUT_NONE;
 		return;
 	}
-	if (state == TCP_CA_Loss)
-		return;				/* the timeout already reduced */
 	if (f->reduction)			/* reducing already: lower the target */
 		tp->snd_ssthresh = min(tp->snd_ssthresh, fusion_reduced_cwnd(sk, f));
 	else					/* repairing tolerated losses: reduce now */
@@ -447,7 +468,9 @@ static void fusion_close_interval(struct sock *sk, struct fusion_flow *f, u64 no
 	f->interval_rtt_min_us = U32_MAX;
 	f->interval_rtt_max_us = 0;
 
+	/* an interval without RTT samples shows neither (a long path's first round trips) */
 	f->queue_free = latest_min != U32_MAX && fusion_queue_free(f, latest_min);
+	f->queue_seen = latest_min != U32_MAX && !f->queue_free;
 	if (fusion_loss_signal(f))
 		fusion_congestion(sk, f, FUSION_CUT_LOSS);
 	else if (latest_min != U32_MAX && fusion_delay_signal(f, latest_min))
@@ -633,16 +656,15 @@ static u32 fusion_ssthresh(struct sock *sk)
 {
 	struct tcp_sock *tp = tcp_sk(sk);
 	struct fusion_flow *f = fusion_flow(sk);
+	u32 target;
 
 	if (!f)
 		return max(tcp_snd_cwnd(tp) >> 1, 2U);
-	if (f->cutting)
-		fusion_note_cut(sk, f, f->cutting);
-	else if (fusion_loss_signal(f))
-		fusion_note_cut(sk, f, FUSION_CUT_LOSS);
-	else
+	if (!f->cutting && !fusion_loss_signal(f))
 		return tcp_snd_cwnd(tp);	/* loss within tolerance l: no reduction */
-	return fusion_reduced_cwnd(sk, f);
+	target = fusion_reduced_cwnd(sk, f);	/* before the cut ends slow start */
+	fusion_note_cut(sk, f, f->cutting ? f->cutting : FUSION_CUT_LOSS);
+	return target;
 }
 
 /*

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gemini_api.theta import load_spec
-from gemini_lab import plans
+from gemini_lab import plans, scenario
 from gemini_lab.host import KMOD_DIR, Backend, build_module, run_plan
 from gemini_lab.vm import LabError, find_kernel
 
@@ -168,6 +168,20 @@ def test_default_theta_reaches_90_percent_of_the_ethernet_link(outcomes):
     # datapath that keeps overrunning the buffer, not one overshoot.
     segments = flow["bytes_received"] / MSS_BYTES
     assert flow["retransmits"] < 0.01 * segments, flow
+
+
+def test_slow_start_overshoot_is_drained_at_the_exit(outcomes):
+    """Slow start doubles the window in the round trip its exit test needs to see the queue,
+    so it leaves with up to twice the BDP in flight. The exit's cut goes down to the BDP
+    estimate (fusion_reduced_cwnd), not to λ · W one round trip at a time: half a second
+    after the window first falls, it is within 15 % of the BDP. (Cut by λ = 0.85 per round
+    trip alone, it was still about 1.5 BDP then.)"""
+    bdp = scenario.load("ethernet").bdp_packets()
+    series = [(t, w) for t, w, _ in _exp(outcomes, "ethernet-default")["window_series"]]
+    first_fall = next(i for i in range(1, len(series)) if series[i][1] < series[i - 1][1])
+    assert series[first_fall - 1][1] > 1.3 * bdp, series[:8]  # there was an overshoot
+    assert first_fall + 1 < len(series), series
+    assert series[first_fall + 1][1] <= 1.15 * bdp, (bdp, series[:8])
 
 
 def test_ss_shows_fusion_state(outcomes):

@@ -8,7 +8,6 @@ turn, runs back-to-back cubic flows on one path, and puts the kernel's own value
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -17,10 +16,9 @@ from pathlib import Path
 from gemini_api.theta import load_datapath
 from gemini_lab.bulk import put
 from gemini_lab.experiment import BASE_PORT
-from gemini_lab.netem import receiver_addr, receiver_ns
+from gemini_lab.netem import receiver_addr, receiver_ns, wait_listening
 
 CHECK_PORT = BASE_PORT + 90
-RECEIVER_WAIT_S = 60  # the receiver's interpreter starts slowly under emulation
 
 
 def cubic_params() -> dict[str, int]:
@@ -55,19 +53,6 @@ def _flow(path: int, size: int) -> dict:
     }
 
 
-def _wait_listening(addr: str, port: int) -> None:
-    """Until a connection to ``addr:port`` is accepted (the receiver is up)."""
-    deadline = time.monotonic() + RECEIVER_WAIT_S
-    while True:
-        try:
-            socket.create_connection((addr, port), timeout=5).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
 def exp_cubic_check(e: dict, out: Path) -> dict:
     """For each θ of ``e["thetas"]`` (spec units, the rest at the kernel's values): write it,
     run ``e["flows"]`` cubic flows of ``e["flow_bytes"]`` bytes on path ``e["path"]`` one after
@@ -82,7 +67,7 @@ def exp_cubic_check(e: dict, out: Path) -> dict:
             *("-m", "gemini_lab.flowgen", "serve", str(CHECK_PORT)),
         ]
     )
-    _wait_listening(receiver_addr(path), CHECK_PORT)
+    wait_listening(receiver_ns(path), CHECK_PORT)
     cells = []
     try:
         for theta in e["thetas"]:

@@ -45,6 +45,7 @@ from gemini_lab.netem import (
     receiver_addr,
     receiver_ns,
     sh,
+    wait_listening,
 )
 from gemini_lab.relay import start_relay
 from gemini_lab.scenario import Scenario
@@ -198,7 +199,7 @@ def _flowgen_receiver(path: int, mode: str, port: int) -> subprocess.Popen:
             str(port),
         ]
     )
-    time.sleep(1)
+    wait_listening(receiver_ns(path), port)
     return server
 
 

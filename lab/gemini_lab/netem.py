@@ -57,6 +57,21 @@ def sh(*args: str, ns: str | None = None, check: bool = True) -> str:
     return out.stdout
 
 
+RECEIVER_WAIT_S = 60  # a receiver's interpreter starts slowly under emulation on a busy host
+
+
+def wait_listening(ns: str, port: int, timeout_s: float = RECEIVER_WAIT_S) -> None:
+    """Until a socket listens on ``port`` in namespace ``ns``. Read from the socket table, not
+    by connecting: a probe connection would be one more flow for the receiver (and for a
+    listener counting the flows that end). A fixed sleep before the first connect was not
+    enough on a busy host: a burst's first connections were refused."""
+    deadline = time.monotonic() + timeout_s
+    while not sh("ss", "-Hltn", f"sport = :{port}", ns=ns).strip():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nothing listens on port {port} in {ns} after {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
 def receiver_ns(path: int) -> str:
     return f"rcv{path}"
 

@@ -215,6 +215,7 @@ def test_agent_sees_other_ccs_flows_through_socket_diagnostics(lab):
     assert flow["cc"] == "cubic"
     assert abs(flow["bytes_acked"] - sd["receiver_bytes"]) <= 0.01 * sd["receiver_bytes"]
     assert flow["min_rtt_us"] <= flow["rtt_us"] and flow["busy_us"] > 0
+    assert sd["burst_errors"] == {}
     assert sd["burst_sent"] == sd["burst_events"] == sd["burst_with_bytes"] == 300
     assert sd["burst_ccs"] == ["cubic"]
     assert sd["burst_raw_events_zeroed"] == 300  # what a listener without the dumps would see

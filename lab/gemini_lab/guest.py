@@ -351,6 +351,7 @@ def exp_sockdiag(e: dict, out: Path) -> dict:
         "receiver_bytes": flow["bytes_received"],
         "data_flow": data.__dict__ if data else None,
         "burst_sent": sent["flows"],
+        "burst_errors": sent["errors"],  # why a connection of the burst failed, by errno
         "burst_events": len(closed),
         "burst_with_bytes": sum(1 for f in closed if f.bytes_acked >= FLOW_BYTES),
         "burst_raw_events_zeroed": raw_zero,

@@ -10,7 +10,7 @@ import pytest
 
 from gemini_api.theta import load_spec
 from gemini_lab import cli
-from gemini_lab.loop import LoopConfig, landscape_table, run_loop
+from gemini_lab.loop import PATHS, LoopConfig, landscape_table, run_loop
 from gemini_lab.vm import LabError, find_kernel
 from tests.conftest import AGENT, free_port, make_settings, new_database
 
@@ -57,12 +57,22 @@ def test_no_report_lost_or_doubled_across_a_booster_restart(loop):
 
 
 def test_two_contexts_converge_to_their_own_theta(loop):
+    """Each path's destination prefix is a context of its own. The agent's table gives a prefix a
+    rule only when its context's θ differs from the default: a context whose incumbent is the
+    default θ rides the catch-all (gemini_agent.table.compile_table), which on a busy host, where
+    no challenger beats the default with confidence, is a legitimate end of the search."""
     assert set(loop.incumbents) == {"wired", "lossy"}, loop.incumbents
     assert loop.incumbents["wired"] != loop.incumbents["lossy"]
-    prefixes = [prefix for prefix, _ in _agent(loop)["table"]["rules"]]
-    # a profile per destination prefix, and the default as catch-all rules
-    assert len([p for p in prefixes if not p.endswith("/0")]) == 2, prefixes
-    assert {"0.0.0.0/0", "::/0"} <= set(prefixes), prefixes
+    table = _agent(loop)["table"]
+    rules = dict(table["rules"])
+    assert rules.get("0.0.0.0/0") == rules.get("::/0") is not None, rules
+    default = table["profiles"][str(rules["0.0.0.0/0"])]
+    own = {f"10.{i + 1}.0.0/16": path.scenario.name for i, path in enumerate(PATHS)}
+    assert set(rules) - {"0.0.0.0/0", "::/0"} <= set(own), rules
+    for prefix, name in own.items():
+        if prefix not in rules:
+            assert loop.incumbents[name] == default, (name, rules)
+    assert set(own) & set(rules), f"neither context left the default θ: {rules}"
 
 
 # What the loop finds (utility with exploration off against the first rounds, the tuned l on the

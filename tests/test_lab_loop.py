@@ -8,9 +8,11 @@ import itertools
 
 import pytest
 
+from gemini_agent.table import CATCH_ALL
 from gemini_api.theta import load_spec
 from gemini_lab import cli
 from gemini_lab.loop import PATHS, LoopConfig, landscape_table, run_loop
+from gemini_lab.netem import receiver_prefix
 from gemini_lab.vm import LabError, find_kernel
 from tests.conftest import AGENT, free_port, make_settings, new_database
 
@@ -65,10 +67,11 @@ def test_two_contexts_converge_to_their_own_theta(loop):
     assert loop.incumbents["wired"] != loop.incumbents["lossy"]
     table = _agent(loop)["table"]
     rules = dict(table["rules"])
-    assert rules.get("0.0.0.0/0") == rules.get("::/0") is not None, rules
-    default = table["profiles"][str(rules["0.0.0.0/0"])]
-    own = {f"10.{i + 1}.0.0/16": path.scenario.name for i, path in enumerate(PATHS)}
-    assert set(rules) - {"0.0.0.0/0", "::/0"} <= set(own), rules
+    catch_all = {rules.get(prefix) for prefix in CATCH_ALL.values()}
+    assert len(catch_all) == 1 and None not in catch_all, rules
+    default = table["profiles"][str(catch_all.pop())]
+    own = {receiver_prefix(i): path.scenario.name for i, path in enumerate(PATHS)}
+    assert set(rules) - set(CATCH_ALL.values()) <= set(own), rules
     for prefix, name in own.items():
         if prefix not in rules:
             assert loop.incumbents[name] == default, (name, rules)

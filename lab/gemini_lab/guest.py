@@ -44,6 +44,7 @@ from gemini_lab.netem import (
     enter_netns,
     receiver_addr,
     receiver_ns,
+    receiver_prefix,
     sh,
     wait_listening,
 )
@@ -90,7 +91,7 @@ def exp_profiles(e: dict, out: Path) -> dict:
     """Two destinations, two profiles, flows to both at the same time."""
     profiles = {i + 1: {**default_theta(), **theta} for i, theta in enumerate(e["thetas"])}
     pairs = zip(profiles, e["paths"], strict=True)
-    rules = [Rule(f"10.{path + 1}.0.0/16", pid) for pid, path in pairs]
+    rules = [Rule(receiver_prefix(path), pid) for pid, path in pairs]
     with FusionNetlink() as nl:
         version = nl.set_profiles(profiles, rules)
     flows = []
@@ -451,7 +452,7 @@ def exp_landscape(e: dict, out: Path) -> dict:
             with FusionNetlink() as nl:
                 nl.set_profiles(
                     {1: {**default_theta(), **theta}},
-                    [Rule(f"10.{i + 1}.0.0/16", 1) for i in e["paths"]],
+                    [Rule(receiver_prefix(i), 1) for i in e["paths"]],
                 )
             _bulk_flows(e["paths"], e["flow_bytes"], time.monotonic() + e["max_s"], e["flows"])
     for s in servers:

@@ -26,6 +26,7 @@ from gemini_booster.models import PolicyCreate, PolicyUpdate
 from gemini_booster.service.app import BoosterServer
 from gemini_booster.storage import repository as repo
 from gemini_lab.host import run_plan
+from gemini_lab.netem import receiver_prefix
 from gemini_lab.scenario import Scenario
 
 
@@ -209,7 +210,7 @@ def write_mmdb(path: Path, paths: tuple[LabPath, ...] = PATHS) -> Path:
 
     writer = MMDBWriter(ip_version=4, database_type="gemini-lab")
     for i, p in enumerate(paths):
-        writer.insert_network(IPSet([f"10.{i + 1}.0.0/16"]), {"region": p.region, "isp": p.isp})
+        writer.insert_network(IPSet([receiver_prefix(i)]), {"region": p.region, "isp": p.isp})
     writer.to_db_file(str(path))
     return path
 

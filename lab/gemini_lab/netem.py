@@ -80,6 +80,12 @@ def receiver_addr(path: int) -> str:
     return f"10.{path + 1}.0.2"
 
 
+def receiver_prefix(path: int) -> str:
+    """The destination prefix behind path ``path``: one context of its own in the loop's .mmdb
+    and one rule in a profile table."""
+    return f"10.{path + 1}.0.0/16"
+
+
 def _tune_tcp(ns: str) -> None:
     sh("sysctl", "-qw", f"net.ipv4.tcp_rmem={TCP_MEM}", ns=ns)
     sh("sysctl", "-qw", f"net.ipv4.tcp_wmem={TCP_MEM}", ns=ns)

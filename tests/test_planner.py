@@ -141,6 +141,56 @@ def test_a_challenger_replaces_the_incumbent_only_when_better_with_confidence():
     assert taken.incumbent == better
 
 
+def test_each_context_is_modelled_in_its_own_units():
+    """Contexts at different levels: each has its own mean, and a spread in proportion to its
+    flows' spread (not to its observed utilities', which shrinks as exploration gathers near
+    the optimum); one with too few observations is given the pool's units."""
+    rng = np.random.default_rng(23)
+    contexts = {c: ContextKey("a", f"isp{c}", "c", "d", 0) for c in (1, 2, 3)}
+    level_20 = [
+        trial(2, theta(a, b), flows(20.0, 40, rng, spread=0.5), 0)
+        for a in (10, 70)
+        for b in (0, 10)
+    ]
+    data = grid_trials(1, 0, rng) + level_20
+    data.append(trial(3, theta(50, 5), flows(60.0, 40, rng), 0))
+    obs = history.observations(data, 0.1, SPEC, BOUNDS)
+    scales, pooled = planner_module.context_scales(obs)
+    assert set(scales) == {1, 2}
+    assert scales[1].mean > 50 and abs(scales[2].mean - 20.0) < 1.0
+    assert pooled.mean == pytest.approx(np.mean([o.utility for o in obs]))
+    assert 0.2 < scales[2].std / scales[1].std < 0.3  # flows spread 0.5 against 2.0
+    ctx1 = [o for o in obs if o.context_id == 1]
+    assert planner_module.flow_spread(ctx1) == pytest.approx(2.0, rel=0.15)
+    plan = Planner(SPEC).plan(
+        policy(n_initial_points=4), data, contexts, [1, 2, 3], PolicyState(), now=T0
+    )
+    assert plan[2].incumbent_utility is not None and abs(plan[2].incumbent_utility - 20.0) < 3
+
+
+def test_a_context_keeps_its_units_as_exploration_gathers_near_its_optimum():
+    """More rounds at the best θ narrow a context's observed utilities but not its flows'
+    spread, so its units (and the prior's width against the noise) stay put."""
+    rng = np.random.default_rng(29)
+    spread_data = grid_trials(1, 0, rng) + grid_trials(2, 0, rng, peak=(0.3, 0.7))
+    near = [
+        trial(1, theta(70 + d, b), flows(99.0, 40, rng), 1)
+        for d in range(-6, 7)
+        for b in (1, 2, 3, 4, 5)
+    ]
+    before, _ = planner_module.context_scales(history.observations(spread_data, 0.1, SPEC, BOUNDS))
+    after, _ = planner_module.context_scales(
+        history.observations(spread_data + near, 0.1, SPEC, BOUNDS)
+    )
+
+    def ctx1_spread(data: list[Trial]) -> float:
+        obs = history.observations(data, 0.1, SPEC, BOUNDS)
+        return float(np.std([o.utility for o in obs if o.context_id == 1]))
+
+    assert ctx1_spread(spread_data + near) < 0.8 * ctx1_spread(spread_data)
+    assert after[1].std / after[2].std == pytest.approx(before[1].std / before[2].std, rel=0.1)
+
+
 def test_a_candidate_no_host_has_run_keeps_its_slot():
     rng = np.random.default_rng(5)
     planner, pol = Planner(SPEC), policy(n_initial_points=4, acq_func="EI")

@@ -375,7 +375,10 @@ def run_landscapes(args, methods: Sequence[str], label: str) -> dict:
                 sums.append(summarise(hist, checkpoints, drift))
                 k = checkpoints[-1]
                 print(f"{name} {m} seed {seed}: regret @{k} {sums[-1].at[k][0]:.2f} %", flush=True)
-            out[name][m + label] = [dataclasses.asdict(s) | {"seed": i} for i, s in enumerate(sums)]
+            seeds = range(args.first_seed, args.first_seed + args.seeds)
+            out[name][m + label] = [
+                dataclasses.asdict(s) | {"seed": seed} for seed, s in zip(seeds, sums, strict=True)
+            ]
     return out
 
 

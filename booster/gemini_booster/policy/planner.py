@@ -203,8 +203,9 @@ def context_scales(obs: list[Observation]) -> tuple[dict[int, Scale], Scale]:
     latter shrinks as exploration gathers near the optimum, which widened the prior against
     the noise and let one lucky round replace an incumbent (measured: lab regret @20
     1.22 → 1.79 %). Flow-to-flow spread is a property of the path and stays put.
-    Measured on ``benchmarks/optimiser.py`` (``optimiser.md``, 2026-11-26): shared24 fleet
-    regret 6.18 → 4.06 %, worst context @20 4.07 → 3.36 %; lab unchanged seed by seed."""
+    Measured on ``benchmarks/optimiser.py`` (``optimiser-context-units.md``, 20 seeds):
+    shared24 fleet regret 6.10 → 4.10 % (lower in every seed), worst context @30
+    3.43 → 3.16 %; lab and drift unchanged seed by seed."""
     pooled = Scale.of(np.asarray([o.utility for o in obs]))
     groups = {c: g for c, g in _by_context(obs).items() if len(g) >= MIN_SCALE_POINTS}
     if not groups:

@@ -218,6 +218,16 @@ def test_contextual_plans_use_more_points_than_the_fit_set():
     assert state.model_points == 64  # every context's own 16 plus the shared fit set
 
 
+def test_the_standard_model_uses_more_points_than_the_fit_set():
+    rng = np.random.default_rng(6)
+    state = PolicyState()
+    contexts = {c: ContextKey("a", f"isp{c}", "c", "d", 0) for c in range(1, 5)}
+    data = [t for c in contexts for t in grid_trials(c, 0, rng)]  # 64 points
+    pol = policy(mode="standard", max_model_points=20)
+    Planner(SPEC).plan(pol, data, contexts, list(contexts), state, now=T0 + timedelta(hours=1))
+    assert state.model_points == 64  # the fit set's 20 and the 44 most measured of the rest
+
+
 def test_independent_mode_pools_nothing_between_contexts():
     rng = np.random.default_rng(7)
     pol = policy(mode="independent", n_initial_points=4)
@@ -372,3 +382,25 @@ def test_after_a_change_the_context_searches_with_ei_for_the_recovery_window():
     assert soon[1].acquisition == "EI"
     later = T0 + timedelta(hours=15 + planner_module.RECOVERY_HOURS + 1)
     assert planner.plan(pol, data, contexts, [1], state, later, incumbents)[1].acquisition == "PI"
+
+
+def test_a_policy_of_one_context_plans_as_standard_whatever_its_mode():
+    """One context leaves the context kernel nothing to compare and one GP per context is one
+    GP: the same data give the standard model's plan, not one that differs by the draws."""
+    rng = np.random.default_rng(7)
+    contexts = {1: ContextKey("a", "b", "c", "d", 0)}
+    data = grid_trials(1, 0, rng, n=20)
+    now = T0 + timedelta(hours=1)
+    plans = {
+        mode: Planner(SPEC).plan(
+            policy(mode=mode, n_initial_points=4), data, contexts, [1], PolicyState(), now=now
+        )[1]
+        for mode in ("contextual", "independent", "standard")
+    }
+    assert plans["contextual"] == plans["standard"] == plans["independent"]
+    two = contexts | {2: ContextKey("e", "b", "c", "d", 0)}
+    both = data + grid_trials(2, 0, rng, n=20)
+    pooled = Planner(SPEC).plan(
+        policy(mode="contextual", n_initial_points=4), both, two, [1], PolicyState(), now=now
+    )[1]
+    assert pooled != plans["standard"]  # two contexts: the pooled model, not the standard one

@@ -24,7 +24,9 @@ change of its path dropped (drift), buckets of one θ added.
     its flows' spread), so that a 60 Mbit/s path and an 8 Mbit/s one share a shape, not a scale.
   - ``independent``: one GP per context on its own observations, hyperparameters fitted per
     context; nothing is pooled. The baseline that measures what pooling is worth.
-  - ``standard``: the paper's context-blind BO; one GP over θ for all contexts, one plan.
+  - ``standard``: the paper's context-blind BO; one GP over θ for all contexts, one plan,
+    conditioned on the fit set and up to ``LOCAL_OWN_MAX`` of the most-measured others. A
+    policy of a single context is fitted this way whatever its mode (``model_mode``).
 
 **Incumbent.** A challenger replaces the published incumbent only when its posterior mean is
 higher with confidence (``SWITCH_Z`` standard deviations of the difference, their covariance
@@ -132,6 +134,16 @@ class ContextEncoder:
     def row(self, context_id: int) -> np.ndarray:
         feats = context_features(self.contexts[context_id], self.time_buckets)
         return np.asarray([self.codes[j][v] for j, v in enumerate(feats)], dtype=float)
+
+
+def model_mode(mode: str, contexts: Mapping[int, ContextKey]) -> str:
+    """The model a refit fits: every mode over a single context is ``standard``.
+
+    With one context the modes are one model: the context kernel only ever compares h with
+    itself (a constant factor of the amplitude, whose weights no data can inform), and one GP
+    per context is one GP. Fitted apart, their plans on the same data differed only by the
+    random restarts of the extra hyperparameters and the order of the draws."""
+    return "standard" if len(contexts) <= 1 else mode
 
 
 def most_measured(obs: Iterable[Observation]) -> list[Observation]:
@@ -335,7 +347,7 @@ class _Refit:
         self.bounds = policy.resolved_bounds()  # derived once: a refit checks many θ against it
         self.state, self.incumbents, self.candidates, self.rng = state, incumbents, candidates, rng
         self.by_context = _by_context(obs)
-        self.mode = policy.mode
+        self.mode = model_mode(policy.mode, contexts)
         self.encoder = (
             ContextEncoder(contexts, policy.time_buckets) if self.mode == "contextual" else None
         )
@@ -413,7 +425,8 @@ class _Refit:
         self.used.update(self.fit_keys)
         self.base = self._training(self.fit_points, self.fit_theta, self.fit_codes)
         if self.mode == "standard":
-            self.shared = _Model(LocalGP(self.params, self.base, None), self.y_mean, self.y_std)
+            gp = LocalGP(self.params, self._with_own(self.base, self.obs), None)
+            self.shared = _Model(gp, self.y_mean, self.y_std)
 
     def _codes(self, points: list[Observation]) -> np.ndarray | None:
         if self.encoder is None:
@@ -456,22 +469,27 @@ class _Refit:
         if self.mode == "independent":
             return self._independent_model(context_id, own)
         assert self.encoder is not None and self.params is not None and self.base is not None
+        gp = LocalGP(self.params, self._with_own(self.base, own), self.encoder.row(context_id))
+        return self._context_model(gp, context_id)
+
+    def _with_own(self, base: Training, own: list[Observation]) -> Training:
+        """The fit set plus up to LOCAL_OWN_MAX of ``own`` not in it, most-measured first
+        (the shared fit caps what sets the hyperparameters, not what informs a plan)."""
+        assert self.params is not None
         extra = [
             o
             for o in most_measured(own)[:LOCAL_OWN_MAX]
             if (o.context_id, o.theta_key) not in self.fit_keys
         ]
         self.used.update((o.context_id, o.theta_key) for o in extra)
-        training = self.base
-        if extra:
-            training = self.base.extend(
-                self.params,
-                self.space.encode([o.theta for o in extra]),
-                self._codes(extra),
-                *self._scaled(extra),
-            )
-        gp = LocalGP(self.params, training, self.encoder.row(context_id))
-        return self._context_model(gp, context_id)
+        if not extra:
+            return base
+        return base.extend(
+            self.params,
+            self.space.encode([o.theta for o in extra]),
+            self._codes(extra),
+            *self._scaled(extra),
+        )
 
     def _independent_model(self, context_id: int, own: list[Observation]) -> _Model:
         points = most_measured(own)[:LOCAL_OWN_MAX]

@@ -340,7 +340,7 @@ def test_theta_with_a_parameter_left_out_is_refused_naming_each(svc: Running) ->
 
 
 def test_theta_parameter_explicitly_zero_is_judged_by_its_value(svc: Running) -> None:
-    """Present and 0 is a value (outside the region here), not a missing parameter."""
+    """Present and 0 is a value (outside Θ' here), not a missing parameter."""
     bad = mutated(lambda r: setattr(r.aggregates[0].theta, "add_increase", 0))
     err = assert_refused(svc, bad, "aggregates[0].theta.add_increase: 0 outside")
     assert "missing" not in err.details()

@@ -190,7 +190,7 @@ def _refused(booster, aggregate: pb.Aggregate) -> str:
 
 def test_booster_learns_from_a_cubic_policys_own_flows(booster) -> None:
     """A CUBIC θ reported as datapath_theta is stored as a trial of that θ, and the refit
-    plans from it; a θ of the wrong datapath, incomplete or outside the region is refused
+    plans from it; a θ of the wrong datapath, incomplete or outside Θ' is refused
     whole, naming the field."""
     r = booster.http.post(
         "/v1/policies", json={"name": "tcp", "target_cc": "cubic"}, headers=auth(OPERATOR)

@@ -16,6 +16,7 @@ from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
+from gemini_booster.policy import history
 from gemini_booster.storage import changes
 from gemini_booster.storage import repository as repo
 
@@ -175,8 +176,8 @@ BAD_REPORTS = {
     "impossible moments": (_set_stat("throughput_mbps_sq_sum", 1.0), "throughput_mbps_sq_sum"),
     "zero flows": (_set_stat("flow_count", 0), "flow_count"),
     "more slow than flows": (_set_stat("slow_flow_count", 10**6), "slow_flow_count"),
-    "λ outside region": (_theta("mult_decrease", 95), "theta.mult_decrease: 95 outside"),
-    "ω outside region": (_theta("init_cwnd", 500), "theta.init_cwnd: 500 outside"),
+    "λ outside Θ'": (_theta("mult_decrease", 100), "theta.mult_decrease: 100 outside"),
+    "ω outside Θ'": (_theta("init_cwnd", 500), "theta.init_cwnd: 500 outside"),
     "missing θ": (lambda r: r.aggregates[0].ClearField("theta"), "aggregates[0].theta: missing"),
     "hour 25": (lambda r: setattr(r.aggregates[0].context, "hour", 25), "context.hour"),
     "empty region": (
@@ -206,6 +207,24 @@ def test_bad_report_is_rejected_whole_and_named(svc, case):
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert expected in e.value.details()
     assert counts(svc.engine) == {"reports": 0, "report_aggregates": 0, "trials": 0}
+
+
+def test_a_theta_from_before_the_region_narrowed_is_stored_and_left_out_of_the_model(svc):
+    """λ 0.95 lies inside Θ' but outside the policy's region (production, λ ≤ 0.90): what a
+    host ran under a θ handed out before the operator narrowed the region. The report is
+    stored whole, its in-region aggregate with it, and the model leaves that θ out."""
+    spec = load_spec()
+    earlier = spec.default() | {"mult_decrease": 95}
+    req = report(theta=earlier)
+    req.aggregates[1].theta.mult_decrease = spec.default()["mult_decrease"]
+    resp = svc.stub().ReportAggregates(req, metadata=agent_md())
+    assert resp.aggregates_stored == 2
+    assert counts(svc.engine) == {"reports": 1, "report_aggregates": 2, "trials": 2}
+    policy = svc.booster.policies[POLICY]
+    trials = repo.load_trials(svc.engine, policy.id)
+    assert {t.theta_key for t in trials} == {spec.key(earlier), spec.key(spec.default())}
+    modelled = history.observations(trials, policy.sigma, spec, policy.resolved_bounds())
+    assert [o.theta for o in modelled] == [spec.default()]
 
 
 def test_unknown_policy_is_not_found_and_stores_nothing(svc: Running) -> None:

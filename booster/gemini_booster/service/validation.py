@@ -49,6 +49,8 @@ MAX_REPORT_AGE_MS = 7 * 24 * 3600 * 1000
 # An aggregate's sketches, each absent (an older agent's delay) or one weight per flow.
 SKETCH_FIELDS = ("throughput_sketch", "queue_delay_sketch")
 CC_NAME = re.compile(r"[a-z][a-z0-9_]{0,15}")  # TCP_CA_NAME_MAX is 16 with the NUL
+# A reported θ must lie in Θ', the region a policy's own region lies inside (the kernel's limits).
+WIDE = "wide"
 
 
 class InvalidReport(ValueError):
@@ -186,9 +188,15 @@ def _counts(a: pb.Aggregate, path: str, problems: list[str]) -> tuple[int, ...]:
 def _theta_key(
     a: pb.Aggregate, path: str, spec: ThetaSpec, policy: Policy, problems: list[str]
 ) -> str | None:
-    """The tuned flows' θ, checked against the policy's region; a baseline's is ''. Fusion's
-    θ comes as ``theta``, another datapath's (the policy's spec: CUBIC's module parameters for
-    target_cc "cubic") as ``datapath_theta``."""
+    """The tuned flows' θ, checked against Θ' (the kernel's limits); a baseline's is ''.
+    Fusion's θ comes as ``theta``, another datapath's (the policy's spec: CUBIC's module
+    parameters for target_cc "cubic") as ``datapath_theta``.
+
+    Not against the policy's current region: flows that ran under a θ Booster handed out
+    before the operator narrowed the region are real measurements, and refusing them would
+    set aside every host's next report whole (its other aggregates and baselines with it).
+    They are stored, and the planner leaves θ outside the region out of its model
+    (``policy.history``) for as long as they are outside it."""
     if a.cc:
         problem = _baseline_problem(a, spec, policy)
         if problem:
@@ -201,7 +209,7 @@ def _theta_key(
         theta = _fusion_theta(a, path, spec, problems)
     if theta is None:
         return None
-    problems += [f"{path}.theta.{v}" for v in spec.violations(theta, policy.resolved_bounds())]
+    problems += [f"{path}.theta.{v}" for v in spec.violations(theta, spec.region_bounds(WIDE))]
     return spec.key(theta)
 
 

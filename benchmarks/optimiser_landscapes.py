@@ -23,6 +23,9 @@ Landscapes:
     each context's optimum is a region part + an ISP part + a time-block part, and its peak a
     product of the same three, so pooling across contexts has something to learn.
   - ``drift``: one context, 4 parameters, whose optimum (and peak) moves at ``DRIFT_ROUND``.
+  - ``plateau``: the lab's two contexts with every θ within ``PLATEAU_SPREAD`` of the best, far
+    inside one round's noise: what an incumbent change there buys is noise, so the changes it
+    makes measure the churn a switching rule lets noise alone cause.
 """
 
 from __future__ import annotations
@@ -199,6 +202,26 @@ def lab_landscape() -> Landscape:
     return Landscape("lab", LAB_DIMS, contexts, {1: ethernet, 2: satellite})
 
 
+PLATEAU_SPREAD = 0.01  # the worst θ's utility below the best, as a share of the peak
+
+
+def plateau_landscape() -> Landscape:
+    """The lab's contexts and peaks, every θ within PLATEAU_SPREAD of the best."""
+    lab = lab_landscape()
+    drop = PLATEAU_SPREAD / len(LAB_DIMS)
+    surfaces = {
+        c: Surface(
+            peak=s.peak,
+            optimum=s.optimum,
+            drop_low=(s.peak * drop,) * len(LAB_DIMS),
+            drop_high=(s.peak * drop,) * len(LAB_DIMS),
+            delay_ms=s.delay_ms,
+        )
+        for c, s in lab.surfaces.items()
+    }
+    return Landscape("plateau", LAB_DIMS, lab.contexts, surfaces)
+
+
 REGIONS = ("eu-west", "us-east", "ap-south", "sa-east")
 REGION_PEAK = (60.0, 45.0, 30.0, 20.0)
 ISPS = ("fiber", "cable", "mobile")
@@ -267,7 +290,12 @@ def drift_landscape() -> Landscape:
     return Landscape("drift", LAB_DIMS, contexts, {1: before}, {1: after})
 
 
-LANDSCAPES = {"lab": lab_landscape, "shared24": shared_landscape, "drift": drift_landscape}
+LANDSCAPES = {
+    "lab": lab_landscape,
+    "shared24": shared_landscape,
+    "drift": drift_landscape,
+    "plateau": plateau_landscape,
+}
 
 
 # -- the fleet ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from benchmarks.optimiser_landscapes import (
     FLOW_NOISE,
     HOSTS_PER_CONTEXT,
     LANDSCAPES,
+    PLATEAU_SPREAD,
     SIGMA,
     fleet_hosts,
     flow_factors,
@@ -58,6 +59,18 @@ def test_drift_moves_the_optimum_at_its_round():
     assert landscape.true_utility(1, DRIFT_ROUND, before) < 0.9 * landscape.optimum_utility(
         1, DRIFT_ROUND
     )
+
+
+def test_every_theta_of_the_plateau_is_within_its_spread_of_the_best():
+    """An incumbent change on the plateau buys at most 1 %, far below a round's noise (15 %
+    per flow): what its changes count is churn."""
+    landscape = LANDSCAPES["plateau"]()
+    thetas = _random_thetas(landscape, np.random.default_rng(1))
+    for c in landscape.contexts:
+        top = landscape.optimum_utility(c, 0)
+        low = min(landscape.true_utility(c, 0, t) for t in thetas)
+        assert (1 - PLATEAU_SPREAD) * top <= low < top
+        assert low < (1 - PLATEAU_SPREAD / 2) * top  # not flatter than it says
 
 
 def test_shared_landscape_optimum_is_region_plus_isp_plus_block():

@@ -124,16 +124,19 @@ def test_a_challenger_replaces_the_incumbent_only_when_better_with_confidence():
     contexts = {1: ContextKey("a", "b", "c", "d", 0)}
     now = T0 + timedelta(hours=1)
     inc, better = theta(40, 3), theta(99, 10)
-    unprotected = 0
-    for seed in range(6):  # equal θ: noise alone never unseats the incumbent
+    unseated = unprotected = 0
+    for seed in range(40):  # equal θ, the incumbent measured no better than 15 rivals
         data = _flat(np.random.default_rng(10 + seed), n=20)
         kept = planner.plan(
             pol, data, contexts, [1], PolicyState(), now=now, incumbents={1: SPEC.key(inc)}
         )[1]
-        assert kept.incumbent == inc
+        unseated += kept.incumbent != inc
         free = planner.plan(pol, data, contexts, [1], PolicyState(), now=now)[1]
         unprotected += free.incumbent != inc
-    assert unprotected >= 3  # without the published incumbent, noise picks another θ
+    # Noise alone: without the published incumbent another θ is picked almost every time; with
+    # it, rarely (5 of 40 at the bar of 1 standard deviation; a bar of 0.75 gives 9, none 38).
+    assert unprotected >= 30
+    assert unseated <= 7
     data = _flat(np.random.default_rng(20), n=400, bumped=better, gap=15.0)
     taken = planner.plan(
         pol, data, contexts, [1], PolicyState(), now=now, incumbents={1: SPEC.key(inc)}

@@ -146,7 +146,7 @@ class Agent:
         if arm.params == pb.ExperimentArm.KERNEL_DEFAULT:
             return Plan(spec.default(), {})
         if arm.params == pb.ExperimentArm.FIXED:
-            theta = spec.validate(dict(arm.fixed_theta.values), spec.region_bounds("wide"))
+            theta = spec.validate(dict(arm.fixed_theta.values), spec.limits)
             return Plan(theta, {})
         return None
 

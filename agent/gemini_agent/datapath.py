@@ -80,7 +80,7 @@ class ModuleParams:
     def write(self, theta: Mapping[str, int], bounds: Bounds | None = None) -> dict[str, int]:
         """Check ``theta`` against ``bounds`` (Θ' by default) and write it; ThetaError before
         any write when it does not fit, OSError (nothing changed) when the kernel refuses."""
-        checked = self.spec.validate(theta, bounds or self.spec.region_bounds("wide"))
+        checked = self.spec.validate(theta, bounds or self.spec.limits)
         if self.saved is None:
             self.saved = self.read()
         if checked != self.written:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
+from types import MappingProxyType
 
 SPEC_PATH = Path(__file__).with_name("theta_spec.toml")
 SPECS_DIR = Path(__file__).with_name("specs")
@@ -72,6 +73,11 @@ class ThetaSpec:
 
     def region_bounds(self, region: str) -> dict[str, tuple[int, int]]:
         return {p.name: p.bounds(region) for p in self.params}
+
+    @cached_property
+    def limits(self) -> Mapping[str, tuple[int, int]]:
+        """Θ': the kernel's limits, which every policy's region lies inside (read-only)."""
+        return MappingProxyType(self.region_bounds("wide"))
 
     def default(self) -> dict[str, int]:
         return {p.name: p.default for p in self.params}

@@ -125,7 +125,7 @@ class ArmSpec(BaseModel):
             if self.theta is None:
                 raise ValueError("theta: required when params is 'fixed'")
             spec = load_datapath(self.cc)
-            problems = spec.violations(self.theta, spec.region_bounds("wide"))
+            problems = spec.violations(self.theta, spec.limits)
             if problems:
                 raise ValueError("theta: " + "; ".join(problems))
         elif self.theta is not None:

@@ -427,7 +427,7 @@ class _Refit:
         self.used.update(self.fit_keys)
         self.base = self._training(self.fit_points, self.fit_theta, self.fit_codes)
         if self.mode == "standard":
-            gp = LocalGP(self.params, self._with_own(self.base, self.obs), None)
+            gp = LocalGP(self.params, self._with_own(self.obs), None)
             self.shared = _Model(gp, self.y_mean, self.y_std)
 
     def _codes(self, points: list[Observation]) -> np.ndarray | None:
@@ -470,14 +470,14 @@ class _Refit:
             return self.shared
         if self.mode == "independent":
             return self._independent_model(context_id, own)
-        assert self.encoder is not None and self.params is not None and self.base is not None
-        gp = LocalGP(self.params, self._with_own(self.base, own), self.encoder.row(context_id))
+        assert self.encoder is not None and self.params is not None
+        gp = LocalGP(self.params, self._with_own(own), self.encoder.row(context_id))
         return self._context_model(gp, context_id)
 
-    def _with_own(self, base: Training, own: list[Observation]) -> Training:
+    def _with_own(self, own: list[Observation]) -> Training:
         """The fit set plus up to LOCAL_OWN_MAX of ``own`` not in it, most-measured first
         (the shared fit caps what sets the hyperparameters, not what informs a plan)."""
-        assert self.params is not None
+        assert self.params is not None and self.base is not None
         extra = [
             o
             for o in most_measured(own)[:LOCAL_OWN_MAX]
@@ -485,8 +485,8 @@ class _Refit:
         ]
         self.used.update((o.context_id, o.theta_key) for o in extra)
         if not extra:
-            return base
-        return base.extend(
+            return self.base
+        return self.base.extend(
             self.params,
             self.space.encode([o.theta for o in extra]),
             self._codes(extra),

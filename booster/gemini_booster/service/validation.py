@@ -49,8 +49,6 @@ MAX_REPORT_AGE_MS = 7 * 24 * 3600 * 1000
 # An aggregate's sketches, each absent (an older agent's delay) or one weight per flow.
 SKETCH_FIELDS = ("throughput_sketch", "queue_delay_sketch")
 CC_NAME = re.compile(r"[a-z][a-z0-9_]{0,15}")  # TCP_CA_NAME_MAX is 16 with the NUL
-# A reported θ must lie in Θ', the region a policy's own region lies inside (the kernel's limits).
-WIDE = "wide"
 
 
 class InvalidReport(ValueError):
@@ -209,7 +207,7 @@ def _theta_key(
         theta = _fusion_theta(a, path, spec, problems)
     if theta is None:
         return None
-    problems += [f"{path}.theta.{v}" for v in spec.violations(theta, spec.region_bounds(WIDE))]
+    problems += [f"{path}.theta.{v}" for v in spec.violations(theta, spec.limits)]
     return spec.key(theta)
 
 

@@ -407,3 +407,38 @@ def test_a_policy_of_one_context_plans_as_standard_whatever_its_mode():
         policy(mode="contextual", n_initial_points=4), both, two, [1], PolicyState(), now=now
     )[1]
     assert pooled != plans["standard"]  # two contexts: the pooled model, not the standard one
+
+
+def _thin_far_region(rng: np.random.Generator) -> list[Trial]:
+    """The best region well measured; a far region (10-40 % below the optimum) in a few
+    noisy flows per θ, so that an acquisition's exploration bonus there is large."""
+    good = [(a, b) for a in (62, 66, 70, 74, 78) for b in (2, 3, 4)]
+    far = [(a, b) for a in (10, 30) for b in (0, 5, 10)] + [(99, 10), (50, 10)]
+    out = [trial(1, theta(a, b), flows(surface(theta(a, b)), 200, rng), 0) for a, b in good]
+    return out + [
+        trial(1, theta(a, b), flows(surface(theta(a, b)), 2, rng, spread=30.0), 0) for a, b in far
+    ]
+
+
+@pytest.mark.parametrize(
+    "cap, most, least", [(planner_module.EXPLORE_MAX_LOSS, 12, 0), (10.0, 192, 25)]
+)
+def test_explorers_are_not_sent_where_the_model_expects_a_large_loss(monkeypatch, cap, most, least):
+    """At the planner's cap (5 % below the incumbent's expected utility), few of 192
+    candidates fall in the region 10 % below the optimum (9: the model's own error); without it
+    (a cap of 1,000 %), many more do (31)."""
+    monkeypatch.setattr(planner_module, "EXPLORE_MAX_LOSS", cap)
+    costly = 0
+    for seed in range(8):
+        for acq in ("LCB", "EI", "PI"):
+            plan = Planner(SPEC).plan(
+                policy(n_initial_points=4, acq_func=acq),
+                _thin_far_region(np.random.default_rng(seed)),
+                {1: ContextKey("a", "b", "c", "d", 0)},
+                [1],
+                PolicyState(),
+                now=T0 + timedelta(hours=1),
+            )[1]
+            assert len(plan.candidates) == planner_module.N_CANDIDATES
+            costly += sum(surface(c) < 90.0 for c in plan.candidates)
+    assert least <= costly <= most, costly

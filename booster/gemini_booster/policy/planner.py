@@ -34,6 +34,13 @@ included); a change of path found by ``history.py`` lifts that protection. Hosts
 exploration role (``assignment.py``), and a published candidate not yet run keeps its slot
 while the acquisition still rates it, so that a refit moves few hosts.
 
+**Exploration cost.** Explorers run only θ the model expects to lose at most
+``EXPLORE_MAX_LOSS`` of the incumbent's utility: the acquisition's scores elsewhere are set
+aside (unless fewer than ``N_CANDIDATES`` searched points qualify, when the model sees no θ
+near the incumbent and the search is not capped). A fleet's explorers are real users' flows;
+a θ the model already rates far below the incumbent teaches it little that cheaper
+neighbours of the best θ do not, and costs those flows the whole gap.
+
 **Acquisition.** Chosen per refit by GP-Hedge (Hoffman et al.), as scikit-optimize's
 ``Optimizer`` does: each of EI, PI and LCB proposes, one is picked with probability
 softmax(η·gains), and every proposer is credited with the model's later estimate of its pick.
@@ -76,6 +83,11 @@ SWITCH_Z = 1.0  # a challenger must beat the incumbent by this many std of the d
 # within 1 %, changed no incumbent in its last 10 rounds at either bar (median of 20 seeds),
 # and 0.0 changed 6.5. On tests/test_planner.py's flat surface, where the incumbent is measured
 # no better than 15 rivals, noise unseats it in 5 of 40 refits, 1 at 1.5, 9 at 0.75.)
+EXPLORE_MAX_LOSS = 0.05  # explorers' θ: expected utility ≥ (1 − this) × the incumbent's
+# (chosen on benchmarks/optimiser.py, optimiser-exploration.md, with acquisition.XI at 0.1:
+# against no cap, shared24 fleet regret 4.74 -> 3.89 % (lower in 20 of 20 seeds) and worst
+# context @30 2.60 -> 2.46 %; lab fleet regret 3.96 -> 3.83 % over 80 seeds; drift @30
+# 1.99 -> 1.57 %, recovery 7.5 -> 7 rounds)
 KEEP_SCORE_SHARE = 0.1  # an unrun candidate keeps its slot above this share of the best score
 HEDGE_ETA = 1.0
 RECOVERY_HOURS = 6.0  # after a detected change of path, a context re-explores with EI this long
@@ -530,12 +542,21 @@ class _Refit:
         X, score = acquisition.maximise(
             self.space, model.posterior, inc_loss, chosen, anchors, current, self.rng
         )
+        score = _capped(score, *self._affordable(model, X, inc_loss))
         self.state.last_picks[context_id] = {
             a: self.space.decode(X[int(np.argmax(s)) : int(np.argmax(s)) + 1])[0]
             for a, s in score.items()
         }
         picks = self._slots(context_id, own, X, score[chosen], challenger)
         return ContextPlan(incumbent, float(model.utility(inc_loss)), picks, chosen)
+
+    def _affordable(self, model: _Model, X: np.ndarray, inc_loss: float) -> tuple[np.ndarray, bool]:
+        """(which searched points the model expects to lose at most EXPLORE_MAX_LOSS of the
+        incumbent's utility, whether enough of them do for the cap to apply)."""
+        loss, _ = model.posterior(X)
+        incumbent = float(model.utility(inc_loss))
+        ok = np.asarray(model.utility(loss)) >= incumbent - EXPLORE_MAX_LOSS * abs(incumbent)
+        return ok, int(ok.sum()) >= N_CANDIDATES
 
     def _incumbent(
         self, context_id: int, model: _Model, eligible: list[Observation]
@@ -660,6 +681,15 @@ class _Refit:
                 incumbent, inc_u, tuple(self.space.sample(N_CANDIDATES, self.rng)), "random"
             )
         return ContextPlan(incumbent, inc_u, todo, "initial design")
+
+
+def _capped(
+    score: dict[str, np.ndarray], affordable: np.ndarray, applies: bool
+) -> dict[str, np.ndarray]:
+    """Every acquisition's scores with the points explorers may not run set to −inf."""
+    if not applies:
+        return score
+    return {k: np.where(affordable, v, -np.inf) for k, v in score.items()}
 
 
 def _nearest(X: np.ndarray, points: np.ndarray) -> np.ndarray:

@@ -72,8 +72,15 @@ def score(X: np.ndarray, posterior: Posterior, y_opt: float, kind: str) -> np.nd
 
 def scores(X: np.ndarray, posterior: Posterior, y_opt: float) -> dict[str, np.ndarray]:
     """Every acquisition at ``X``, from one posterior evaluation."""
+    return _scored(X, posterior, y_opt)[0]
+
+
+def _scored(
+    X: np.ndarray, posterior: Posterior, y_opt: float
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Every acquisition at ``X`` and the posterior loss mean there (one evaluation)."""
     loss, std = posterior(X)
-    return {kind: acquisition_values(loss, std, y_opt, kind) for kind in ACQUISITIONS}
+    return {kind: acquisition_values(loss, std, y_opt, kind) for kind in ACQUISITIONS}, loss
 
 
 def pool(
@@ -142,20 +149,22 @@ def maximise(
     anchors: np.ndarray,
     current: np.ndarray,
     rng: np.random.Generator,
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The searched points (pool and polished) and every acquisition's scores at them."""
+) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+    """The searched points (pool and polished), every acquisition's scores at them and the
+    posterior loss mean there (which the planner's exploration cap reads)."""
     X = pool(space, anchors, current, rng)
-    s = scores(X, posterior, y_opt)
+    s, loss = _scored(X, posterior, y_opt)
     starts = X[np.argsort(-s[chosen])[:POLISH_STARTS]]
     polished = polish(lambda Z: score(Z, posterior, y_opt, chosen), starts, space.dims)
     found = _new_rows(np.unique(space.snap(polished), axis=0), X)
     if not len(found):
-        return X, s
-    more = scores(found, posterior, y_opt)
+        return X, s, loss
+    more, more_loss = _scored(found, posterior, y_opt)
     # in sorted row order, as np.unique gives the pool: ties between equal scores then break
     # the same way whether a point came from the pool or the polish
     X, order = np.unique(np.vstack([X, found]), axis=0, return_index=True)
-    return X, {k: np.concatenate([s[k], more[k]])[order] for k in s}
+    s = {k: np.concatenate([s[k], more[k]])[order] for k in s}
+    return X, s, np.concatenate([loss, more_loss])[order]
 
 
 def _new_rows(points: np.ndarray, known: np.ndarray) -> np.ndarray:

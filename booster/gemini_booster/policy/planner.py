@@ -539,24 +539,16 @@ class _Refit:
         recovering = context_id in self.recovering and RECOVERY_ACQUISITION in ACQUISITIONS
         chosen = RECOVERY_ACQUISITION if recovering else self._choose_acquisition()
         current = self._current_candidates(context_id)
-        X, score = acquisition.maximise(
+        X, score, loss = acquisition.maximise(
             self.space, model.posterior, inc_loss, chosen, anchors, current, self.rng
         )
-        score = _capped(score, *self._affordable(model, X, inc_loss))
+        score = _capped(score, *_affordable(model, loss, inc_loss))
         self.state.last_picks[context_id] = {
             a: self.space.decode(X[int(np.argmax(s)) : int(np.argmax(s)) + 1])[0]
             for a, s in score.items()
         }
         picks = self._slots(context_id, own, X, score[chosen], challenger)
         return ContextPlan(incumbent, float(model.utility(inc_loss)), picks, chosen)
-
-    def _affordable(self, model: _Model, X: np.ndarray, inc_loss: float) -> tuple[np.ndarray, bool]:
-        """(which searched points the model expects to lose at most EXPLORE_MAX_LOSS of the
-        incumbent's utility, whether enough of them do for the cap to apply)."""
-        loss, _ = model.posterior(X)
-        incumbent = float(model.utility(inc_loss))
-        ok = np.asarray(model.utility(loss)) >= incumbent - EXPLORE_MAX_LOSS * abs(incumbent)
-        return ok, int(ok.sum()) >= N_CANDIDATES
 
     def _incumbent(
         self, context_id: int, model: _Model, eligible: list[Observation]
@@ -681,6 +673,15 @@ class _Refit:
                 incumbent, inc_u, tuple(self.space.sample(N_CANDIDATES, self.rng)), "random"
             )
         return ContextPlan(incumbent, inc_u, todo, "initial design")
+
+
+def _affordable(model: _Model, loss: np.ndarray, inc_loss: float) -> tuple[np.ndarray, bool]:
+    """(which searched points, at posterior loss ``loss``, the model expects to lose at most
+    EXPLORE_MAX_LOSS of the incumbent's utility, whether enough of them do for the cap to
+    apply)."""
+    incumbent = float(model.utility(inc_loss))
+    ok = np.asarray(model.utility(loss)) >= incumbent - EXPLORE_MAX_LOSS * abs(incumbent)
+    return ok, int(ok.sum()) >= N_CANDIDATES
 
 
 def _capped(

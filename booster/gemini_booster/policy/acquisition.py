@@ -36,9 +36,9 @@ KAPPA = 1.96  # LCB's multiple of the posterior std
 # (both chosen on benchmarks/optimiser.py, optimiser-exploration.md. ξ 0.01 → 0.1: lab
 # incumbent regret @20 / @30 1.31 / 1.14 → 1.08 / 0.84 % over 80 seeds, shared24's worst
 # context @30 2.89 → 2.60 %, for more exploration (lab fleet regret 3.79 → 3.96 %, which the
-# planner's EXPLORE_MAX_LOSS then brings to 3.83). ξ 0.2 and 0.3 explored more for no lower
-# regret, 0 and 0.05 regretted more; κ 1.0, 1.5 and 3.0 did no better than scikit-optimize's
-# 1.96.)
+# planner's EXPLORE_MAX_LOSS then brings to 3.83). ξ 0.2 and 0.3 explored more (fleet 4.30
+# and 4.71 %) for about the same regret, 0 and 0.05 regretted more; κ 1.0, 1.5 and 3.0 did no
+# better than scikit-optimize's 1.96.)
 
 Posterior = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]  # X → (loss mean, loss std)
 
@@ -129,11 +129,15 @@ def polish(score: Callable[[np.ndarray], np.ndarray], starts: np.ndarray, dims: 
 
 
 def diverse_top(points: np.ndarray, score: np.ndarray, k: int) -> list[int]:
-    """Indices of the best-scoring points, each at least MIN_CANDIDATE_DISTANCE from the rest."""
+    """Indices of the best-scoring points, each at least MIN_CANDIDATE_DISTANCE from the rest;
+    never a point scored −inf (ruled out: run already, too near a kept candidate, or beyond
+    the planner's exploration cap), so fewer than k when fewer remain."""
     chosen: list[int] = []
     if k <= 0:
         return chosen
     for i in np.argsort(-score):
+        if not np.isfinite(score[i]):
+            break
         if all(np.max(np.abs(points[i] - points[j])) > MIN_CANDIDATE_DISTANCE for j in chosen):
             chosen.append(int(i))
             if len(chosen) == k:

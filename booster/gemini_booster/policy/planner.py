@@ -34,12 +34,15 @@ included); a change of path found by ``history.py`` lifts that protection. Hosts
 exploration role (``assignment.py``), and a published candidate not yet run keeps its slot
 while the acquisition still rates it, so that a refit moves few hosts.
 
-**Exploration cost.** Explorers run only θ the model expects to lose at most
-``EXPLORE_MAX_LOSS`` of the incumbent's utility: the acquisition's scores elsewhere are set
-aside (unless fewer than ``N_CANDIDATES`` searched points qualify, when the model sees no θ
-near the incumbent and the search is not capped). A fleet's explorers are real users' flows;
-a θ the model already rates far below the incumbent teaches it little that cheaper
-neighbours of the best θ do not, and costs those flows the whole gap.
+**Exploration cost.** The acquisition's picks are limited to θ the model expects to lose at
+most ``EXPLORE_MAX_LOSS`` of the incumbent's utility (|utility| when it is negative): its
+scores elsewhere are set aside, unless fewer than ``N_CANDIDATES`` searched points qualify,
+when the search is not capped. A fleet's explorers are real users' flows; a θ the model
+already rates far below the incumbent teaches it little that cheaper neighbours of the best θ
+do not, and costs those flows the whole gap. The cap does not apply to the initial design or
+to the challenger, and a context whose pool runs out of qualifying new points fills the rest
+at random, as a crowded pool does. It is relative to the incumbent's utility, whose zero
+depends on σ (eq. 9): at a σ where utilities are near zero it tightens; measured at σ 0.1.
 
 **Acquisition.** Chosen per refit by GP-Hedge (Hoffman et al.), as scikit-optimize's
 ``Optimizer`` does: each of EI, PI and LCB proposes, one is picked with probability
@@ -83,7 +86,7 @@ SWITCH_Z = 1.0  # a challenger must beat the incumbent by this many std of the d
 # within 1 %, changed no incumbent in its last 10 rounds at either bar (median of 20 seeds),
 # and 0.0 changed 6.5. On tests/test_planner.py's flat surface, where the incumbent is measured
 # no better than 15 rivals, noise unseats it in 5 of 40 refits, 1 at 1.5, 9 at 0.75.)
-EXPLORE_MAX_LOSS = 0.05  # explorers' θ: expected utility ≥ (1 − this) × the incumbent's
+EXPLORE_MAX_LOSS = 0.05  # explorers' θ: expected utility ≥ incumbent's − this × |incumbent's|
 # (chosen on benchmarks/optimiser.py, optimiser-exploration.md, with acquisition.XI at 0.1:
 # against no cap, shared24 fleet regret 4.74 -> 3.89 % (lower in 20 of 20 seeds) and worst
 # context @30 2.60 -> 2.46 %; lab fleet regret 3.96 -> 3.83 % over 80 seeds; drift @30

@@ -545,7 +545,7 @@ class _Refit:
         X, score, loss = acquisition.maximise(
             self.space, model.posterior, inc_loss, chosen, anchors, current, self.rng
         )
-        score = _capped(score, *_affordable(model, loss, inc_loss))
+        score = _capped(score, model, loss, inc_loss)
         self.state.last_picks[context_id] = {
             a: self.space.decode(X[int(np.argmax(s)) : int(np.argmax(s)) + 1])[0]
             for a, s in score.items()
@@ -678,22 +678,17 @@ class _Refit:
         return ContextPlan(incumbent, inc_u, todo, "initial design")
 
 
-def _affordable(model: _Model, loss: np.ndarray, inc_loss: float) -> tuple[np.ndarray, bool]:
-    """(which searched points, at posterior loss ``loss``, the model expects to lose at most
-    EXPLORE_MAX_LOSS of the incumbent's utility, whether enough of them do for the cap to
-    apply)."""
+def _capped(
+    score: dict[str, np.ndarray], model: _Model, loss: np.ndarray, inc_loss: float
+) -> dict[str, np.ndarray]:
+    """Every acquisition's scores, −inf at the searched points (posterior loss ``loss``) the
+    model expects to lose more than EXPLORE_MAX_LOSS of the incumbent's utility; unchanged
+    when fewer than N_CANDIDATES points are within the cap."""
     incumbent = float(model.utility(inc_loss))
     ok = np.asarray(model.utility(loss)) >= incumbent - EXPLORE_MAX_LOSS * abs(incumbent)
-    return ok, int(ok.sum()) >= N_CANDIDATES
-
-
-def _capped(
-    score: dict[str, np.ndarray], affordable: np.ndarray, applies: bool
-) -> dict[str, np.ndarray]:
-    """Every acquisition's scores with the points explorers may not run set to −inf."""
-    if not applies:
+    if int(ok.sum()) < N_CANDIDATES:
         return score
-    return {k: np.where(affordable, v, -np.inf) for k, v in score.items()}
+    return {k: np.where(ok, v, -np.inf) for k, v in score.items()}
 
 
 def _nearest(X: np.ndarray, points: np.ndarray) -> np.ndarray:

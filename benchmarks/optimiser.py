@@ -13,6 +13,9 @@ Figures, as % of the context's optimum utility (at that round, for the drifting 
   - fleet regret: flow-weighted mean regret of every θ hosts ran, exploration included;
   - changes: incumbent changes per context in the last 10 rounds (median context);
   - drift recovery: rounds of data on the moved surface until the incumbent stays within 5 %;
+  - best θ run: at the end, the regret of the truly best θ the fleet ran in the context, of any
+    θ and of those run for at least WELL_MEASURED_FLOWS flows (mean over contexts). The
+    incumbent's regret above the first is what choosing cost, the first what searching left;
   - plan s/round: the method's own time per round (plan or ask, plus tell).
 Every figure is the median over seeds. ``--timing`` also times one Booster refit at 1,000 /
 10,000 / 100,000 aggregated trials over 1,000 contexts.
@@ -63,6 +66,7 @@ CHECKPOINTS = (10, 20, 30)
 CONVERGED_PCT = 2.0
 RECOVERED_PCT = 5.0
 LAST_ROUNDS = 10
+WELL_MEASURED_FLOWS = 5 * FLOWS_PER_HOST  # five host-rounds: a mean within ±1.5 % (1 sd)
 BASELINES = ("booster-standard", "skopt", "tpe", "random")  # what contextual must match
 TIMING_CONTEXTS = (20, 25, 2)  # regions × ISPs × time blocks = 1,000 contexts
 TIMING_SIZES = (1_000, 10_000, 100_000)
@@ -130,6 +134,25 @@ class History:
     runs: list[tuple[int, float]] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     model_points: int | None = None
+    ran: dict[int, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))  # flows
+    best_run: tuple[float, float] | None = None  # see best_run()
+
+
+def best_run(landscape: Landscape, hist: History, round_index: int) -> tuple[float, float]:
+    """(mean over contexts of the lowest true regret of any θ run, and of any θ run for at
+    least WELL_MEASURED_FLOWS flows) on the surface of ``round_index``."""
+    spec = load_spec()
+    anything, measured = [], []
+    for c, flows in hist.ran.items():
+        opt = landscape.optimum_utility(c, round_index)
+        regret = {
+            k: regret_pct(opt, landscape.true_utility(c, round_index, spec.from_key(k)))
+            for k in flows
+        }
+        anything.append(min(regret.values()))
+        well = [r for k, r in regret.items() if flows[k] >= WELL_MEASURED_FLOWS]
+        measured.append(min(well, default=float("nan")))
+    return float(np.mean(anything)), float(np.mean(measured))
 
 
 def simulate(landscape: Landscape, method_name: str, seed: int, rounds: int) -> History:
@@ -153,6 +176,8 @@ def simulate(landscape: Landscape, method_name: str, seed: int, rounds: int) -> 
             surface = landscape.surface(c, r)
             opt = surface.peak
             for host, theta in p.runs.items():
+                key = spec.key(theta)
+                hist.ran[c][key] = hist.ran[c].get(key, 0) + FLOWS_PER_HOST
                 x = landscape.normalise([theta])
                 sums, slow = run_flows(surface, x, flow_factors(seed, landscape.name, r, c, host))
                 runs[c].append(HostRun(host, theta, sums, slow))
@@ -162,6 +187,7 @@ def simulate(landscape: Landscape, method_name: str, seed: int, rounds: int) -> 
         hist.seconds.append(spent + time.perf_counter() - t0)
     record(method.plan(rounds, bucket_time(rounds)), rounds)
     hist.model_points = method.model_points
+    hist.best_run = best_run(landscape, hist, rounds)
     return hist
 
 
@@ -174,6 +200,7 @@ class Summary:
     recovery: float | None
     seconds: float
     model_points: int | None
+    best_run: tuple[float, float] | None = None  # runs saved before the figure: None
 
 
 def summarise(hist: History, checkpoints: Sequence[int], drift: bool) -> Summary:
@@ -199,6 +226,7 @@ def summarise(hist: History, checkpoints: Sequence[int], drift: bool) -> Summary
         recovery,
         float(np.mean(hist.seconds)),
         hist.model_points,
+        hist.best_run,
     )
 
 
@@ -212,7 +240,16 @@ def median_summary(sums: list[Summary]) -> Summary:
         None if sums[0].recovery is None else med(s.recovery or 0.0 for s in sums),
         med(s.seconds for s in sums),
         sums[-1].model_points,
+        _median_pair([s.best_run for s in sums]),
     )
+
+
+def _median_pair(pairs: list[tuple[float, float] | None]) -> tuple[float, float] | None:
+    """Medians of each half of the pairs; None when any seed lacks the figure."""
+    if any(p is None for p in pairs):
+        return None
+    present = [p for p in pairs if p is not None]
+    return statistics.median(p[0] for p in present), statistics.median(p[1] for p in present)
 
 
 # -- tables ------------------------------------------------------------------------------------
@@ -227,6 +264,7 @@ def table(name: str, rows: dict[str, Summary], rounds: int, drift: bool) -> list
     head = [f"regret @{k} mean / worst" for k in ks]
     head += ["rounds to 2 % median / worst", "fleet regret", f"changes last {LAST_ROUNDS}"]
     head += ["recovery ≤ 5 %"] if drift else []
+    head += [f"best θ run @{rounds} any / ≥ {WELL_MEASURED_FLOWS} flows"]
     head += ["plan s/round", "model points"]
     out = [f"### {name}", "", "| method | " + " | ".join(head) + " |"]
     out.append("| --- |" + " ---: |" * len(head))
@@ -236,6 +274,8 @@ def table(name: str, rows: dict[str, Summary], rounds: int, drift: bool) -> list
         cells += [f"{s.fleet:.2f}", f"{s.changes:g}"]
         if drift:
             cells.append("n/a" if s.recovery is None else _rounds(s.recovery, rounds))
+        best = "n/a" if s.best_run is None else f"{s.best_run[0]:.2f} / {s.best_run[1]:.2f}"
+        cells.append(best)
         pts = "n/a" if s.model_points is None else str(s.model_points)
         cells += [f"{s.seconds:.3f}", pts]
         out.append(f"| {m} | " + " | ".join(cells) + " |")
@@ -390,6 +430,8 @@ def from_plain(d: dict) -> Summary:
     fields = {k: v for k, v in d.items() if k != "seed"}
     fields["at"] = {int(k): tuple(v) for k, v in d["at"].items()}
     fields["to_2pct"] = tuple(d["to_2pct"])
+    if fields.get("best_run") is not None:
+        fields["best_run"] = tuple(fields["best_run"])
     return Summary(**fields)
 
 

@@ -153,6 +153,26 @@ def test_summary_of_a_hand_made_history():
     assert bench.summarise(never, [1], drift=False).to_2pct == (float("inf"), float("inf"))
 
 
+def test_best_run_separates_a_theta_run_once_from_one_measured_well():
+    """The optimum run by one host-round counts for "any θ" but not for "measured well",
+    where the best is the worse θ run for WELL_MEASURED_FLOWS flows."""
+    landscape = LANDSCAPES["lab"]()
+    spec = load_spec()
+    lowest_cwnd = landscape.bounds()["init_cwnd"][0]
+    hist = bench.History()
+    gaps = []
+    for c in landscape.contexts:
+        best = landscape.optimum_theta(c, 0)
+        worse = dict(best, init_cwnd=lowest_cwnd)
+        hist.ran[c] = {spec.key(best): 20, spec.key(worse): bench.WELL_MEASURED_FLOWS}
+        opt = landscape.optimum_utility(c, 0)
+        gaps.append(bench.regret_pct(opt, landscape.true_utility(c, 0, worse)))
+    anything, measured = bench.best_run(landscape, hist, 0)
+    assert anything == pytest.approx(0.0)
+    assert measured == pytest.approx(float(np.mean(gaps)))
+    assert measured > 1.0
+
+
 @pytest.mark.parametrize("method", ["random", "booster-contextual"])
 def test_a_tiny_run_completes(method):
     landscape = LANDSCAPES["lab"]()

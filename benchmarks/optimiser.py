@@ -14,8 +14,9 @@ Figures, as % of the context's optimum utility (at that round, for the drifting 
   - changes: incumbent changes per context in the last 10 rounds (median context);
   - drift recovery: rounds of data on the moved surface until the incumbent stays within 5 %;
   - best θ run: at the end, the regret of the truly best θ the fleet ran in the context, of any
-    θ and of those run for at least WELL_MEASURED_FLOWS flows (mean over contexts). The
-    incumbent's regret above the first is what choosing cost, the first what searching left;
+    θ and of those run for at least WELL_MEASURED_FLOWS flows (mean over contexts): the first
+    is what searching left, the second above it what the search did not measure well, and
+    the incumbent's regret above the second what choosing among well-measured θ cost;
   - plan s/round: the method's own time per round (plan or ask, plus tell).
 Every figure is the median over seeds. ``--timing`` also times one Booster refit at 1,000 /
 10,000 / 100,000 aggregated trials over 1,000 contexts.

@@ -16,7 +16,8 @@ Figures, as % of the context's optimum utility (at that round, for the drifting 
   - best θ run: at the end, the regret of the truly best θ the fleet ran in the context, of any
     θ and of those run for at least WELL_MEASURED_FLOWS flows (mean over contexts): the first
     is what searching left, the second above it what the search did not measure well, and
-    the incumbent's regret above the second what choosing among well-measured θ cost;
+    the incumbent's regret above the second what choosing among well-measured θ cost (on
+    the drifting landscape, flows from before the move count too);
   - plan s/round: the method's own time per round (plan or ask, plus tell).
 Every figure is the median over seeds. ``--timing`` also times one Booster refit at 1,000 /
 10,000 / 100,000 aggregated trials over 1,000 contexts.
@@ -246,7 +247,7 @@ def median_summary(sums: list[Summary]) -> Summary:
 
 
 def _median_pair(pairs: list[tuple[float, float] | None]) -> tuple[float, float] | None:
-    """Medians of each half of the pairs; None when any seed lacks the figure."""
+    """The median of each element of the pairs; None when any seed lacks the figure."""
     if any(p is None for p in pairs):
         return None
     present = [p for p in pairs if p is not None]

@@ -235,8 +235,8 @@ def summarise(hist: History, checkpoints: Sequence[int], drift: bool) -> Summary
 def median_summary(sums: list[Summary]) -> Summary:
     med = statistics.median
     return Summary(
-        {k: (med(s.at[k][0] for s in sums), med(s.at[k][1] for s in sums)) for k in sums[0].at},
-        (med(s.to_2pct[0] for s in sums), med(s.to_2pct[1] for s in sums)),
+        {k: _medians([s.at[k] for s in sums]) for k in sums[0].at},
+        _medians([s.to_2pct for s in sums]),
         med(s.fleet for s in sums),
         med(s.changes for s in sums),
         None if sums[0].recovery is None else med(s.recovery or 0.0 for s in sums),
@@ -246,12 +246,15 @@ def median_summary(sums: list[Summary]) -> Summary:
     )
 
 
+def _medians(pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The median of each element of the pairs."""
+    return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+
+
 def _median_pair(pairs: list[tuple[float, float] | None]) -> tuple[float, float] | None:
-    """The median of each element of the pairs; None when any seed lacks the figure."""
-    if any(p is None for p in pairs):
-        return None
+    """``_medians``, or None when any seed lacks the figure (saved before it existed)."""
     present = [p for p in pairs if p is not None]
-    return statistics.median(p[0] for p in present), statistics.median(p[1] for p in present)
+    return _medians(present) if len(present) == len(pairs) else None
 
 
 # -- tables ------------------------------------------------------------------------------------

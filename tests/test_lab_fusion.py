@@ -19,8 +19,8 @@ import pytest
 
 from gemini_api.theta import load_spec
 from gemini_lab import plans, scenario
-from gemini_lab.host import KMOD_DIR, Backend, build_module, run_plan
-from gemini_lab.vm import LabError, find_kernel
+from gemini_lab.host import KMOD_DIR, Backend, build_module, guest_failure, run_plan
+from gemini_lab.vm import GuestRun, LabError, find_kernel
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -57,10 +57,31 @@ def outcomes(tmp_path_factory):
     return _run(plans.outcome_plan(), tmp_path_factory.mktemp("lab-uml"), "uml")
 
 
+def _ran_to_the_end(run: dict) -> None:
+    """A guest that stopped early (rc -1: it panicked, say) leaves experiments out: say so,
+    with the experiment it stopped in and its console, rather than fail on a missing key."""
+    assert run["guest_failure"] is None, run["guest_failure"]
+
+
 def _exp(lab: dict, label: str) -> dict:
+    _ran_to_the_end(lab)
     result = lab["experiments"][label]
     assert "error" not in result, result.get("error")
     return result
+
+
+def test_a_guest_that_stopped_early_is_reported_with_the_experiment_and_console(tmp_path):
+    """No guest boots: what run_plan says when the guest died (rc -1) during an experiment."""
+    plan = {"experiments": [{"label": "rejects"}, {"label": "records-burst"}]}
+    results = {"experiments": {"rejects": {}}}
+    panic = "Oops: int3: 0000 [#1]\nKernel panic - not syncing: Fatal exception in interrupt"
+    died = GuestRun(returncode=-1, console=panic, dmesg="", out_dir=tmp_path)
+    failure = guest_failure(plan, results, died)
+    assert failure is not None
+    assert "rc -1 during experiment 'records-burst' (finished: rejects)" in failure
+    assert failure.endswith(panic)
+    done = GuestRun(returncode=0, console="", dmesg="", out_dir=tmp_path)
+    assert guest_failure(plan, results, done) is None
 
 
 def test_module_builds_warning_free_with_w1(kernel):
@@ -69,9 +90,17 @@ def test_module_builds_warning_free_with_w1(kernel):
 
 
 @pytest.mark.parametrize("where", ["lab", "outcomes"])
+def test_the_guest_job_ran_to_its_end(where, request):
+    run = request.getfixturevalue(where)
+    _ran_to_the_end(run)
+    assert run["guest_rc"] == 0
+
+
+@pytest.mark.parametrize("where", ["lab", "outcomes"])
 def test_module_loads_carries_traffic_and_unloads_cleanly(where, request):
     """In Debian's stock kernel and in the UML kernel alike."""
     run = request.getfixturevalue(where)
+    _ran_to_the_end(run)
     assert run["insmod"]["rc"] == 0, run["insmod"]
     assert run["stats"]["flows"] >= 5 and run["stats"]["records"] == run["stats"]["flows"]
     assert run["stats"]["dropped"] == 0 and run["stats"]["nostate"] == 0

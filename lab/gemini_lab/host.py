@@ -70,6 +70,23 @@ def kernel_problems(log: str) -> list[str]:
     return [line for line in log.splitlines() if KERNEL_PROBLEMS.search(line)]
 
 
+def guest_failure(plan: dict, results: dict, run: GuestRun) -> str | None:
+    """None when the guest job exited 0. Otherwise what went wrong, for a test to show instead
+    of a KeyError on the experiments that never ran: the exit status (-1: the guest stopped
+    before writing one, a kernel panic say, see gemini_lab.vm.DEFAULT_ACCEL), the experiment
+    that was running then, and the tail of the console, where a panic's last words are."""
+    if run.returncode == 0:
+        return None
+    done = results.get("experiments", {})
+    running = next((e["label"] for e in plan["experiments"] if e["label"] not in done), None)
+    where = f"during experiment {running!r}" if running else "after its experiments"
+    finished = ", ".join(done) or "none"
+    return (
+        f"the guest job ended with rc {run.returncode} {where} (finished: {finished}); "
+        f"console tail:\n{run.console[-3000:]}"
+    )
+
+
 Progress = Callable[[str, dict], None]
 PROGRESS_POLL_S = 2.0
 
@@ -156,6 +173,7 @@ def run_plan(
         )
     results = json.loads(results_path.read_text())
     results["guest_rc"] = run.returncode
+    results["guest_failure"] = guest_failure(plan, results, run)
     results["backend"] = backend
     # an oops panics the guest before it can save dmesg: the console has it then
     results["kernel_problems"] = kernel_problems(run.dmesg + "\n" + run.console)

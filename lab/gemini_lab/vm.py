@@ -7,7 +7,8 @@ inside at the same path, with tmpfs over the directories a running system writes
 and the guest writes its exit status and kernel log there before it powers off.
 
 This is how the lab gets a real kernel where modules load and netem works on machines whose own
-kernel has neither. qemu emulates the CPU (TCG) unless GEMINI_LAB_ACCEL=kvm asks for KVM.
+kernel has neither. qemu emulates the CPU (TCG, single-threaded: see DEFAULT_ACCEL) unless
+GEMINI_LAB_ACCEL=kvm asks for KVM.
 
 The guest kernel is the newest Debian image in /boot, or one unpacked anywhere else: with
 GEMINI_LAB_KERNEL_ROOT=DIR, where DIR holds ``boot/vmlinuz-<release>`` and
@@ -45,6 +46,22 @@ BOOT_TIMEOUT_S = 600.0
 JOB_LOG = "job.log"  # the guest creates it as the job starts: the sign that the boot is over
 BOOT_POLL_S = 2.0
 CONSOLE_FILE = "console.txt"  # in the job directory: what the guest printed
+ACCEL_ENV = "GEMINI_LAB_ACCEL"  # qemu's -accel argument, e.g. kvm, or tcg,thread=multi
+# One host thread runs both vCPUs in turn. Multi-threaded TCG (a thread per vCPU, qemu's
+# default) in the qemu this lab runs on (Debian 12's 7.2) has a race between one vCPU's
+# translating kernel code and another's patching it (fixed upstream in 8.1, "accel/tcg: Always
+# lock pages before translation"): when the kernel flips a static key, a vCPU can execute the
+# int3 that text_poke_bp() had placed and already removed, "Oops: int3" at the jump label, and
+# in interrupt context the guest panics ("Fatal exception in interrupt"). qemu then exits
+# before the job's exit status is written, so the job reads as rc -1 with the experiments after
+# that moment missing. Keys flip at boot (sched_clock_cpu, the boot panic that
+# panicked_before_the_job retries) and during the job (netstamp_needed_key at
+# netif_rx_internal: flipping it ~60 times a second beside loopback traffic for 150 s
+# panicked 3 guests of 4 multi-threaded, 0 of 3 single-threaded). The window is wider when the
+# host deschedules vCPU threads, i.e. on a busy host. Single-threaded TCG has no second vCPU
+# thread to race; on this 2-core host the module tests took 125 s idle (116 s multi-threaded)
+# and 256 s with the cores busy (307 s multi-threaded).
+DEFAULT_ACCEL = "tcg,thread=single"
 # The modules the initramfs needs to mount the 9p root; their dependencies come along.
 BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p")
 INITRAMFS_INIT = """#!/bin/busybox sh
@@ -240,7 +257,7 @@ def run_in_guest(
     # an unpacked kernel's modules replace the host's /lib/modules inside the guest
     modroot = f" gemini.modroot={kernel.root}" if kernel.root != Path("/") else ""
     # TCG by default: nested KVM boots hang on some hosts; GEMINI_LAB_ACCEL=kvm where it works
-    accel = ["-accel", os.environ.get("GEMINI_LAB_ACCEL", "tcg")]
+    accel = ["-accel", os.environ.get(ACCEL_ENV, DEFAULT_ACCEL)]
     args = [
         qemu,
         *accel,
@@ -336,9 +353,9 @@ def panicked_before_the_job(run: GuestRun) -> bool:
 
     Debian's stock kernel under qemu's multi-threaded TCG with two vCPUs has panicked this way
     once in CI (an exception in interrupt context at 2 s of boot, inside code the kernel
-    patches at run time), before any of the project's code or modules ran. Such a boot says
-    nothing about the job, so it is run again; a panic once the job has started is the job's
-    result and is never retried."""
+    patches at run time), before any of the project's code or modules ran: the race that
+    DEFAULT_ACCEL now avoids. Such a boot says nothing about the job, so it is run again; a
+    panic once the job has started is the job's result and is never retried."""
     started = (run.out_dir / JOB_LOG).exists()
     return run.returncode == -1 and not started and "Kernel panic" in run.console
 

@@ -195,19 +195,28 @@ def test_a_context_keeps_its_units_as_exploration_gathers_near_its_optimum():
 
 
 def test_a_candidate_no_host_has_run_keeps_its_slot():
-    rng = np.random.default_rng(5)
-    planner, pol = Planner(SPEC), policy(n_initial_points=4, acq_func="EI")
-    contexts = {1: ContextKey("a", "b", "c", "d", 0)}
-    data = grid_trials(1, 0, rng)
-    now = T0 + timedelta(hours=1)
-    first = planner.plan(pol, data, contexts, [1], PolicyState(), now=now)[1]
-    keys = tuple(SPEC.key(c) for c in first.candidates)
-    ran = first.candidates[0]
-    data.append(trial(1, ran, flows(surface(ran), 40, rng), 1))
-    second = planner.plan(pol, data, contexts, [1], PolicyState(), now=now, candidates={1: keys})[1]
-    assert second.candidates[0] != ran  # retired: it has been run
-    kept = sum(a == b for a, b in zip(first.candidates[1:], second.candidates[1:], strict=True))
-    assert kept >= 3, (first.candidates, second.candidates)
+    """One host ran slot 0's θ since the last refit: that θ is retired, and the seven others
+    keep their slots while the acquisition still rates them (30 of 70 over ten seeds; fresh
+    picks would match the old ones almost never)."""
+    kept = 0
+    for seed in range(5, 15):
+        rng = np.random.default_rng(seed)
+        planner, pol = Planner(SPEC), policy(n_initial_points=4, acq_func="EI")
+        contexts = {1: ContextKey("a", "b", "c", "d", 0)}
+        data = grid_trials(1, 0, rng)
+        now = T0 + timedelta(hours=1)
+        first = planner.plan(pol, data, contexts, [1], PolicyState(), now=now)[1]
+        keys = tuple(SPEC.key(c) for c in first.candidates)
+        ran = first.candidates[0]
+        data.append(trial(1, ran, flows(surface(ran), 40, rng), 1))
+        second = planner.plan(
+            pol, data, contexts, [1], PolicyState(), now=now, candidates={1: keys}
+        )[1]
+        assert second.candidates[0] != ran  # retired: it has been run
+        kept += sum(
+            a == b for a, b in zip(first.candidates[1:], second.candidates[1:], strict=True)
+        )
+    assert kept >= 20, kept
 
 
 def test_contextual_plans_use_more_points_than_the_fit_set():

@@ -198,13 +198,13 @@ def test_a_candidate_no_host_has_run_keeps_its_slot():
     """One host ran slot 0's θ since the last refit: that θ is retired, and the seven others
     keep their slots while the acquisition still rates them (30 of 70 over ten seeds; fresh
     picks would match the old ones almost never)."""
+    planner, pol = Planner(SPEC), policy(n_initial_points=4, acq_func="EI")
+    contexts = {1: ContextKey("a", "b", "c", "d", 0)}
+    now = T0 + timedelta(hours=1)
     kept = 0
     for seed in range(5, 15):
         rng = np.random.default_rng(seed)
-        planner, pol = Planner(SPEC), policy(n_initial_points=4, acq_func="EI")
-        contexts = {1: ContextKey("a", "b", "c", "d", 0)}
         data = grid_trials(1, 0, rng)
-        now = T0 + timedelta(hours=1)
         first = planner.plan(pol, data, contexts, [1], PolicyState(), now=now)[1]
         keys = tuple(SPEC.key(c) for c in first.candidates)
         ran = first.candidates[0]

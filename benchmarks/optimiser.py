@@ -440,6 +440,18 @@ def from_plain(d: dict) -> Summary:
     return Summary(**fields)
 
 
+def refuse_other_rounds(paths: Sequence[Path], parts: Sequence[dict], rounds: int) -> None:
+    """Exit with one line naming a saved run of another length: fleet regret, churn over the
+    last 10 rounds and drift recovery all depend on the number of rounds, so runs of different
+    lengths must not share a table. (Runs saved before the count was kept are taken as given.)"""
+    for path, part in zip(paths, parts, strict=True):
+        if part.get("rounds", rounds) != rounds:
+            sys.exit(
+                f"{path}: saved over {part['rounds']} rounds, this run is over {rounds} "
+                f"(pass --rounds {part['rounds']} to merge it)"
+            )
+
+
 def merge(parts: Sequence[dict]) -> dict[str, dict[str, list[Summary]]]:
     """Runs split by landscape, method or seed, joined: seeds of the same method add up."""
     out: dict[str, dict[str, list[Summary]]] = defaultdict(lambda: defaultdict(list))
@@ -506,7 +518,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for n in notes:
         print(n, flush=True)
     parts = [json.loads(p.read_text()) for p in args.merge]
+    refuse_other_rounds(args.merge, parts, args.rounds)
     this: dict[str, Any] = {"planner": planner_commit(), "label": label, "notes": notes}
+    this["rounds"] = args.rounds
     this["results"] = run_landscapes(args, methods, label)
     if args.save_json:
         args.save_json.write_text(json.dumps(this))

@@ -3,6 +3,8 @@ its metrics give known values on hand-made histories, and a tiny run completes."
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -199,3 +201,22 @@ def test_the_command_line_writes_its_tables(tmp_path):
     merged = tmp_path / "merged.md"
     bench.main(["--merge", str(saved), "--rounds", "2", "--output", str(merged)])
     assert "| random |" in merged.read_text()
+
+
+def test_a_merge_refuses_runs_of_another_length(tmp_path, capsys):
+    saved = tmp_path / "run.json"
+    bench.main(
+        [
+            *("--rounds", "2", "--seeds", "1", "--landscapes", "lab", "--methods", "random"),
+            *("--output", str(tmp_path / "run.md"), "--save-json", str(saved)),
+        ]
+    )
+    assert json.loads(saved.read_text())["rounds"] == 2
+    merged = tmp_path / "merged.md"
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--merge", str(saved), "--rounds", "3", "--output", str(merged)])
+    assert (
+        str(stop.value)
+        == f"{saved}: saved over 2 rounds, this run is over 3 (pass --rounds 2 to merge it)"
+    )
+    assert not merged.exists()

@@ -519,8 +519,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(n, flush=True)
     parts = [json.loads(p.read_text()) for p in args.merge]
     refuse_other_rounds(args.merge, parts, args.rounds)
-    this: dict[str, Any] = {"planner": planner_commit(), "label": label, "notes": notes}
-    this["rounds"] = args.rounds
+    this: dict[str, Any] = {
+        "planner": planner_commit(),
+        "label": label,
+        "notes": notes,
+        "rounds": args.rounds,
+    }
     this["results"] = run_landscapes(args, methods, label)
     if args.save_json:
         args.save_json.write_text(json.dumps(this))

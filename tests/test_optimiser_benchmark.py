@@ -203,7 +203,7 @@ def test_the_command_line_writes_its_tables(tmp_path):
     assert "| random |" in merged.read_text()
 
 
-def test_a_merge_refuses_runs_of_another_length(tmp_path, capsys):
+def test_a_merge_refuses_runs_of_another_length(tmp_path):
     saved = tmp_path / "run.json"
     bench.main(
         [

@@ -14,6 +14,11 @@ qdisc stays unshaped (shaping at the sender would throttle TCP through its small
 instead of through the network). Rate schedules are replayed by a thread that changes the tbf
 rate at each bin boundary; tbf applies a new rate to the packets already queued, where a netem
 rate would keep the departure times it gave them on arrival.
+
+A path of several hops (``Scenario.hops``) puts a forwarding namespace p<i>n<j> at the sending
+end of each hop after the first, each hop shaped there the same way; where a link marks ECN
+(``ecn_threshold_packets``) its queue is RED instead of netem (``red_args``). A scenario's
+``receiver_cc`` becomes its receiver namespace's default congestion control.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gemini_lab.scenario import Scenario
+from gemini_lab.scenario import Link, Scenario
 
 SENDER_NS = "snd"
 ROUTER_NS = "rtr"
@@ -141,18 +146,110 @@ def add_lab_host(k: int, default_cc: str) -> str:
 TBF_BURST_MIN_BYTES = 4 * 1514
 TBF_BURST_S = 0.002  # a couple of milliseconds of tokens: smooth, yet not timer-bound
 DELAY_LIMIT = 100_000  # the ACK-path delay line never drops
+WIRE_PACKET_BYTES = 1514  # a full-sized segment as a qdisc counts it (Ethernet header included)
+BOTTLENECK_HANDLE = "10:"  # the queue under each link's tbf: netem, or RED where it marks ECN
 
 
-def tbf_args(rate_kbit: int) -> list[str]:
-    burst = max(TBF_BURST_MIN_BYTES, int(rate_kbit * 1000 / 8 * TBF_BURST_S))
+def tbf_args(rate_kbit: int, burst_packets: int | None = None) -> list[str]:
+    """The shaper: ``burst_packets`` full-sized packets of tokens, else the lab's default (a
+    couple of milliseconds, at least 4 packets)."""
+    if burst_packets is not None:
+        burst = burst_packets * WIRE_PACKET_BYTES
+    else:
+        burst = max(TBF_BURST_MIN_BYTES, int(rate_kbit * 1000 / 8 * TBF_BURST_S))
     return ["rate", f"{rate_kbit}kbit", "burst", str(burst), "latency", "1s"]
 
 
-def bottleneck_args(s: Scenario) -> list[str]:
-    args = ["limit", str(s.queue_limit())]
-    if s.loss_percent:
-        args += ["loss", "random", f"{s.loss_percent}%"]
+def bottleneck_args(s: Scenario | Link) -> list[str]:
+    """netem as the bottleneck queue: its limit in packets, its random loss."""
+    link = s.links()[0] if isinstance(s, Scenario) else s
+    args = ["limit", str(link.queue_limit)]
+    if link.loss_percent:
+        args += ["loss", "random", f"{link.loss_percent}%"]
     return args
+
+
+def red_args(link: Link) -> list[str]:
+    """RED as DCTCP's marking switch (the usual DCTCP testbed setup): min K packets and max
+    K + 1, probability 1, so an ECN-capable packet that arrives to a queue of K or more
+    packets is marked CE (between min and max with a probability rising to 1 over one packet,
+    above max always); ``burst`` K is the smallest tc accepts (it must reach min/avpkt) and
+    gives the smallest averaging tc can set (weight 1/2, so the average follows the
+    instantaneous queue within a packet or so). ``nodrop``: a packet that is not ECN-capable
+    is queued, not dropped early, so a flow without ECN meets a plain tail-drop queue of
+    ``limit``; every packet is dropped at the limit. fq_codel's ce_threshold would mark on
+    sojourn time at dequeue and put each flow in its own queue; RED keeps one FIFO and counts
+    its marks (``tc -s qdisc``: marked)."""
+    k = link.ecn_threshold_packets
+    assert k is not None, "red_args: a link without ecn_threshold_packets"
+    return [
+        "limit",
+        str(link.queue_limit * WIRE_PACKET_BYTES),
+        "min",
+        str(k * WIRE_PACKET_BYTES),
+        "max",
+        str((k + 1) * WIRE_PACKET_BYTES),
+        "avpkt",
+        str(WIRE_PACKET_BYTES),
+        "burst",
+        str(k),
+        "probability",
+        "1.0",
+        "bandwidth",
+        f"{link.rate_kbit}kbit",
+        "ecn",
+        "nodrop",
+    ]
+
+
+def link_qdisc_commands(dev: str, link: Link) -> list[list[str]]:
+    """The tc commands that shape one link at ``dev``, its sending end: a tbf for the rate with
+    the bottleneck queue below it (netem, or RED where the link marks ECN)."""
+    tbf = ["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf"]
+    child = ["tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", BOTTLENECK_HANDLE]
+    if link.ecn_threshold_packets is not None:
+        queue = ["red", *red_args(link)]
+    else:
+        queue = ["netem", *bottleneck_args(link)]
+    return [[*tbf, *tbf_args(link.rate_kbit, link.burst_packets)], [*child, *queue]]
+
+
+def hop_ns(path: int, hop: int) -> str:
+    """The namespace at the sending end of hop ``hop`` >= 1 of path ``path`` (hop 0 leaves
+    the router)."""
+    return f"p{path}n{hop}"
+
+
+def link_device(path: int, hop: int) -> tuple[str, str]:
+    """(namespace, interface) where hop ``hop`` of path ``path`` is shaped: its qdiscs and
+    their counters (``qdisc_stats``)."""
+    return (ROUTER_NS, f"path{path}") if hop == 0 else (hop_ns(path, hop), f"p{path}h{hop}")
+
+
+def _link_addr(path: int, hop: int, hops: int, end: int) -> str:
+    """Address of ``end`` (1: sending, 2: receiving) of hop ``hop`` of a path of ``hops``:
+    the last hop is 10.<path+1>.0.0/24, as a single-link path's, so the receiver keeps its
+    address; the ones before count up from there toward the router."""
+    return f"10.{path + 1}.{hops - 1 - hop}.{end}"
+
+
+def qdisc_stats(path: int, hop: int = 0) -> dict:
+    """``tc -s`` of the bottleneck queue of one hop (netem or RED, handle 10:) as tc's JSON:
+    backlog (bytes), qlen (packets), drops, and RED's marked, early and pdrop."""
+    ns, dev = link_device(path, hop)
+    for q in json.loads(sh("tc", "-s", "-j", "qdisc", "show", "dev", dev, ns=ns)):
+        if q.get("handle") == BOTTLENECK_HANDLE:
+            return dict(q)
+    raise RuntimeError(f"no qdisc {BOTTLENECK_HANDLE} on {dev} in {ns}")
+
+
+def allow_cc(cc: str) -> None:
+    """Let a namespace choose ``cc`` as its default: the initial namespace's allowed list (a
+    non-initial namespace may only pick an allowed CC). Call from the initial namespace."""
+    allowed = sh("sysctl", "-n", "net.ipv4.tcp_allowed_congestion_control").split()
+    if cc not in allowed:
+        value = " ".join([*allowed, cc])
+        sh("sysctl", "-qw", f"net.ipv4.tcp_allowed_congestion_control={value}")
 
 
 @dataclass
@@ -171,54 +268,54 @@ class Topology:
         sh("ip", "route", "add", "default", "via", "10.0.0.1", ns=SENDER_NS)
         sh("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=ROUTER_NS)
         for i, scenario in enumerate(self.paths):
-            rcv = receiver_ns(i)
-            _veth(ROUTER_NS, f"path{i}", f"10.{i + 1}.0.1", rcv, "veth0", receiver_addr(i))
-            sh("ip", "route", "add", "default", "via", f"10.{i + 1}.0.1", ns=rcv)
-            rate = scenario.schedule()[0][1]
-            sh(
-                "tc",
-                "qdisc",
-                "add",
-                "dev",
-                f"path{i}",
-                "root",
-                "handle",
-                "1:",
-                "tbf",
-                *tbf_args(rate),
-                ns=ROUTER_NS,
-            )
-            sh(
-                "tc",
-                "qdisc",
-                "add",
-                "dev",
-                f"path{i}",
-                "parent",
-                "1:1",
-                "handle",
-                "10:",
-                "netem",
-                *bottleneck_args(scenario),
-                ns=ROUTER_NS,
-            )
-            sh(
-                "tc",
-                "qdisc",
-                "add",
-                "dev",
-                "veth0",
-                "root",
-                "netem",
-                "delay",
-                f"{scenario.rtt_ms}ms",
-                "limit",
-                str(DELAY_LIMIT),
-                ns=rcv,
-            )
+            self._build_path(i, scenario)
         # Segmentation offloads off where data enters the network: netem must see, delay and
         # drop wire-sized packets, not 64 KB super-packets.
         sh("ethtool", "-K", "veth0", "tso", "off", "gso", "off", ns=SENDER_NS)
+
+    def _build_path(self, i: int, scenario: Scenario) -> None:
+        """Router, a forwarding namespace per further hop, receiver; each hop shaped at its
+        sending end. The whole round trip's delay (every hop's, both ways) is one netem on the
+        receiver's egress, as for a single link: with fixed delays and every flow entering at
+        the router, where a delay sits along the path changes no flow's dynamics, and the
+        hops' queues see the data as it leaves the one before."""
+        rcv, links = receiver_ns(i), scenario.links()
+        n = len(links)
+        for j in range(1, n):
+            sh("ip", "netns", "add", hop_ns(i, j))
+            sh("ip", "link", "set", "lo", "up", ns=hop_ns(i, j))
+            sh("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=hop_ns(i, j))
+        for j, link in enumerate(links):
+            up_ns, up_if = link_device(i, j)
+            down_ns, down_if = (rcv, "veth0") if j == n - 1 else (hop_ns(i, j + 1), f"p{i}d{j}")
+            up_addr, down_addr = _link_addr(i, j, n, 1), _link_addr(i, j, n, 2)
+            _veth(up_ns, up_if, up_addr, down_ns, down_if, down_addr)
+            if j < n - 1:  # onward to the receiver's subnet through the next hop
+                sh("ip", "route", "add", f"10.{i + 1}.0.0/16", "via", down_addr, ns=up_ns)
+            if j > 0:  # back toward the router (the ACKs)
+                sh("ip", "route", "add", "default", "via", _link_addr(i, j - 1, n, 1), ns=up_ns)
+            for cmd in link_qdisc_commands(up_if, link):
+                sh(*cmd, ns=up_ns)
+        sh("ip", "route", "add", "default", "via", _link_addr(i, n - 1, n, 1), ns=rcv)
+        sh(
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            "veth0",
+            "root",
+            "netem",
+            "delay",
+            f"{scenario.rtt_ms}ms",
+            "limit",
+            str(DELAY_LIMIT),
+            ns=rcv,
+        )
+        if scenario.receiver_cc:
+            # a listener's CC decides whether it takes an ECN-capable SYN and how it echoes CE
+            allow_cc(scenario.receiver_cc)
+            cc = scenario.receiver_cc
+            sh("sysctl", "-qw", f"net.ipv4.tcp_congestion_control={cc}", ns=rcv)
 
     def start_schedules(self) -> list[RateSchedule]:
         threads = []
@@ -280,7 +377,7 @@ class RateSchedule(threading.Thread):
             "handle",
             "1:",
             "tbf",
-            *tbf_args(rate),
+            *tbf_args(rate, self.scenario.burst_packets),
             ns=ROUTER_NS,
             check=False,
         )

@@ -2,14 +2,29 @@
 
 A scenario gives the round-trip time, either a fixed rate or a rate schedule (a binned cellular
 trace), random loss, and the bottleneck queue in packets or in multiples of the BDP.
+
+Two additions for the datacenter paths (issue #31, item 4):
+
+- ``ecn_threshold_packets`` (DCTCP's K): the bottleneck queue marks ECN-capable packets CE once
+  it holds K packets (RED, min K and max K + 1 packets, probability 1; gemini_lab.netem), and
+  still tail-drops at its limit. ``burst_packets`` sets the shaper's token bucket: the lab's
+  default (2 ms of tokens) is about a whole BDP of a 100 Mbit/s, 2 ms path and would hide the
+  queue that K is about. ``receiver_cc`` is the receivers' default congestion control: DCTCP's
+  receiver echoes CE exactly only when its own socket runs dctcp.
+- ``hops``: a path of several links in the direction data flows, each with its rate, one-way
+  delay, queue, loss, K and burst (``[[hops]]`` tables; the top-level link fields are then
+  left out and ``rtt_ms`` must be twice the sum of the one-way delays). A queue in BDPs is a
+  multiple of that hop's rate times the path's RTT. For the code that wants one rate and one
+  queue (reports, the BDP), the path's bottleneck is its slowest hop (the first, on a tie).
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import re
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 SCENARIO_DIR = Path(__file__).with_name("scenarios")
@@ -17,8 +32,96 @@ PACKET_BYTES = 1500
 MIN_RATE_KBIT = 8  # netem reads rate 0 as "unlimited"; a dead cellular bin is a near-stop
 
 
+CC_NAME = re.compile(r"[a-z][a-z0-9_]{0,15}")  # a kernel CC's name (TCP_CA_NAME_MAX 16)
+
+
 class ScenarioError(ValueError):
     """A scenario file that cannot describe a link; the message names the field."""
+
+
+def _check_link(
+    where: str,
+    loss_percent: float,
+    queue_bdp: float | None,
+    queue_packets: int | None,
+    ecn_threshold_packets: int | None,
+    burst_packets: int | None,
+) -> None:
+    """The checks one link's fields need, for the top level and for each hop alike."""
+    if not 0 <= loss_percent < 100:
+        raise ScenarioError(f"{where}: loss_percent must be in [0, 100)")
+    if (queue_bdp is None) == (queue_packets is None):
+        raise ScenarioError(f"{where}: give exactly one of queue_bdp and queue_packets")
+    if queue_packets is not None and queue_packets < 1:
+        raise ScenarioError(f"{where}: queue_packets must be >= 1")
+    if queue_bdp is not None and queue_bdp <= 0:
+        raise ScenarioError(f"{where}: queue_bdp must be > 0")
+    if ecn_threshold_packets is not None:
+        if ecn_threshold_packets < 1:
+            raise ScenarioError(f"{where}: ecn_threshold_packets must be >= 1")
+        if queue_packets is not None and ecn_threshold_packets >= queue_packets:
+            raise ScenarioError(
+                f"{where}: ecn_threshold_packets ({ecn_threshold_packets}) must be below "
+                f"queue_packets ({queue_packets}), or the queue drops before it marks"
+            )
+        if loss_percent:
+            raise ScenarioError(
+                f"{where}: loss_percent and ecn_threshold_packets on one link: the marking "
+                "queue replaces netem there; put the random loss on another hop"
+            )
+    if burst_packets is not None and burst_packets < 1:
+        raise ScenarioError(f"{where}: burst_packets must be >= 1")
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One link of a multi-hop path, in the direction data flows (see the module's notes)."""
+
+    rate_mbit: float
+    delay_ms: float  # one way
+    queue_packets: int | None = None
+    queue_bdp: float | None = None
+    loss_percent: float = 0.0
+    ecn_threshold_packets: int | None = None
+    burst_packets: int | None = None
+    name: str = ""  # what the hop stands for ("dc-switch", "wan"), for people
+
+    def check(self, where: str) -> None:
+        if self.rate_mbit <= 0:
+            raise ScenarioError(f"{where}: rate_mbit must be > 0")
+        if self.delay_ms < 0:
+            raise ScenarioError(f"{where}: delay_ms must be >= 0")
+        _check_link(
+            where,
+            self.loss_percent,
+            self.queue_bdp,
+            self.queue_packets,
+            self.ecn_threshold_packets,
+            self.burst_packets,
+        )
+
+
+@dataclass(frozen=True)
+class Link:
+    """One shaped link as the lab builds it: the rate it starts at, its queue in packets."""
+
+    rate_kbit: int
+    queue_limit: int
+    loss_percent: float = 0.0
+    ecn_threshold_packets: int | None = None
+    burst_packets: int | None = None
+
+
+# the top-level fields that describe a single link, left out when a scenario lists hops
+LINK_FIELDS = (
+    "rate_mbit",
+    "rate_trace",
+    "loss_percent",
+    "queue_bdp",
+    "queue_packets",
+    "ecn_threshold_packets",
+    "burst_packets",
+)
 
 
 @dataclass(frozen=True)
@@ -31,19 +134,113 @@ class Scenario:
     loss_percent: float = 0.0
     queue_bdp: float | None = None
     queue_packets: int | None = None
+    ecn_threshold_packets: int | None = None
+    burst_packets: int | None = None
+    receiver_cc: str | None = None
+    hops: tuple[Hop, ...] = ()
 
     def __post_init__(self) -> None:
-        if (self.rate_mbit is None) == (self.rate_trace is None):
-            raise ScenarioError(f"{self.name}: give exactly one of rate_mbit and rate_trace")
         if self.rtt_ms <= 0:
             raise ScenarioError(f"{self.name}: rtt_ms must be > 0")
-        if not 0 <= self.loss_percent < 100:
-            raise ScenarioError(f"{self.name}: loss_percent must be in [0, 100)")
-        if (self.queue_bdp is None) == (self.queue_packets is None):
-            raise ScenarioError(f"{self.name}: give exactly one of queue_bdp and queue_packets")
+        if self.receiver_cc is not None and not CC_NAME.fullmatch(self.receiver_cc):
+            raise ScenarioError(f"{self.name}: receiver_cc {self.receiver_cc!r} is not a CC name")
+        if self.hops:
+            self._check_hops()
+        else:
+            if (self.rate_mbit is None) == (self.rate_trace is None):
+                raise ScenarioError(f"{self.name}: give exactly one of rate_mbit and rate_trace")
+            _check_link(
+                self.name,
+                self.loss_percent,
+                self.queue_bdp,
+                self.queue_packets,
+                self.ecn_threshold_packets,
+                self.burst_packets,
+            )
+        if self.ecn_threshold_packets is not None or any(
+            h.ecn_threshold_packets for h in self.hops
+        ):
+            for i, link in enumerate(self.links()):
+                k = link.ecn_threshold_packets
+                if k is not None and k >= link.queue_limit:
+                    where = f"{self.name}: hops[{i}]" if self.hops else self.name
+                    raise ScenarioError(
+                        f"{where}: ecn_threshold_packets ({k}) must be below the queue "
+                        f"({link.queue_limit} packets), or the queue drops before it marks"
+                    )
+
+    def _check_hops(self) -> None:
+        """Hops as dicts (a TOML file's tables, a plan's JSON) become Hop; the top level then
+        carries no link of its own, and the delays add up to the RTT."""
+        hops = []
+        known = {f.name for f in fields(Hop)}
+        for i, hop in enumerate(self.hops):
+            where = f"{self.name}: hops[{i}]"
+            if isinstance(hop, dict):
+                unknown = sorted(set(hop) - known)
+                if unknown:
+                    raise ScenarioError(f"{where}: unknown field(s) {', '.join(unknown)}")
+                try:
+                    hop = Hop(**hop)
+                except TypeError as exc:
+                    raise ScenarioError(f"{where}: {exc}") from exc
+            if not isinstance(hop, Hop):
+                raise ScenarioError(f"{where}: a hop is a table of fields, not {hop!r}")
+            hop.check(where)
+            hops.append(hop)
+        object.__setattr__(self, "hops", tuple(hops))
+        defaults = {f.name: f.default for f in fields(Scenario)}
+        given = [f for f in LINK_FIELDS if getattr(self, f) != defaults[f]]
+        if given:
+            raise ScenarioError(
+                f"{self.name}: {', '.join(given)} belong to each hop when hops are listed"
+            )
+        one_way = sum(h.delay_ms for h in hops)
+        if not math.isclose(2 * one_way, self.rtt_ms, rel_tol=1e-9, abs_tol=1e-9):
+            raise ScenarioError(
+                f"{self.name}: rtt_ms ({self.rtt_ms:g}) must be twice the hops' one-way "
+                f"delay_ms (2 x {one_way:g} = {2 * one_way:g})"
+            )
+
+    def bottleneck(self) -> Hop | None:
+        """The slowest hop of a multi-hop path (the first on a tie); None for one link."""
+        return min(self.hops, key=lambda h: h.rate_mbit) if self.hops else None
+
+    def links(self) -> list[Link]:
+        """The path's links as the lab shapes them, in the direction data flows."""
+        if not self.hops:
+            return [
+                Link(
+                    self.schedule()[0][1],
+                    self.queue_limit(),
+                    self.loss_percent,
+                    self.ecn_threshold_packets,
+                    self.burst_packets,
+                )
+            ]
+        return [
+            Link(
+                int(h.rate_mbit * 1000),
+                self._hop_queue(h),
+                h.loss_percent,
+                h.ecn_threshold_packets,
+                h.burst_packets,
+            )
+            for h in self.hops
+        ]
+
+    def _hop_queue(self, hop: Hop) -> int:
+        if hop.queue_packets is not None:
+            return hop.queue_packets
+        assert hop.queue_bdp is not None
+        return max(1, math.ceil(self.bdp_packets(hop.rate_mbit * 1000) * hop.queue_bdp))
 
     def schedule(self) -> list[tuple[float, int]]:
-        """(start seconds, rate kbit/s) rows; one row for a fixed-rate link."""
+        """(start seconds, rate kbit/s) rows; one row for a fixed-rate link (a multi-hop
+        path's bottleneck hop)."""
+        neck = self.bottleneck()
+        if neck is not None:
+            return [(0.0, int(neck.rate_mbit * 1000))]
         if self.rate_mbit is not None:
             return [(0.0, int(self.rate_mbit * 1000))]
         rows = list(csv.DictReader((SCENARIO_DIR / str(self.rate_trace)).open()))
@@ -60,6 +257,9 @@ class Scenario:
 
     def queue_limit(self) -> int:
         """Bottleneck queue in packets."""
+        neck = self.bottleneck()
+        if neck is not None:
+            return self._hop_queue(neck)
         if self.queue_packets is not None:
             return self.queue_packets
         assert self.queue_bdp is not None, f"{self.name}: neither queue_packets nor queue_bdp"

@@ -1,29 +1,89 @@
-"""Generate fusion-kmod/fusion_theta.h from api/gemini_api/theta_spec.toml.
+"""Generate the kernel modules' θ headers from their specs.
 
-The kernel module never spells a θ name, scale or bound by hand: they all come from this header,
-and tests/test_theta_spec.py fails while the committed header differs from what this script
-writes. Run it (``make kmod-theta``) after editing the spec.
+- fusion-kmod/fusion_theta.h from Fusion's spec (``load_spec()``): θ per destination context,
+  through the module's netlink table and sysctls.
+- fusion-kmod/gemini_theta.h and dcvegas_theta.h from ``specs/gemini.toml`` and
+  ``specs/dcvegas.toml``: θ as host-wide module parameters, whose writes the modules refuse
+  outside Θ' (fusion-kmod/cc_common.h).
+
+A kernel module never spells a θ name, scale, bound or default by hand: they all come from these
+headers, and tests/test_fusion_abi.py fails while a committed header differs from what this
+script writes. Run it (``make kmod-theta``) after editing a spec.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "api"))
 
-from gemini_api.theta import ThetaSpec, load_spec  # noqa: E402
+from gemini_api.theta import SPECS_DIR, ThetaParam, ThetaSpec, load_spec  # noqa: E402
 
-HEADER_PATH = ROOT / "fusion-kmod" / "fusion_theta.h"
+KMOD_DIR = ROOT / "fusion-kmod"
+HEADER_PATH = KMOD_DIR / "fusion_theta.h"
+
+
+@dataclass(frozen=True)
+class Header:
+    """One generated header: the datapath whose spec it renders, and where it goes."""
+
+    datapath: str
+    path: Path
+
+    @property
+    def prefix(self) -> str:
+        return self.datapath.upper()
+
+    def spec(self) -> ThetaSpec:
+        if self.datapath == "fusion":
+            return load_spec()
+        return load_spec(SPECS_DIR / f"{self.datapath}.toml")
+
+    def render(self) -> str:
+        spec = self.spec()
+        if self.datapath == "fusion":
+            return render(spec)
+        return render_module_params(spec, self.prefix, f"api/gemini_api/specs/{self.datapath}.toml")
+
+
+HEADERS = (
+    Header("fusion", HEADER_PATH),
+    Header("gemini", KMOD_DIR / "gemini_theta.h"),
+    Header("dcvegas", KMOD_DIR / "dcvegas_theta.h"),
+)
 
 
 def _c_list(values: list[int]) -> str:
     return "{ " + ", ".join(str(v) for v in values) + " }"
 
 
+def _c_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _tables(params: tuple[ThetaParam, ...], prefix: str) -> list[str]:
+    """The enum of parameter indices, their scales, and name/bound/default tables."""
+    lines = [f"enum {prefix.lower()}_theta_param {{"]
+    lines += [f"\t{prefix}_THETA_{p.name.upper()}, /* {p.symbol}: {p.meaning} */" for p in params]
+    lines += [f"\t{prefix}_THETA_NPARAMS,", "};", ""]
+    for p in params:
+        lines.append(f"#define {prefix}_{p.name.upper()}_SCALE {p.scale} /* units per {p.unit} */")
+    names = ", ".join(f'"{p.name}"' for p in params)
+    lines += [
+        "",
+        f"#define {prefix}_THETA_NAMES {{ {names} }}",
+        f"#define {prefix}_THETA_MIN {_c_list([p.wide[0] for p in params])}",
+        f"#define {prefix}_THETA_MAX {_c_list([p.wide[1] for p in params])}",
+        f"#define {prefix}_THETA_DEFAULT {_c_list([p.default for p in params])}",
+    ]
+    return lines
+
+
 def render(spec: ThetaSpec) -> str:
-    """The header text: an enum of parameter indices plus name/scale/bound/default tables."""
+    """Fusion's header: the tables plus one netlink extack message per parameter."""
     params = spec.params
     lines = [
         "/* SPDX-License-Identifier: GPL-2.0 */",
@@ -39,19 +99,7 @@ def render(spec: ThetaSpec) -> str:
         "",
         f"#define FUSION_THETA_SPEC_VERSION {spec.version}",
         "",
-        "enum fusion_theta_param {",
-    ]
-    lines += [f"\tFUSION_THETA_{p.name.upper()}, /* {p.symbol}: {p.meaning} */" for p in params]
-    lines += ["\tFUSION_THETA_NPARAMS,", "};", ""]
-    for p in params:
-        lines.append(f"#define FUSION_{p.name.upper()}_SCALE {p.scale} /* units per {p.unit} */")
-    names = ", ".join(f'"{p.name}"' for p in params)
-    lines += [
-        "",
-        f"#define FUSION_THETA_NAMES {{ {names} }}",
-        f"#define FUSION_THETA_MIN {_c_list([p.wide[0] for p in params])}",
-        f"#define FUSION_THETA_MAX {_c_list([p.wide[1] for p in params])}",
-        f"#define FUSION_THETA_DEFAULT {_c_list([p.default for p in params])}",
+        *_tables(params, "FUSION"),
         "/* netlink extack messages must outlive the call: one literal per parameter */",
         "#define FUSION_THETA_RANGE_ERRORS { \\",
         *[f'\t"{p.name} outside region Theta\' [{p.wide[0]}, {p.wide[1]}]", \\' for p in params],
@@ -63,9 +111,53 @@ def render(spec: ThetaSpec) -> str:
     return "\n".join(lines)
 
 
+def _param_description(p: ThetaParam) -> str:
+    per = "" if p.scale == 1 else f" in 1/{p.scale}"
+    return (
+        f"{p.symbol} ({p.unit}{per}): {p.meaning}; "
+        f"refused outside [{p.wide[0]}, {p.wide[1]}], default {p.default}"
+    )
+
+
+def render_module_params(spec: ThetaSpec, prefix: str, source: str) -> str:
+    """A host-scope datapath's header: the tables plus an X-macro of its module parameters."""
+    params = spec.params
+    guard = f"_{prefix}_THETA_H"
+    lines = [
+        "/* SPDX-License-Identifier: GPL-2.0 */",
+        "/*",
+        f" * GENERATED by scripts/gen_kmod_theta.py from {source}.",
+        " * Do not edit: change the spec and regenerate (make kmod-theta).",
+        " *",
+        f" * θ is one set of module parameters per host, under {spec.target}:",
+        f" * integers in the spec's units, {prefix}_<NAME>_SCALE units making one natural unit.",
+        " * Bounds are region Θ' (wide); a write outside them is refused.",
+        " */",
+        f"#ifndef {guard}",
+        f"#define {guard}",
+        "",
+        f"#define {prefix}_THETA_SPEC_VERSION {spec.version}",
+        "",
+        *_tables(params, prefix),
+        "",
+        "/* X(name, index, default, min, max, description): one module parameter each */",
+        f"#define {prefix}_THETA_PARAMS(X) \\",
+        *[
+            f"\tX({p.name}, {prefix}_THETA_{p.name.upper()}, {p.default}, {p.wide[0]}, "
+            f"{p.wide[1]}, \\\n\t  {_c_string(_param_description(p))}) \\"
+            for p in params
+        ],
+        "",
+        f"#endif /* {guard} */",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
-    HEADER_PATH.write_text(render(load_spec()), encoding="utf-8")
-    print(f"wrote {HEADER_PATH.relative_to(ROOT)}")
+    for header in HEADERS:
+        header.path.write_text(header.render(), encoding="utf-8")
+        print(f"wrote {header.path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

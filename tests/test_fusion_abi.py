@@ -1,13 +1,18 @@
 """The kernel's side of θ and of the netlink ABI, checked against the Python side.
 
-fusion-kmod/fusion_theta.h must be exactly what scripts/gen_kmod_theta.py makes of the θ spec,
+fusion-kmod/fusion_theta.h, gemini_theta.h and dcvegas_theta.h must be exactly what
+scripts/gen_kmod_theta.py makes of their θ specs,
 and the attribute tables of gemini_api.fusion_genl must list fusion_uapi.h's enums in order.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import struct
+import sys
 from pathlib import Path
+from typing import Any
 
 from gemini_api import fusion_genl
 from gemini_api.theta import load_spec
@@ -23,26 +28,60 @@ def _enum(name: str) -> list[str]:
     return [m for m in members if not m.startswith("__")]
 
 
-def test_kernel_theta_header_is_generated_from_the_spec():
+def _generator():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gen", ROOT / "scripts" / "gen_kmod_theta.py")
+    if "gen_kmod_theta" in sys.modules:
+        return sys.modules["gen_kmod_theta"]
+    path = ROOT / "scripts" / "gen_kmod_theta.py"
+    spec = importlib.util.spec_from_file_location("gen_kmod_theta", path)
     gen = importlib.util.module_from_spec(spec)
+    sys.modules["gen_kmod_theta"] = gen  # its dataclass looks its module up there
     spec.loader.exec_module(gen)
-    expected = gen.render(load_spec())
-    actual = (ROOT / "fusion-kmod" / "fusion_theta.h").read_text()
-    assert actual == expected, "fusion_theta.h is stale: run `make kmod-theta`"
+    return gen
+
+
+def test_kernel_theta_headers_are_generated_from_the_specs():
+    """fusion_theta.h, gemini_theta.h and dcvegas_theta.h: each exactly its spec's rendering."""
+    gen = _generator()
+    assert gen.render(load_spec()) == (ROOT / "fusion-kmod" / "fusion_theta.h").read_text()
+    assert [h.path.name for h in gen.HEADERS] == [
+        "fusion_theta.h",
+        "gemini_theta.h",
+        "dcvegas_theta.h",
+    ]
+    for header in gen.HEADERS:
+        actual = header.path.read_text()
+        assert actual == header.render(), f"{header.path.name} is stale: run `make kmod-theta`"
 
 
 def test_kernel_theta_header_carries_names_and_wide_bounds():
-    header = (ROOT / "fusion-kmod" / "fusion_theta.h").read_text()
-    spec = load_spec()
-    names = re.search(r"#define FUSION_THETA_NAMES \{ (.*) \}", header).group(1)
-    assert names == ", ".join(f'"{n}"' for n in spec.names)
-    lo = re.search(r"#define FUSION_THETA_MIN \{ (.*) \}", header).group(1)
-    hi = re.search(r"#define FUSION_THETA_MAX \{ (.*) \}", header).group(1)
-    assert [int(x) for x in lo.split(",")] == [p.wide[0] for p in spec.params]
-    assert [int(x) for x in hi.split(",")] == [p.wide[1] for p in spec.params]
+    for header in _generator().HEADERS:
+        text, spec, prefix = header.path.read_text(), header.spec(), header.prefix
+        names = re.search(rf"#define {prefix}_THETA_NAMES \{{ (.*) \}}", text).group(1)
+        assert names == ", ".join(f'"{n}"' for n in spec.names)
+        lo = re.search(rf"#define {prefix}_THETA_MIN \{{ (.*) \}}", text).group(1)
+        hi = re.search(rf"#define {prefix}_THETA_MAX \{{ (.*) \}}", text).group(1)
+        assert [int(x) for x in lo.split(",")] == [p.wide[0] for p in spec.params]
+        assert [int(x) for x in hi.split(",")] == [p.wide[1] for p in spec.params]
+
+
+def test_module_parameter_headers_list_every_parameter_with_its_bounds():
+    """The modules' module_param_cb list (the X-macro) is where Θ' is enforced on write."""
+    for header in _generator().HEADERS[1:]:
+        spec = header.spec()
+        assert spec.scope == "host"
+        entries = re.findall(
+            rf"X\((\w+), {header.prefix}_THETA_(\w+), (\d+), (\d+), (\d+),",
+            header.path.read_text(),
+        )
+        assert entries == [
+            (p.name, p.name.upper(), str(p.default), str(p.wide[0]), str(p.wide[1]))
+            for p in spec.params
+        ]
+        source = (ROOT / "fusion-kmod" / f"tcp_{spec.datapath}.c").read_text()
+        assert f"{header.prefix}_THETA_PARAMS({header.prefix}_MODULE_PARAM)" in source
+        assert f"&{spec.datapath}_theta[idx], 0644" in source
 
 
 def test_netlink_attribute_tables_match_the_uapi_header():
@@ -100,11 +139,36 @@ def test_flow_record_fast_parser_agrees_with_pyroute2():
     ]
     msg.encode()
     data = bytes(msg.data)
-    (fast,) = fusion_genl._records_in(data + data[:0], 0x1F)
     slow = fusion_genl.fusion_msg(data)
     slow.decode()
-    assert fast.bytes_acked == slow.get_attr("FUSION_ATTR_REC_BYTES_ACKED") == 123_456_789_012
-    assert (fast.src, fast.dst, fast.sport, fast.dport) == ("10.0.0.2", "10.1.0.2", 40001, 5201)
-    assert (fast.rtt_avg_us, fast.rtt_min_us, fast.retrans, fast.segs_out) == (41000, 40000, 3, 900)
-    assert (fast.profile_id, fast.profile_version, fast.theta) == (2, 7, theta)
+
+    def attr(name: str) -> Any:
+        return slow.get_attr(f"FUSION_ATTR_REC_{name}")
+
+    # what pyroute2 decodes, every field of the record
+    decoded = fusion_genl.FlowRecord(
+        src=str(ipaddress.ip_address(attr("SADDR"))),
+        dst=str(ipaddress.ip_address(attr("DADDR"))),
+        sport=attr("SPORT"),
+        dport=attr("DPORT"),
+        bytes_acked=attr("BYTES_ACKED"),
+        duration_us=attr("DURATION_US"),
+        rtt_avg_us=attr("RTT_AVG_US"),
+        rtt_min_us=attr("RTT_MIN_US"),
+        retrans=attr("RETRANS"),
+        segs_out=attr("SEGS_OUT"),
+        profile_id=attr("PROFILE_ID"),
+        profile_version=attr("PROFILE_VERSION"),
+        theta=fusion_genl._unpack_theta(attr("THETA")),
+    )
+    assert decoded == fusion_genl.FlowRecord(
+        "10.0.0.2", "10.1.0.2", 40001, 5201, 123_456_789_012, 2_000_000,
+        41_000, 40_000, 3, 900, 2, 7, theta,
+    )  # fmt: skip
+    # a receive buffer holds many messages: two records around another family's message whose
+    # length is not a multiple of 4 (the next message starts at the aligned offset)
+    other = struct.pack("=IHHII", 21, 0x20, 0, 1, 0) + bytes([fusion_genl.CMD_FLOW_RECORD, 1, 0, 0])
+    other += b"\x07" + bytes(3)
+    records = list(fusion_genl._records_in(data + other + data, 0x1F))
+    assert records == [decoded, decoded]
     assert list(fusion_genl._records_in(data, 0x20)) == []  # another family's message

@@ -11,8 +11,12 @@ Figures come from the guest's simulated clock, not the host's.
 
 from __future__ import annotations
 
-from gemini_lab import netem, scenario
+import pytest
+
+from gemini_lab import ecn, netem, scenario
+from gemini_lab.host import run_plan
 from gemini_lab.scenario import Link
+from gemini_lab.vm import LabError
 
 WIRE = netem.WIRE_PACKET_BYTES
 
@@ -67,3 +71,103 @@ def test_each_hop_is_shaped_at_its_sending_end_and_the_receiver_keeps_its_addres
     dc, wan = (netem.link_qdisc_commands("x", link) for link in s.links())
     assert dc[1][9] == "red" and wan[1][9] == "netem"
     assert _arg(wan[1], "limit") == "10000"
+
+
+# --- in the UML lab -------------------------------------------------------------------------
+
+DC_RATE_MBIT = 100
+GOODPUT = 1448 / 1514  # payload per wire byte of a full-sized segment with timestamps
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> dict:
+    plan = ecn.ecn_plan()
+    try:
+        results = run_plan(plan, tmp_path_factory.mktemp("ecn"), backend="uml")
+    except LabError as exc:
+        if "missing" in str(exc):
+            pytest.skip(str(exc))
+        raise
+    assert results["guest_failure"] is None, results["guest_failure"]
+    assert results["kernel_problems"] == [], results["kernel_problems"]
+    return {**results, "plan": plan}
+
+
+def _flow(lab: dict, label: str) -> dict:
+    res = lab["experiments"][label]
+    assert "error" not in res, res["error"]
+    return res
+
+
+def _ss_flags(line: str) -> set[str]:
+    return set(line.split())
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_ecn_is_negotiated_end_to_end_for_a_dctcp_flow(lab) -> None:
+    r = _flow(lab, "datacenter/dctcp")
+    sender, receiver = r["ss"]["sender"], r["ss"]["receiver"]
+    assert "ecn" in _ss_flags(sender), sender
+    assert "dctcp:(ce_state" in sender and "fallback_mode" not in sender, sender
+    assert {"ecn", "ecnseen"} <= _ss_flags(receiver), receiver
+    # every data packet arrives ECN-capable, the marked ones CE, and their echo reaches the
+    # sender's DCTCP (delivered CE counts marks acknowledged with ECE)
+    got, sent = r["netstat"]["receiver"], r["netstat"]["sender"]
+    assert got["InECT0Pkts"] + got["InCEPkts"] > 0 and got["InNoECTPkts"] < got["InECT0Pkts"]
+    assert got["InCEPkts"] > 0 and sent["TCPDeliveredCE"] > 0
+    assert r["queues"]["0"]["marked"] > 0
+    # cubic asks for no ECN: nothing ECN-capable arrives, nothing is marked
+    c = _flow(lab, "datacenter/cubic")
+    assert "ecn" not in _ss_flags(c["ss"]["sender"]), c["ss"]["sender"]
+    assert c["netstat"]["receiver"]["InECT0Pkts"] == 0 and c["queues"]["0"]["marked"] == 0
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_the_queue_marks_from_k_packets(lab) -> None:
+    """Windows clamped to stand the queue a few packets below K and a few above it: below, not
+    one mark in the whole flow; above, marks."""
+    k = lab["plan"]["k"]
+    below = _flow(lab, "datacenter/dctcp-below-k")["queues"]["0"]
+    above = _flow(lab, "datacenter/dctcp-above-k")["queues"]["0"]
+    assert below["samples"] > 20 and above["samples"] > 20
+    assert below["mean_qlen"] > 0 and below["max_qlen"] < k, below["max_qlen"]
+    assert below["marked"] == 0 and below["drops"] == 0
+    assert above["max_qlen"] >= k and above["marked"] > 0, above
+    assert above["drops"] == 0
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_dctcp_holds_the_queue_near_k_where_cubic_without_ecn_fills_the_buffer(lab) -> None:
+    k = lab["plan"]["k"]
+    limit = scenario.load("datacenter").queue_limit()
+    d = _flow(lab, "datacenter/dctcp")
+    c = _flow(lab, "datacenter/cubic")
+    dq, cq = d["queues"]["0"], c["queues"]["0"]
+    assert dq["mean_qlen"] <= 2 * k, dq["mean_qlen"]
+    assert dq["drops"] == 0
+    # the queue, not the link, gives way: both flows keep the link full
+    for r in (d, c):
+        assert r["throughput_mbps"] >= 0.9 * DC_RATE_MBIT * GOODPUT, r["throughput_mbps"]
+    # cubic's packets are not ECN-capable: no marks and no early drops (RED's nodrop), only
+    # tail drops once the buffer is full
+    assert cq["marked"] == 0 and cq["early"] == 0 and cq["drops"] > 0
+    assert cq["max_qlen"] >= 0.9 * limit and cq["mean_qlen"] >= 3 * k, cq["mean_qlen"]
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_a_cross_dc_flow_crosses_the_marking_dc_hop_and_queues_at_the_slower_wan_hop(lab) -> None:
+    path = scenario.load("cross-dc")
+    wan = path.hops[1]
+    r = _flow(lab, "cross-dc/dctcp")
+    assert r["min_rtt_ms"] == pytest.approx(path.rtt_ms, rel=0.05)
+    assert r["throughput_mbps"] >= 0.8 * wan.rate_mbit * GOODPUT, r["throughput_mbps"]
+    q_dc, q_wan = r["queues"]["0"], r["queues"]["1"]
+    # every packet went through both hops
+    assert q_dc["packets"] > 0 and q_wan["packets"] >= 0.95 * q_dc["packets"]
+    # the WAN hop is the bottleneck: its queue stands, where nothing marks
+    assert q_wan["mean_qlen"] > q_dc["mean_qlen"]
+    assert "ecn" in _ss_flags(r["ss"]["sender"]), r["ss"]["sender"]

@@ -24,6 +24,7 @@ from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
 from gemini_api.theta import load_spec
 from gemini_lab import fleet
 from gemini_lab.cubic_guest import exp_cubic_check
+from gemini_lab.ecn import exp_ecn
 from gemini_lab.experiment import (
     BASE_PORT,
     RecordCollector,
@@ -587,6 +588,7 @@ EXPERIMENTS = {
     "fairness": exp_fairness,
     "fleet": exp_fleet,
     "cubic_check": exp_cubic_check,
+    "ecn": exp_ecn,
     "shortflows": lambda e, out: exp_shortflows(e, out, SCHEDULES),
 }
 

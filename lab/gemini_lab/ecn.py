@@ -1,0 +1,150 @@
+"""The ECN-capable lab's checks (issue #31, item 4): one flow on a marking path, measured where
+the marks happen.
+
+``exp_ecn`` (guest side, experiment kind ``ecn``) runs one bulk flow and, while it runs, reads
+the bottleneck queue of each hop named in ``hops`` every ``sample_s`` of the guest's clock (its
+length in packets, from ``tc -s``), takes one ``ss -tin`` of the flow on both ends halfway, and
+reports what the flow changed: the queue's counters (RED's marked, early and tail drops), the
+kernels' ECN counters on both ends (IpExt InECT0Pkts / InCEPkts, TcpExt TCPDeliveredCE) and the
+flow's own figures. ``cwnd_clamp`` holds the sender's window at a number of packets (a locked
+``cwnd`` on the sender's route), which keeps a flow's standing queue at clamp − BDP packets:
+how a check keeps a flow below K or just above it.
+
+``ecn_plan`` (host side) is the plan the lab tests run: the shipped datacenter and cross-dc
+paths, dctcp and cubic flows on them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from gemini_lab import scenario
+from gemini_lab.experiment import BASE_PORT, finish_flow, start_flow
+from gemini_lab.netem import (
+    SENDER_NS,
+    qdisc_stats,
+    receiver_addr,
+    receiver_ns,
+    receiver_prefix,
+    sh,
+)
+
+ECN_PORT = BASE_PORT + 90
+SAMPLE_S = 0.05
+QDISC_COUNTERS = ("marked", "early", "pdrop", "drops", "packets", "bytes")
+NETSTAT_COUNTERS = ("InECT0Pkts", "InECT1Pkts", "InCEPkts", "InNoECTPkts", "TCPDeliveredCE")
+
+
+def netstat(ns: str) -> dict[str, int]:
+    """The namespace's /proc/net/netstat (TcpExt, IpExt, ...) as name → value."""
+    lines = sh("cat", "/proc/net/netstat", ns=ns).splitlines()
+    out: dict[str, int] = {}
+    for names, values in zip(lines[::2], lines[1::2], strict=True):
+        for name, value in zip(names.split()[1:], values.split()[1:], strict=True):
+            out[name] = int(value)
+    return out
+
+
+def _counters(stats: dict) -> dict[str, int]:
+    return {c: int(stats.get(c, 0)) for c in QDISC_COUNTERS}
+
+
+def _flush_metrics() -> None:
+    """The sender's cached per-destination metrics, a locked cwnd among them, gone: a clamp
+    must end with its flow."""
+    sh("ip", "tcp_metrics", "flush", "all", ns=SENDER_NS, check=False)
+
+
+def exp_ecn(e: dict, out: Path) -> dict:
+    path, cc, duration_s = e["path"], e["cc"], e["duration_s"]
+    omit_s, sample_s = e.get("omit_s", 1.0), e.get("sample_s", SAMPLE_S)
+    hops, clamp = e.get("hops", [0]), e.get("cwnd_clamp")
+    port = ECN_PORT
+    _flush_metrics()
+    if clamp:
+        sh(
+            *("ip", "route", "replace", receiver_prefix(path), "via", "10.0.0.1"),
+            *("cwnd", "lock", str(clamp)),
+            ns=SENDER_NS,
+        )
+    rcv = receiver_ns(path)
+    before = {h: _counters(qdisc_stats(path, h)) for h in hops}
+    net_before = {"sender": netstat(SENDER_NS), "receiver": netstat(rcv)}
+    try:
+        server, client = start_flow(path, cc, duration_s, port=port)
+        t0 = time.monotonic()
+        samples: dict[int, list[int]] = {h: [] for h in hops}
+        ss: dict[str, str] = {}
+        time.sleep(omit_s)
+        while client.poll() is None and time.monotonic() - t0 < duration_s:
+            for h in hops:
+                samples[h].append(int(qdisc_stats(path, h).get("qlen", 0)))
+            if not ss and time.monotonic() - t0 >= (omit_s + duration_s) / 2:
+                ss = {
+                    "sender": sh("ss", "-Htin", f"dport = :{port}", ns=SENDER_NS, check=False),
+                    "receiver": sh("ss", "-Htin", f"sport = :{port}", ns=rcv, check=False),
+                }
+            time.sleep(sample_s)
+        flow = finish_flow(server, client, duration_s)
+    finally:
+        if clamp:
+            sh("ip", "route", "del", receiver_prefix(path), ns=SENDER_NS, check=False)
+        _flush_metrics()
+    after = {h: _counters(qdisc_stats(path, h)) for h in hops}
+    net_after = {"sender": netstat(SENDER_NS), "receiver": netstat(rcv)}
+    queues = {}
+    for h in hops:
+        q = samples[h]
+        queues[str(h)] = {
+            **{c: after[h][c] - before[h][c] for c in QDISC_COUNTERS},
+            "samples": len(q),
+            "mean_qlen": sum(q) / len(q) if q else None,
+            "max_qlen": max(q) if q else None,
+            "qlen_series": q,
+        }
+    return {
+        **flow,
+        "dst": receiver_addr(path),
+        "cwnd_clamp": clamp,
+        "queues": queues,
+        "ss": ss,
+        "netstat": {
+            end: {c: net_after[end].get(c, 0) - net_before[end].get(c, 0) for c in NETSTAT_COUNTERS}
+            for end in net_before
+        },
+    }
+
+
+def ecn_plan(duration_s: float = 8.0) -> dict:
+    """The lab tests' plan: on the datacenter path (path 0), an unclamped dctcp flow and a
+    cubic one (no ECN), and dctcp flows clamped to stand a few packets below and above K;
+    on the cross-dc path (path 1), a dctcp flow across both hops."""
+    dc, cross = scenario.load("datacenter"), scenario.load("cross-dc")
+    (link,) = dc.links()
+    k = link.ecn_threshold_packets
+    assert k is not None
+    bdp = dc.bdp_packets()
+
+    def flow(label: str, path: int, cc: str, **extra: object) -> dict:
+        return {
+            "label": label,
+            "kind": "ecn",
+            "path": path,
+            "cc": cc,
+            "duration_s": duration_s,
+            **extra,
+        }
+
+    return {
+        "paths": [dc.to_dict(), cross.to_dict()],
+        "experiments": [
+            flow("datacenter/dctcp", 0, "dctcp"),
+            flow("datacenter/cubic", 0, "cubic"),
+            flow("datacenter/dctcp-below-k", 0, "dctcp", cwnd_clamp=bdp + k - 6),
+            flow("datacenter/dctcp-above-k", 0, "dctcp", cwnd_clamp=bdp + k + 8),
+            flow("cross-dc/dctcp", 1, "dctcp", hops=[0, 1], omit_s=2.0),
+        ],
+        "k": k,
+        "bdp_packets": bdp,
+    }

@@ -12,9 +12,10 @@
 #        lib/modules/<rel>/): what GEMINI_LAB_KERNEL_ROOT names for the lab.
 # build  copy the module's sources ($FUSION_SRC, fusion-kmod/ by default) into the chroot,
 #        `make W=1` against linux-headers-<rel>, keep the compiler output in
-#        $TRIXIE_OUT/build.log and the module in $TRIXIE_OUT (GEMINI_LAB_FUSION_KO=
-#        $TRIXIE_OUT/tcp_fusion.ko). Exits non-zero if the build fails; warnings are for the
-#        caller to judge (tests/test_kmod_build.py refuses any).
+#        $TRIXIE_OUT/build.log and the modules (tcp_fusion.ko, tcp_gemini.ko, tcp_dcvegas.ko)
+#        in $TRIXIE_OUT (GEMINI_LAB_FUSION_KO=$TRIXIE_OUT/tcp_fusion.ko). Exits non-zero if
+#        the build fails; warnings are for the caller to judge (tests/test_kmod_build.py
+#        refuses any).
 #
 # Everything lives under var/ (not tracked). Needs debootstrap and network access to a Debian
 # mirror for setup (DEBIAN_MIRROR, deb.debian.org by default); build needs neither.
@@ -90,9 +91,10 @@ build() {
 		>"$TRIXIE_OUT/build.log" 2>&1 || status=$?
 	cat "$TRIXIE_OUT/build.log"
 	[ "$status" = 0 ] || die "module build against $rel failed (log: $TRIXIE_OUT/build.log)"
-	cp "$src/tcp_fusion.ko" "$TRIXIE_OUT/tcp_fusion.ko"
+	# every module Kbuild lists: tcp_fusion.ko, tcp_gemini.ko, tcp_dcvegas.ko
+	cp "$src"/*.ko "$TRIXIE_OUT"/
 	echo "$rel" >"$TRIXIE_OUT/release"
-	echo "built $TRIXIE_OUT/tcp_fusion.ko for $rel"
+	echo "built $(cd "$src" && echo *.ko) in $TRIXIE_OUT for $rel"
 }
 
 case "${1:-all}" in

@@ -1,5 +1,5 @@
-"""tcp_fusion.ko builds warning-free with W=1 on Debian 12's 6.1 and Debian 13's 6.12, and
-through DKMS.
+"""The congestion-control modules (tcp_fusion.ko, tcp_gemini.ko, tcp_dcvegas.ko) build
+warning-free with W=1 on Debian 12's 6.1 and Debian 13's 6.12, and through DKMS.
 
 - 6.1: against the host's Debian headers (linux-headers-amd64 of bookworm, which
   lab/install-deps.sh installs), in a copy of the sources so the lab's build is not disturbed.
@@ -8,8 +8,8 @@ through DKMS.
 - DKMS: Debian's dkms adds and builds the module from fusion-kmod/dkms.conf against the 6.1
   headers, in a private DKMS tree (--dkmstree/--sourcetree), so the host's own is untouched.
 
-Each build's whole compiler output is searched for "warning:"; the module's vermagic must name
-the kernel it was built for.
+Each build's whole compiler output is searched for "warning:"; every module's vermagic must
+name the kernel it was built for.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ TRIXIE_SCRIPT = KMOD_DIR / "build-in-trixie.sh"
 TRIXIE_ROOT = REPO / "var" / "trixie" / "root"
 TRIXIE_COMPLETE = TRIXIE_ROOT / ".gemini-complete"
 WARNING = re.compile(r"\bwarning:", re.IGNORECASE)
+MODULES = ("tcp_fusion", "tcp_gemini", "tcp_dcvegas")  # Kbuild's obj-m, dkms.conf's modules
 
 
 def _copy_sources(dest: Path) -> Path:
@@ -83,7 +84,8 @@ def test_builds_warning_free_with_w1_on_6_1(bookworm_kernel, tmp_path):
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-4000:]
     assert _warnings(log) == [], log[-4000:]
-    assert _vermagic(src / "tcp_fusion.ko").startswith(bookworm_kernel.release + " ")
+    for module in MODULES:
+        assert _vermagic(src / f"{module}.ko").startswith(bookworm_kernel.release + " "), module
 
 
 def test_builds_warning_free_with_w1_on_6_12(tmp_path):
@@ -103,7 +105,8 @@ def test_builds_warning_free_with_w1_on_6_12(tmp_path):
     assert _warnings(log) == [], log[-4000:]
     release = (tmp_path / "release").read_text().strip()
     assert release.startswith("6.12."), release
-    assert _vermagic(tmp_path / "tcp_fusion.ko").startswith(release + " ")
+    for module in MODULES:
+        assert _vermagic(tmp_path / f"{module}.ko").startswith(release + " "), module
 
 
 def test_dkms_adds_and_builds_the_module(bookworm_kernel, tmp_path):
@@ -123,20 +126,37 @@ def test_dkms_adds_and_builds_the_module(bookworm_kernel, tmp_path):
         )
         assert out.returncode == 0, f"dkms {action}: {out.stdout}{out.stderr}"
     build_dir = dkms_tree / name / version
-    (ko,) = build_dir.glob(f"{bookworm_kernel.release}/*/module/tcp_fusion.ko*")
-    # DKMS 3.0 keeps the build's log beside the module once the build directory is cleaned
+    # DKMS 3.0 keeps the build's log beside the modules once the build directory is cleaned
     (log_file,) = build_dir.glob(f"{bookworm_kernel.release}/*/log/make.log")
     log = log_file.read_text()
     assert "CC [M]" in log, log[-4000:]  # the log is the compiler's, so no warning is real
     assert _warnings(log) == [], log[-4000:]
-    if ko.suffix == ".ko":
-        assert _vermagic(ko).startswith(bookworm_kernel.release + " ")
+    for module in MODULES:
+        (ko,) = build_dir.glob(f"{bookworm_kernel.release}/*/module/{module}.ko*")
+        if ko.suffix == ".ko":
+            assert _vermagic(ko).startswith(bookworm_kernel.release + " "), module
 
 
 def test_dkms_package_version_is_the_modules_version():
-    """DKMS names the build by dkms.conf's version; modinfo shows MODULE_VERSION: one number."""
-    source = (KMOD_DIR / "fusion_cc.c").read_text()
-    match = re.search(r'MODULE_VERSION\("([^"]+)"\)', source)
-    assert match, "fusion_cc.c has no MODULE_VERSION"
-    assert _dkms_conf("PACKAGE_VERSION") == match.group(1)
-    assert _dkms_conf("BUILT_MODULE_NAME\\[0\\]") == "tcp_fusion"
+    """DKMS names the build by dkms.conf's version; modinfo shows MODULE_VERSION: one number,
+    the same in every module of the package."""
+    sources = {
+        "tcp_fusion": "fusion_cc.c",
+        "tcp_gemini": "tcp_gemini.c",
+        "tcp_dcvegas": "tcp_dcvegas.c",
+    }
+    for module in MODULES:
+        source = (KMOD_DIR / sources[module]).read_text()
+        match = re.search(r'MODULE_VERSION\("([^"]+)"\)', source)
+        assert match, f"{sources[module]} has no MODULE_VERSION"
+        assert _dkms_conf("PACKAGE_VERSION") == match.group(1), module
+
+
+def test_kbuild_and_dkms_list_the_same_modules():
+    kbuild = (KMOD_DIR / "Kbuild").read_text()
+    obj_m = re.search(r"^obj-m := (.*)$", kbuild, re.MULTILINE)
+    assert obj_m, "Kbuild has no obj-m"
+    assert tuple(o.removesuffix(".o") for o in obj_m.group(1).split()) == MODULES
+    for i, module in enumerate(MODULES):
+        assert _dkms_conf(f"BUILT_MODULE_NAME\\[{i}\\]") == module
+        assert _dkms_conf(f"DEST_MODULE_LOCATION\\[{i}\\]") == "/updates/dkms"

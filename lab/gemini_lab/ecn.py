@@ -11,15 +11,21 @@ flow's own figures. ``cwnd_clamp`` holds the sender's window at a number of pack
 how a check keeps a flow below K or just above it.
 
 ``ecn_plan`` (host side) is the plan the lab tests run: the shipped datacenter and cross-dc
-paths, dctcp and cubic flows on them.
+paths, dctcp and cubic flows on them; and an incast of 40 flows on the dc-incast path
+(``exp_incast``, kind ``incast``).
 """
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 from gemini_lab import scenario
+from gemini_lab.bulk import tcp_info
 from gemini_lab.experiment import BASE_PORT, finish_flow, start_flow
 from gemini_lab.netem import (
     SENDER_NS,
@@ -28,12 +34,24 @@ from gemini_lab.netem import (
     receiver_ns,
     receiver_prefix,
     sh,
+    wait_listening,
 )
 
 ECN_PORT = BASE_PORT + 90
 SAMPLE_S = 0.05
 QDISC_COUNTERS = ("marked", "early", "pdrop", "drops", "packets", "bytes")
-NETSTAT_COUNTERS = ("InECT0Pkts", "InECT1Pkts", "InCEPkts", "InNoECTPkts", "TCPDeliveredCE")
+NETSTAT_COUNTERS = (
+    "InECT0Pkts",
+    "InECT1Pkts",
+    "InCEPkts",
+    "InNoECTPkts",
+    "TCPDeliveredCE",
+    "TCPTimeouts",
+)
+INCAST_PORT = ECN_PORT + 1
+INCAST_FLOWS = 40
+INCAST_BYTES = 1_000_000  # the DC-Vegas paper's 1 MB answer, split over the senders
+INCAST_WAIT_S = 120  # a flow of the incast stalled this long is counted as failed
 
 
 def netstat(ns: str) -> dict[str, int]:
@@ -116,11 +134,72 @@ def exp_ecn(e: dict, out: Path) -> dict:
     }
 
 
+def exp_incast(e: dict, out: Path) -> dict:
+    """Incast: ``flows`` connections to one receiver, opened first, then all writing their
+    share of ``total_bytes`` at once (a partition/aggregate query's answers). Per flow: its
+    completion time on the guest clock and retransmits; for all: the bottleneck queue's marks
+    and drops, and the sender's retransmission timeouts (TcpExt TCPTimeouts)."""
+    path, cc, n = e["path"], e["cc"], e["flows"]
+    size = e["total_bytes"] // n
+    rcv, addr = receiver_ns(path), receiver_addr(path)
+    serve = [sys.executable, "-m", "gemini_lab.flowgen", "serve", str(INCAST_PORT)]
+    server = subprocess.Popen(["ip", "netns", "exec", rcv, *serve])
+    try:
+        wait_listening(rcv, INCAST_PORT)
+        before, net_before = _counters(qdisc_stats(path)), netstat(SENDER_NS)
+        go = threading.Barrier(n)
+        flows: list[dict] = [{"failed": "did not run"} for _ in range(n)]
+
+        def one(i: int) -> None:
+            # this process lives in the sender namespace (guest.main), and so do its sockets
+            try:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+                    s.settimeout(INCAST_WAIT_S)
+                    s.connect((addr, INCAST_PORT))
+                    go.wait()
+                    t0 = time.monotonic()
+                    s.sendall(b"\0" * size)
+                    s.shutdown(socket.SHUT_WR)
+                    while s.recv(65536):
+                        pass  # the receiver closes once it has read to EOF
+                    fct = time.monotonic() - t0
+                    flows[i] = {"fct_ms": fct * 1000, **tcp_info(s)}
+            except (OSError, threading.BrokenBarrierError) as exc:
+                go.abort()
+                flows[i] = {"failed": repr(exc)}
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        after, net_after = _counters(qdisc_stats(path)), netstat(SENDER_NS)
+    finally:
+        server.kill()
+        server.wait()
+    done = [f for f in flows if "fct_ms" in f]
+    return {
+        "flows": n,
+        "bytes_each": size,
+        "completed": len(done),
+        "failures": [f["failed"] for f in flows if "failed" in f],
+        "fct_ms_max": max((f["fct_ms"] for f in done), default=None),
+        "fct_ms_mean": sum(f["fct_ms"] for f in done) / len(done) if done else None,
+        "retransmits": sum(f["total_retrans"] for f in done),
+        "timeouts": net_after["TCPTimeouts"] - net_before.get("TCPTimeouts", 0),
+        "queue": {c: after[c] - before[c] for c in QDISC_COUNTERS},
+        "per_flow": flows,
+    }
+
+
 def ecn_plan(duration_s: float = 8.0) -> dict:
     """The lab tests' plan: on the datacenter path (path 0), an unclamped dctcp flow and a
     cubic one (no ECN), and dctcp flows clamped to stand a few packets below and above K;
-    on the cross-dc path (path 1), a dctcp flow across both hops."""
+    on the cross-dc path (path 1), a cubic flow across both hops (dctcp there would take a
+    minute to grow back from its first cut on a 100 ms path: the WAN weakness GEMINI is for)."""
     dc, cross = scenario.load("datacenter"), scenario.load("cross-dc")
+    incast = scenario.load("dc-incast")
     (link,) = dc.links()
     k = link.ecn_threshold_packets
     assert k is not None
@@ -137,13 +216,24 @@ def ecn_plan(duration_s: float = 8.0) -> dict:
         }
 
     return {
-        "paths": [dc.to_dict(), cross.to_dict()],
+        "paths": [dc.to_dict(), cross.to_dict(), incast.to_dict()],
         "experiments": [
             flow("datacenter/dctcp", 0, "dctcp"),
             flow("datacenter/cubic", 0, "cubic"),
             flow("datacenter/dctcp-below-k", 0, "dctcp", cwnd_clamp=bdp + k - 6),
             flow("datacenter/dctcp-above-k", 0, "dctcp", cwnd_clamp=bdp + k + 8),
-            flow("cross-dc/dctcp", 1, "dctcp", hops=[0, 1], omit_s=2.0),
+            flow("cross-dc/cubic", 1, "cubic", hops=[0, 1], omit_s=2.0),
+            *(
+                {
+                    "label": f"dc-incast/{cc}",
+                    "kind": "incast",
+                    "path": 2,
+                    "cc": cc,
+                    "flows": INCAST_FLOWS,
+                    "total_bytes": INCAST_BYTES,
+                }
+                for cc in ("dctcp", "cubic")
+            ),
         ],
         "k": k,
         "bdp_packets": bdp,

@@ -24,7 +24,7 @@ from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
 from gemini_api.theta import load_spec
 from gemini_lab import fleet
 from gemini_lab.cubic_guest import exp_cubic_check
-from gemini_lab.ecn import exp_ecn
+from gemini_lab.ecn import exp_ecn, exp_incast
 from gemini_lab.experiment import (
     BASE_PORT,
     RecordCollector,
@@ -589,6 +589,7 @@ EXPERIMENTS = {
     "fleet": exp_fleet,
     "cubic_check": exp_cubic_check,
     "ecn": exp_ecn,
+    "incast": exp_incast,
     "shortflows": lambda e, out: exp_shortflows(e, out, SCHEDULES),
 }
 

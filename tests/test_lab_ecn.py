@@ -126,7 +126,7 @@ def test_ecn_is_negotiated_end_to_end_for_a_dctcp_flow(lab) -> None:
 @pytest.mark.lab
 @pytest.mark.slow
 def test_the_queue_marks_from_k_packets(lab) -> None:
-    """Windows clamped to stand the queue a few packets below K and a few above it: below, not
+    """Receive windows that stand the queue a few packets below K and a few above it: below, not
     one mark in the whole flow; above, marks."""
     k = lab["plan"]["k"]
     below = _flow(lab, "datacenter/dctcp-below-k")["queues"]["0"]

@@ -6,9 +6,12 @@ the bottleneck queue of each hop named in ``hops`` every ``sample_s`` of the gue
 length in packets, from ``tc -s``), takes one ``ss -tin`` of the flow on both ends halfway, and
 reports what the flow changed: the queue's counters (RED's marked, early and tail drops), the
 kernels' ECN counters on both ends (IpExt InECT0Pkts / InCEPkts, TcpExt TCPDeliveredCE) and the
-flow's own figures. ``cwnd_clamp`` holds the sender's window at a number of packets (a locked
-``cwnd`` on the sender's route), which keeps a flow's standing queue at clamp − BDP packets:
-how a check keeps a flow below K or just above it.
+flow's own figures. ``window_packets`` caps what the receiver advertises (a ``window`` metric
+on its route back, which sets a passive socket's window clamp, with receive-buffer autotuning
+off in its namespace for the flow, since autotuning would raise the clamp), so the flow's
+standing queue is window − BDP packets: how a check keeps a flow below K or just above it. (A
+locked ``cwnd`` on the sender's route would not do: the kernel reads it only from a cached
+per-destination metrics entry, which the lab's tcp_no_metrics_save never creates.)
 
 ``ecn_plan`` (host side) is the plan the lab tests run: the shipped datacenter and cross-dc
 paths, dctcp and cubic flows on them; and an incast of 40 flows on the dc-incast path
@@ -31,8 +34,8 @@ from gemini_lab.netem import (
     SENDER_NS,
     qdisc_stats,
     receiver_addr,
+    receiver_gateway,
     receiver_ns,
-    receiver_prefix,
     sh,
     wait_listening,
 )
@@ -68,24 +71,28 @@ def _counters(stats: dict) -> dict[str, int]:
     return {c: int(stats.get(c, 0)) for c in QDISC_COUNTERS}
 
 
-def _flush_metrics() -> None:
-    """The sender's cached per-destination metrics, a locked cwnd among them, gone: a clamp
-    must end with its flow."""
-    sh("ip", "tcp_metrics", "flush", "all", ns=SENDER_NS, check=False)
+MSS_BYTES = 1448  # a full-sized segment's payload with timestamps, as the window counts it
+
+
+def _cap_window(path: int, packets: int | None) -> None:
+    """The receiver's advertised window capped at ``packets`` segments (None: uncapped)."""
+    rcv, gw = receiver_ns(path), receiver_gateway(path)
+    if packets:
+        sh("sysctl", "-qw", "net.ipv4.tcp_moderate_rcvbuf=0", ns=rcv)
+        window = ("window", str(packets * MSS_BYTES))
+        sh("ip", "route", "replace", "default", "via", gw, *window, ns=rcv)
+    else:
+        sh("ip", "route", "replace", "default", "via", gw, ns=rcv)
+        sh("sysctl", "-qw", "net.ipv4.tcp_moderate_rcvbuf=1", ns=rcv)
 
 
 def exp_ecn(e: dict, out: Path) -> dict:
     path, cc, duration_s = e["path"], e["cc"], e["duration_s"]
     omit_s, sample_s = e.get("omit_s", 1.0), e.get("sample_s", SAMPLE_S)
-    hops, clamp = e.get("hops", [0]), e.get("cwnd_clamp")
+    hops, window = e.get("hops", [0]), e.get("window_packets")
     port = ECN_PORT
-    _flush_metrics()
-    if clamp:
-        sh(
-            *("ip", "route", "replace", receiver_prefix(path), "via", "10.0.0.1"),
-            *("cwnd", "lock", str(clamp)),
-            ns=SENDER_NS,
-        )
+    if window:
+        _cap_window(path, window)
     rcv = receiver_ns(path)
     before = {h: _counters(qdisc_stats(path, h)) for h in hops}
     net_before = {"sender": netstat(SENDER_NS), "receiver": netstat(rcv)}
@@ -106,9 +113,8 @@ def exp_ecn(e: dict, out: Path) -> dict:
             time.sleep(sample_s)
         flow = finish_flow(server, client, duration_s)
     finally:
-        if clamp:
-            sh("ip", "route", "del", receiver_prefix(path), ns=SENDER_NS, check=False)
-        _flush_metrics()
+        if window:
+            _cap_window(path, None)
     after = {h: _counters(qdisc_stats(path, h)) for h in hops}
     net_after = {"sender": netstat(SENDER_NS), "receiver": netstat(rcv)}
     queues = {}
@@ -124,7 +130,7 @@ def exp_ecn(e: dict, out: Path) -> dict:
     return {
         **flow,
         "dst": receiver_addr(path),
-        "cwnd_clamp": clamp,
+        "window_packets": window,
         "queues": queues,
         "ss": ss,
         "netstat": {
@@ -195,7 +201,8 @@ def exp_incast(e: dict, out: Path) -> dict:
 
 def ecn_plan(duration_s: float = 8.0) -> dict:
     """The lab tests' plan: on the datacenter path (path 0), an unclamped dctcp flow and a
-    cubic one (no ECN), and dctcp flows clamped to stand a few packets below and above K;
+    cubic one (no ECN), and dctcp flows whose window stands the queue a few packets below and
+    above K;
     on the cross-dc path (path 1), a cubic flow across both hops (dctcp there would take a
     minute to grow back from its first cut on a 100 ms path: the WAN weakness GEMINI is for)."""
     dc, cross = scenario.load("datacenter"), scenario.load("cross-dc")
@@ -220,8 +227,8 @@ def ecn_plan(duration_s: float = 8.0) -> dict:
         "experiments": [
             flow("datacenter/dctcp", 0, "dctcp"),
             flow("datacenter/cubic", 0, "cubic"),
-            flow("datacenter/dctcp-below-k", 0, "dctcp", cwnd_clamp=bdp + k - 6),
-            flow("datacenter/dctcp-above-k", 0, "dctcp", cwnd_clamp=bdp + k + 8),
+            flow("datacenter/dctcp-below-k", 0, "dctcp", window_packets=bdp + k - 6),
+            flow("datacenter/dctcp-above-k", 0, "dctcp", window_packets=bdp + k + 8),
             flow("cross-dc/cubic", 1, "cubic", hops=[0, 1], omit_s=2.0),
             *(
                 {

@@ -233,6 +233,11 @@ def _link_addr(path: int, hop: int, hops: int, end: int) -> str:
     return f"10.{path + 1}.{hops - 1 - hop}.{end}"
 
 
+def receiver_gateway(path: int) -> str:
+    """The receiver's next hop (its default route): the sending end of the path's last hop."""
+    return f"10.{path + 1}.0.1"
+
+
 def qdisc_stats(path: int, hop: int = 0) -> dict:
     """``tc -s`` of the bottleneck queue of one hop (netem or RED, handle 10:) as tc's JSON:
     backlog (bytes), qlen (packets), drops, and RED's marked, early and pdrop."""
@@ -296,7 +301,7 @@ class Topology:
                 sh("ip", "route", "add", "default", "via", _link_addr(i, j - 1, n, 1), ns=up_ns)
             for cmd in link_qdisc_commands(up_if, link):
                 sh(*cmd, ns=up_ns)
-        sh("ip", "route", "add", "default", "via", _link_addr(i, n - 1, n, 1), ns=rcv)
+        sh("ip", "route", "add", "default", "via", receiver_gateway(i), ns=rcv)
         sh(
             "tc",
             "qdisc",

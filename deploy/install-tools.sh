@@ -29,17 +29,27 @@ installed() { # name version-marker
 	[ -x "$GOBIN/$1" ] && [ "$(cat "$GOBIN/.$1.version" 2>/dev/null)" = "$2" ]
 }
 
-build() { # name package@version
+build() { # name package@version [go install flags…]
 	local name=$1 pkg=$2 version=${2##*@}
+	shift 2
+	if [ $# -gt 0 ]; then version+=" $*"; fi
 	if installed "$name" "$version"; then
 		return
 	fi
 	echo "building $name $version" >&2
-	"$GO" install "$pkg"
+	"$GO" install "$@" "$pkg"
 	echo "$version" >"$GOBIN/.$name.version"
 }
 
-build helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+# helm's offline default Kubernetes version (for `helm template` and `helm lint` without a
+# cluster) is v1.20.0 unless stamped at build time, as helm's own Makefile does from its
+# client-go (v0.31 for helm v3.16): without it `helm template` fails the chart's kubeVersion.
+HELM_K8S_MINOR=31
+helm_ldflags=""
+for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+	helm_ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$HELM_K8S_MINOR"
+done
+build helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" -ldflags="${helm_ldflags# }"
 build kubeconform "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION"
 
 # Built in modules of their own whose go.mod/go.sum in the repository pin every dependency:

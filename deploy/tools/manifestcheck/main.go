@@ -8,7 +8,8 @@
 //     linked in here).
 //   - For every object that carries a pod template (Deployment, DaemonSet, StatefulSet, Job,
 //     CronJob, Pod), the Pod Security Standards evaluator of k8s.io/pod-security-admission, the
-//     code the admission plugin runs, at the Kubernetes version given by -psa-version. The
+//     code the admission plugin runs, at the Kubernetes version given by -psa-version, on the
+//     pod as the API server would store it (host-network ports defaulted to host ports). The
 //     report names the most restrictive level the pod meets and, for each stricter level, why
 //     it does not.
 //
@@ -191,7 +192,7 @@ func (c *checker) check(doc []byte) Result {
 		return result
 	}
 	if meta, spec := podTemplate(obj); spec != nil {
-		result.PodSecurity = c.evaluate(meta, spec)
+		result.PodSecurity = c.evaluate(meta, podDefaults(spec))
 	}
 	return result
 }
@@ -215,6 +216,27 @@ func podTemplate(obj runtime.Object) (*metav1.ObjectMeta, *corev1.PodSpec) {
 		return &o.Spec.JobTemplate.Spec.Template.ObjectMeta, &o.Spec.JobTemplate.Spec.Template.Spec
 	}
 	return nil, nil
+}
+
+// podDefaults returns the spec as the API server stores a pod made from it, where that changes
+// the Pod Security verdict: on the host network every container port is a host port, and the
+// server sets hostPort to containerPort in each pod it admits (SetDefaults_PodSpec; no longer
+// in pod templates since Kubernetes 1.28, so a template's own verdict would miss it).
+func podDefaults(spec *corev1.PodSpec) *corev1.PodSpec {
+	if !spec.HostNetwork {
+		return spec
+	}
+	out := spec.DeepCopy()
+	for _, containers := range [][]corev1.Container{out.InitContainers, out.Containers} {
+		for i := range containers {
+			for j := range containers[i].Ports {
+				if port := &containers[i].Ports[j]; port.HostPort == 0 {
+					port.HostPort = port.ContainerPort
+				}
+			}
+		}
+	}
+	return out
 }
 
 // evaluate finds the most restrictive level the pod meets, trying restricted, then baseline.

@@ -62,6 +62,28 @@ digest pins the image.
 {{- end -}}
 {{- end -}}
 
+{{/*
+The Secret the migration Job reads the URL from: the user's own, or the chart's hook copy (the
+chart's ordinary Secret does not exist yet when a pre-install hook runs).
+*/}}
+{{- define "gemini.migrationDatabaseSecret" -}}
+{{- if .Values.database.external.existingSecret -}}
+{{- .Values.database.external.existingSecret -}}
+{{- else -}}
+{{- include "gemini.fullname" . }}-database-migrate
+{{- end -}}
+{{- end -}}
+
+{{/*
+The hook events of the migration and of what it needs (its URL Secret, its NetworkPolicy), so
+that they are created in one phase, in hook-weight order: before install and every upgrade
+against an external database; after install, then before every upgrade, for the chart's own
+CloudNativePG cluster (which does not exist before install).
+*/}}
+{{- define "gemini.migrationHookEvents" -}}
+{{- ternary "post-install,pre-upgrade" "pre-install,pre-upgrade" (eq .Values.database.mode "cnpg") -}}
+{{- end -}}
+
 {{- define "gemini.cnpgName" -}}{{ include "gemini.fullname" . }}-pg{{- end -}}
 
 {{- define "gemini.credentialsSecret" -}}
@@ -81,11 +103,14 @@ digest pins the image.
 {{- end -}}
 
 {{/*
-How Booster and the migration Job reach PostgreSQL. External: the URL from its Secret.
+How Booster and the migration Job reach PostgreSQL: (dict "root" $ "secret" <URL Secret>).
+External: the URL from its Secret.
 CloudNativePG: libpq's own PG* variables from the operator's app Secret, and a URL naming only
 the driver, so no password is ever spliced into a URL (nothing to escape).
 */}}
 {{- define "gemini.databaseEnv" -}}
+{{- $secret := .secret -}}
+{{- with .root -}}
 {{- if eq .Values.database.mode "cnpg" }}
 {{- $secret := printf "%s-app" (include "gemini.cnpgName" .) }}
 - name: GEMINI_BOOSTER_DATABASE_URL
@@ -100,8 +125,9 @@ the driver, so no password is ever spliced into a URL (nothing to escape).
 - name: GEMINI_BOOSTER_DATABASE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ include "gemini.databaseSecret" . }}
+      name: {{ $secret }}
       key: {{ .Values.database.external.secretKey }}
+{{- end }}
 {{- end }}
 {{- end -}}
 

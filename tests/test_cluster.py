@@ -152,13 +152,14 @@ class Cluster:
         self.seen: dict[str, list[Doc]] = {}
         self.fail_migrations: set[str] = set()
         self.stop = threading.Event()
+        self.errors: list[str] = []
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [str(HELM), *args], env=self.env, capture_output=True, text=True, timeout=300
         )
         if check:
-            assert result.returncode == 0, result.stdout + result.stderr
+            assert result.returncode == 0, (result.stdout + result.stderr, self.errors)
         return result
 
     def namespace(self, name: str, level: str) -> None:
@@ -170,25 +171,34 @@ class Cluster:
                 "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": level}},
             },
         )
+        # Pods are admitted only once the controller manager has made the default account.
+        eventually(
+            f"{name}/default ServiceAccount",
+            lambda: self.api.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        )
 
     def kubelet(self) -> None:
         """Stand in for the kubelet for migration pods: note what exists when each appears,
         bind it to a node and end it (Succeeded, or Failed where a failure is wanted)."""
         done: set[str] = set()
         while not self.stop.is_set():
-            pods = self.api.items(
-                "/api/v1/pods?labelSelector=app.kubernetes.io%2Fcomponent%3Dmigrate"
-            )
-            for pod in pods:
-                meta = pod["metadata"]
-                ns = meta["namespace"]
-                if meta["uid"] in done or pod["status"].get("phase") in ("Succeeded", "Failed"):
-                    continue
-                done.add(meta["uid"])
-                release = meta["labels"]["app.kubernetes.io/instance"]
-                self.seen.setdefault(ns, []).append(self.snapshot(ns, release, pod))
-                self.end_pod(pod, failed=ns in self.fail_migrations)
+            try:
+                self.kubelet_pass(done)
+            except Exception as exc:  # reported by the tests that wait on it
+                self.errors.append(repr(exc))
             self.stop.wait(0.1)
+
+    def kubelet_pass(self, done: set[str]) -> None:
+        pods = self.api.items("/api/v1/pods?labelSelector=app.kubernetes.io%2Fcomponent%3Dmigrate")
+        for pod in pods:
+            meta = pod["metadata"]
+            ns = meta["namespace"]
+            if meta["uid"] in done or pod["status"].get("phase") in ("Succeeded", "Failed"):
+                continue
+            done.add(meta["uid"])
+            release = meta["labels"]["app.kubernetes.io/instance"]
+            self.seen.setdefault(ns, []).append(self.snapshot(ns, release, pod))
+            self.end_pod(pod, failed=ns in self.fail_migrations)
 
     def snapshot(self, ns: str, release: str, pod: Doc) -> Doc:
         fullname = release if "gemini" in release else f"{release}-gemini"

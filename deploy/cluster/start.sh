@@ -63,7 +63,7 @@ chmod 600 "$state/kubeconfig"
 "$bin/etcd" --name default --data-dir "$state/etcd" \
 	--listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
 	--listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
-	--initial-cluster "default=http://127.0.0.1:$peer_port" --listen-metrics-urls "" \
+	--initial-cluster "default=http://127.0.0.1:$peer_port" \
 	--unsafe-no-fsync --quota-backend-bytes 1073741824 >"$state/etcd.log" 2>&1 &
 echo $! >>"$state/pids"
 

@@ -1,6 +1,6 @@
 """Landscapes for the optimiser benchmark: known utility surfaces f(θ, h) and the simulated fleet.
 
-Every surface lives in normalised θ over Θ (the production region of ``theta_spec.toml``) for
+Every surface lives in normalised θ over Θ (the production region of ``specs/fusion.toml``) for
 the parameters the landscape searches; the other parameters are pinned at the spec's default
 through a custom region (``region="custom"`` with lo = hi), so every method searches exactly the
 landscape's dimensions. Each surface is a bowl around an optimum that lies on Θ's integer grid

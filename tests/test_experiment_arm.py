@@ -21,7 +21,8 @@ from gemini_agent.config import AgentSettings
 from gemini_agent.daemon import Agent
 from gemini_agent.datapath import ModuleParams
 from gemini_agent.writeback import Kernel
-from gemini_api.theta import load_datapath, load_spec
+from gemini_api.datapaths import load_datapath
+from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 
 from .conftest import OPERATOR, agent_md, auth

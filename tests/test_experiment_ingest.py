@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gemini_api.aggregate import AggregateBuilder, FlowStats
-from gemini_api.theta import load_datapath, load_spec
+from gemini_api.datapaths import load_datapath
+from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate

@@ -128,8 +128,12 @@ def test_overlapping_publishes_of_one_change_record_it_once(booster):
     repo.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
     policy = repo.get_policy(booster.engine, POLICY)
     with booster.engine.begin() as conn:
-        insert_old_policy_and_context(conn)
-        context_id = conn.execute(text("SELECT id FROM contexts")).scalar_one()
+        context_id = conn.execute(
+            text(
+                "INSERT INTO contexts (src_region, src_isp, dst_region, dst_isp, hour)"
+                " VALUES ('a', 'b', 'c', 'd', 1) RETURNING id"
+            )
+        ).scalar_one()
     record = repo.PlanRecord(policy.id, context_id, 1, SPEC.key(BETTER), 1.5, ())
 
     def publish(conn, owner: str) -> int:

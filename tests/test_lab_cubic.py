@@ -16,7 +16,7 @@ import datetime as dt
 
 import pytest
 
-from gemini_api.theta import load_datapath
+from gemini_api.datapaths import load_datapath
 from gemini_booster.experiments.domain import ExperimentCreate
 from gemini_booster.models import PolicyCreate
 from gemini_lab.abtest import next_boundary

@@ -96,7 +96,7 @@ HEAVY = {"scipy", "sklearn", "skopt", "matplotlib", "pgserver", "numpy", "sqlalc
 
 # Data files each distribution must carry, relative to its package.
 DATA = {
-    "gemini-api": ["gemini_api/theta_spec.toml", "gemini_api/v1/booster.proto"],
+    "gemini-api": ["gemini_api/specs/fusion.toml", "gemini_api/v1/booster.proto"],
     "gemini-booster": [
         "gemini_booster/service/dashboard/index.html",
         "gemini_booster/service/dashboard/dashboard.js",

@@ -43,13 +43,13 @@ from gemini_agent.sources import FusionRecordSource, SockDiagSource, Source
 from gemini_agent.spool import Spool
 from gemini_agent.table import Destinations
 from gemini_agent.writeback import Kernel, Plan, ThetaApplier
+from gemini_api.datapaths import Apply, registry
 from gemini_api.fusion_genl import FusionError
-from gemini_api.theta import ThetaError, datapath_of, datapaths, load_datapath
+from gemini_api.theta import ThetaError
 from gemini_api.v1 import booster_pb2 as pb
 
 log = logging.getLogger(__name__)
 MIN_REFRESH_S = 1.0  # whatever Booster says, at most one GetParameters per second
-FUSION = "fusion"
 ARM_JOURNAL = "experiment-arm.json"  # what an applied arm changed, to undo after a crash
 
 
@@ -80,8 +80,7 @@ def booster_peers(s: AgentSettings) -> frozenset[tuple[str, int]]:
 
 def host_datapaths() -> dict[str, ModuleParams]:
     """A writer for each datapath whose θ is host-wide (CUBIC's module parameters)."""
-    specs = (load_datapath(d) for d in datapaths())
-    return {s.datapath: ModuleParams(s) for s in specs if s.scope == "host"}
+    return {d.name: ModuleParams(d.spec) for d in registry() if d.apply is Apply.MODULE_PARAMS}
 
 
 class Agent:
@@ -140,7 +139,7 @@ class Agent:
     def fixed_plan(self, arm: pb.ExperimentArm | None) -> Plan | None:
         """The θ a Fusion arm fixes (its θ, or the spec's default); None when the plan holds.
         Raises ThetaError for a fixed θ outside the spec's wide region."""
-        if arm is None or arm.cc != FUSION:
+        if arm is None or arm.cc != self.applier.datapath.cc:
             return None
         spec = self.applier.spec
         if arm.params == pb.ExperimentArm.KERNEL_DEFAULT:
@@ -180,9 +179,8 @@ class Agent:
         back to the safe default once (ThetaApplier.release): when the policy turns from
         Fusion, a Fusion arm ends, or the agent starts on such a policy, no tuned θ is left
         running for Fusion flows nobody plans."""
-        self.leaves_fusion = (
-            arm_plan is None and datapath_of(resp.target_cc) != self.applier.spec.datapath
-        )
+        tuned = registry().answered(resp.target_cc)
+        self.leaves_fusion = arm_plan is None and tuned != self.applier.datapath
         try:
             if self.leaves_fusion:
                 self.applier.release(self.destinations)
@@ -209,13 +207,16 @@ class Agent:
         """(datapath, θ) the host-wide datapaths should run: an arm of a CC with a host-wide
         spec decides (its fixed θ; None for the kernel's own values), else the policy's plan."""
         arm = self.arm
-        if arm is not None and arm.cc in self.module_params:
+        ran = registry().for_cc(arm.cc) if arm is not None else None
+        if arm is not None and ran is not None and ran.name in self.module_params:
             if arm.params == pb.ExperimentArm.FIXED:
-                return arm.cc, dict(arm.fixed_theta.values)
+                return ran.name, dict(arm.fixed_theta.values)
             if arm.params == pb.ExperimentArm.KERNEL_DEFAULT:
-                return arm.cc, None
-        target = datapath_of(resp.target_cc)
-        return target, host_theta(resp, target)
+                return ran.name, None
+        tuned = registry().answered(resp.target_cc)
+        if tuned is None:  # a CC no datapath of this agent's runs: none is set
+            return "", None
+        return tuned.name, host_theta(resp, tuned.name)
 
     def apply_host_theta(self, resp: pb.GetParametersResponse) -> None:
         """Write the θ of the host-wide datapath chosen (gemini_agent.datapath); put back the

@@ -23,10 +23,14 @@ from gemini_agent.aggregator import Flow
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.sockdiag import ClosedFlow, DestroyListener
 from gemini_api.aggregate import FlowStats
+from gemini_api.datapaths import Records, registry
 from gemini_api.fusion_genl import FlowRecord, FlowRecordListener
 
 log = logging.getLogger(__name__)
 FIN_ONLY_BYTES = 1  # tcpi_bytes_acked of a socket that sent nothing but its FIN
+# The CCs whose datapath records its own flows with the θ they ran (Fusion's module): sock_diag
+# leaves their sockets to those records, which count each flow once and with its θ.
+RECORDED_CCS = frozenset(d.cc for d in registry() if d.records is Records.FLOW_RECORDS)
 
 
 def flow_from_record(rec: FlowRecord, ended: dt.datetime) -> Flow:
@@ -54,9 +58,13 @@ class Source(threading.Thread):
 
 
 class FusionRecordSource(Source):
+    """Fusion's flow records over its generic netlink family: one per finished flow, with the
+    θ (profile) it ran."""
+
     def __init__(self, sink: Callable[[Flow], None], metrics: AgentMetrics) -> None:
         super().__init__("fusion-records", metrics)
         self.sink = sink
+        self.datapath = next(d.name for d in registry() if d.records is Records.FLOW_RECORDS)
         self.listener = FlowRecordListener()
 
     def run(self) -> None:
@@ -67,7 +75,7 @@ class FusionRecordSource(Source):
                 continue
             now = dt.datetime.now(dt.UTC)
             for rec in self.listener.receive():
-                self.metrics.flows.labels("fusion").inc()
+                self.metrics.flows.labels(self.datapath).inc()
                 self.sink(flow_from_record(rec, now))
             if self.listener.overruns != overruns:
                 self.metrics.records_dropped.labels("socket").inc(self.listener.overruns - overruns)
@@ -114,7 +122,7 @@ class SockDiagSource(Source):
             for flow in self.listener.read():
                 # Fusion's flows come from its records; a socket with no peer and no bytes (a
                 # listener, an unanswered connect) is no flow
-                if flow.cc == "fusion" or (flow.dport == 0 and flow.bytes_acked == 0):
+                if flow.cc in RECORDED_CCS or (flow.dport == 0 and flow.bytes_acked == 0):
                     continue
                 if (flow.daddr, flow.dport) in self.skip:
                     continue

@@ -34,12 +34,18 @@ from gemini_agent.table import (
     Limits,
     compile_table,
 )
+from gemini_api.datapaths import Apply, Datapath, datapath, registry
 from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
-from gemini_api.theta import ThetaError, ThetaSpec, datapath_of, load_spec
+from gemini_api.theta import ThetaError, ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 
 log = logging.getLogger(__name__)
 CATCH_ALL_PROFILE = 1
+
+
+def table_datapath() -> Datapath:
+    """The datapath whose θ goes into a per-destination profile table (Fusion's module)."""
+    return next(d for d in registry() if d.apply is Apply.PROFILE_TABLE)
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,8 @@ class ThetaApplier:
     ) -> None:
         self.kernel, self.metrics, self.staleness_s = kernel, metrics, staleness_s
         self.limits = limits or Limits()
-        self.spec = spec or load_spec()
+        self.spec = spec or table_datapath().spec
+        self.datapath = datapath(self.spec.datapath)  # whose θ the table holds
         self.safe_default = self.spec.default()
         self.last_ok = time.monotonic()
         self.applied: Plan | None = None
@@ -126,7 +133,7 @@ class ThetaApplier:
         An answer for a policy of another datapath (CUBIC's) carries that datapath's θ and
         none of this spec's: nothing here to check or refuse, the kernel keeps its plan."""
         previous = self.applied or Plan(self.safe_default, {})
-        if datapath_of(resp.target_cc) != self.spec.datapath:
+        if registry().answered(resp.target_cc) != self.datapath:
             return previous
         default = self.checked(self.spec.from_message(resp.default_theta))
         per_place = dict(previous.per_place)

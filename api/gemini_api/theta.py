@@ -1,9 +1,9 @@
-"""Loader and checks for θ specifications: one per datapath.
+"""Loader and checks for θ specifications: one per datapath, ``specs/<datapath>.toml``.
 
-A datapath is a congestion control whose parameters Booster tunes, with a way to apply them.
-Fusion's spec is ``theta_spec.toml`` (per destination context, through the module's table);
-others are ``specs/<datapath>.toml`` (e.g. Linux CUBIC's module parameters, one θ per host).
-``load_spec()`` is Fusion's, ``load_datapath(name)`` any datapath's; the format is the same.
+A datapath is a congestion control whose parameters Booster tunes, with a way to apply them;
+``gemini_api.datapaths`` is the registry that says which exist and how each is applied. This
+module knows only the θ part of a spec: parameters, units, regions, defaults. ``load_spec()``
+is the first datapath's (Fusion's, per destination context through its module's table).
 
 θ is carried everywhere as integers in the spec's units (one unit = one step of granularity), the
 same integers the kernel's sysctls take. That keeps Booster, the agent and the kernel bit-exact:
@@ -19,10 +19,9 @@ from functools import cache, cached_property
 from pathlib import Path
 from types import MappingProxyType
 
-SPEC_PATH = Path(__file__).with_name("theta_spec.toml")
 SPECS_DIR = Path(__file__).with_name("specs")
+SPEC_PATH = SPECS_DIR / "fusion.toml"  # the first datapath's, which load_spec() reads
 REGIONS = ("production", "wide")
-FUSION = "fusion"
 SCOPES = ("context", "host")  # one θ per destination context, or one per host
 
 
@@ -57,7 +56,7 @@ Bounds = Mapping[str, tuple[int, int]]
 class ThetaSpec:
     version: int
     params: tuple[ThetaParam, ...]
-    datapath: str = FUSION
+    datapath: str
     target: str = ""  # where θ is written (Fusion: its sysctls and netlink table)
     scope: str = "context"
 
@@ -139,7 +138,10 @@ class ThetaSpec:
         return {p.name: p.to_natural(theta[p.name]) for p in self.params}
 
 
-def _parse(raw: dict) -> ThetaSpec:
+def parse_spec(raw: Mapping) -> ThetaSpec:
+    """The θ part of a spec file's table (the registry reads the rest of it)."""
+    if "datapath" not in raw:
+        raise ThetaError("spec: missing 'datapath' (the name the registry knows it by)")
     scope = raw.get("scope", "context")
     if scope not in SCOPES:
         raise ThetaError(f"spec scope {scope!r}; expected one of {SCOPES}")
@@ -163,7 +165,7 @@ def _parse(raw: dict) -> ThetaSpec:
     return ThetaSpec(
         version=int(raw["version"]),
         params=tuple(params),
-        datapath=str(raw.get("datapath", FUSION)),
+        datapath=str(raw["datapath"]),
         target=str(raw.get("target", "")),
         scope=scope,
     )
@@ -172,27 +174,4 @@ def _parse(raw: dict) -> ThetaSpec:
 @cache
 def load_spec(path: Path = SPEC_PATH) -> ThetaSpec:
     with open(path, "rb") as f:
-        return _parse(tomllib.load(f))
-
-
-def datapaths() -> tuple[str, ...]:
-    """Every datapath with a spec: Fusion first, then ``specs/*.toml`` by name."""
-    return (FUSION, *sorted(p.stem for p in SPECS_DIR.glob("*.toml")))
-
-
-def datapath_of(cc: str) -> str:
-    """The datapath that tunes congestion control ``cc``: its own spec when it has one, else
-    Fusion's (a policy's target CC without a spec of its own tunes Fusion, as before)."""
-    return cc if cc != FUSION and (SPECS_DIR / f"{cc}.toml").is_file() else FUSION
-
-
-def load_datapath(datapath: str) -> ThetaSpec:
-    """The spec of ``datapath`` ("fusion", "cubic", ...); ThetaError when there is none."""
-    if datapath == FUSION:
-        return load_spec()
-    if datapath not in datapaths():
-        raise ThetaError(f"no θ spec for datapath {datapath!r}; have {datapaths()}")
-    spec = load_spec(SPECS_DIR / f"{datapath}.toml")
-    if spec.datapath != datapath:
-        raise ThetaError(f"specs/{datapath}.toml declares datapath {spec.datapath!r}")
-    return spec
+        return parse_spec(tomllib.load(f))

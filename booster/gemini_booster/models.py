@@ -12,9 +12,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    computed_field,
+    field_validator,
+    model_validator,
+)
 
-from gemini_api.theta import ThetaError, ThetaSpec, datapath_of, load_datapath
+from gemini_api.datapaths import DEFAULT_DATAPATH, datapath, datapaths, registry
+from gemini_api.theta import ThetaError, ThetaSpec
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 HOURS_PER_YEAR = 8766  # 365.25 days
@@ -38,7 +46,14 @@ ExplorationShare = Annotated[
         description="share of hosts per context that explore instead of exploit",
     ),
 ]
-TargetCC = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,16}$")]
+DatapathName = Annotated[
+    str,
+    Field(
+        pattern=r"^[a-z0-9_]{1,16}$",
+        description="the datapath whose θ the policy tunes: fusion, cubic, gemini, dcvegas, ...",
+    ),
+]
+CCName = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,16}$")]
 InitialPoints = Annotated[
     int, Field(ge=1, le=1000, description="space-filling θ before the model leads")
 ]
@@ -80,6 +95,23 @@ MaxContexts = Annotated[
 ]
 
 
+def _named_datapath(data: object) -> object:
+    """``target_cc``, the field a policy named its CC by before datapaths were explicit, is
+    still taken from older clients: it names the datapath whose CC it is, and must agree with
+    ``datapath`` when both are given. A CC that no datapath runs is refused, not guessed."""
+    if not isinstance(data, dict) or "target_cc" not in data:
+        return data
+    data = dict(data)
+    cc = data.pop("target_cc")
+    tuned = registry().for_cc(cc) if isinstance(cc, str) else None
+    if tuned is None:
+        ccs = [d.cc for d in registry()]
+        raise ValueError(f"target_cc: {cc!r} is no datapath's congestion control; have {ccs}")
+    if data.setdefault("datapath", tuned.name) != tuned.name:
+        raise ValueError(f"target_cc: {cc!r} is datapath {tuned.name!r}, not {data['datapath']!r}")
+    return data
+
+
 class PolicyFields(BaseModel):
     """The tunable part of a policy; every field has a safe default."""
 
@@ -92,7 +124,7 @@ class PolicyFields(BaseModel):
     bounds: Bounds | None = Field(
         None, description="custom bounds in spec units, required when region is custom"
     )
-    target_cc: TargetCC = "fusion"
+    datapath: DatapathName = DEFAULT_DATAPATH
     exploration_share: ExplorationShare = 0.5
     mode: Mode = Field(
         "contextual",
@@ -108,11 +140,27 @@ class PolicyFields(BaseModel):
     min_flows: MinFlows = 1
     max_contexts: MaxContexts = 1000
 
+    @model_validator(mode="before")
+    @classmethod
+    def _datapath_from_target_cc(cls, data: object) -> object:
+        return _named_datapath(data)
+
+    @field_validator("datapath")
+    @classmethod
+    def _known_datapath(cls, name: str) -> str:
+        if name not in datapaths():
+            raise ValueError(f"no datapath {name!r}; have {list(datapaths())}")
+        return name
+
     @property
     def spec(self) -> ThetaSpec:
-        """The θ spec of the datapath this policy tunes: CUBIC's module parameters for
-        target_cc "cubic", Fusion's θ otherwise (api/gemini_api/theta.py, ``datapath_of``)."""
-        return load_datapath(datapath_of(self.target_cc))
+        """The θ spec of the datapath this policy tunes (api/gemini_api/specs/<datapath>.toml)."""
+        return datapath(self.datapath).spec
+
+    @property
+    def target_cc(self) -> str:
+        """The kernel CC whose flows this policy tunes: its datapath's (what agents are told)."""
+        return datapath(self.datapath).cc
 
     @model_validator(mode="after")
     def _bounds_fit_region(self) -> PolicyFields:
@@ -147,7 +195,7 @@ class PolicyUpdate(BaseModel):
     sigma: Sigma | None = None
     region: Region | None = None
     bounds: Bounds | None = None
-    target_cc: TargetCC | None = None
+    datapath: DatapathName | None = None
     exploration_share: ExplorationShare | None = None
     mode: Mode | None = None
     acq_func: AcqFunc | None = None
@@ -159,11 +207,23 @@ class PolicyUpdate(BaseModel):
     min_flows: MinFlows | None = None
     max_contexts: MaxContexts | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _datapath_from_target_cc(cls, data: object) -> object:
+        return _named_datapath(data)
+
 
 class Policy(PolicyFields):
     id: int
     name: str
     revision: int
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="the kernel CC of the policy's datapath (what agents are told to run)"
+    )
+    @property
+    def target_cc(self) -> str:
+        return datapath(self.datapath).cc
 
     @field_validator("bounds", mode="before")
     @classmethod

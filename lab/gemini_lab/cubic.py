@@ -5,7 +5,7 @@ Booster runs here (embedded PostgreSQL, gRPC and REST); in the qemu guest, one l
 network namespace with its own agent and token, cubic as its CC, gemini_lab.fleet) sends
 back-to-back cubic flows over one path on which a CUBIC parameter matters. The host's own
 policy tunes Fusion (as a fleet's hosts' would), so its cubic flows are baselines of that
-policy; CUBIC is tuned by a second policy (``target_cc = "cubic"``, σ, a search region narrowed
+policy; CUBIC is tuned by a second policy (``datapath = "cubic"``, σ, a search region narrowed
 to what matters on the path, the rest at the kernel's values), which the host runs through an
 experiment created over REST: arm ``cubic-tuned`` (CUBIC, tuned by that policy) against
 ``cubic-default`` (CUBIC, kernel defaults: the agent puts the kernel's own values back), over
@@ -50,7 +50,7 @@ import httpx
 import numpy as np
 from sqlalchemy import func, select
 
-from gemini_api.theta import load_datapath
+from gemini_api.datapaths import load_datapath
 from gemini_booster.config import Settings
 from gemini_booster.domain import FlowSums
 from gemini_booster.experiments import statistics as st
@@ -266,7 +266,7 @@ def run_cubic(
             PolicyCreate(
                 name=policy_name,
                 sigma=cfg.sigma,
-                target_cc=CUBIC,
+                datapath=CUBIC,
                 region="custom",
                 bounds=search_bounds(cfg),
                 exploration_share=1.0,
@@ -597,7 +597,7 @@ def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
         "",
         f"- Path: {cfg.path.scenario.description}; back-to-back {cfg.flow_bytes} cubic flows, "
         "one at a time, from one lab host (a namespace with its own agent) in a qemu guest.",
-        f"- Policy `{result.policy}`: target_cc cubic, σ = {cfg.sigma:g}, custom region "
+        f"- Policy `{result.policy}`: datapath cubic, σ = {cfg.sigma:g}, custom region "
         f"{searched}, the other parameters at the kernel's values; exploration on for "
         f"{cfg.search_reports} reports ({cfg.n_initial_points} initial points), then off.",
         f"- Experiment `{e.get('name')}` through REST: {DEFAULT_ARM} (kernel defaults) vs "

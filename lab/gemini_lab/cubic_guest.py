@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from gemini_api.theta import load_datapath
+from gemini_api.datapaths import load_datapath
 from gemini_lab.bulk import put
 from gemini_lab.experiment import BASE_PORT
 from gemini_lab.netem import receiver_addr, receiver_ns, wait_listening

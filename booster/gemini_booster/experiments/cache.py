@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from gemini_api.datapaths import registry
 from gemini_api.v1 import booster_pb2 as pb
 
 from ..storage import experiments as store
@@ -43,8 +44,9 @@ def arm_message(found: Assignment) -> pb.ExperimentArm:
         destination_prefixes=arm.destinations or [],
         until_unix_ms=int(found.until.timestamp() * 1000),
     )
-    if arm.theta is not None:
-        msg.fixed_theta.datapath = arm.cc  # a fixed θ's CC has a spec of its own
+    tuned = registry().for_cc(arm.cc)
+    if arm.theta is not None and tuned is not None:  # a fixed θ's CC has a spec (ArmSpec)
+        msg.fixed_theta.datapath = tuned.name
         msg.fixed_theta.values.update(arm.theta)
     return msg
 

@@ -48,14 +48,13 @@ from pydantic import (
     model_validator,
 )
 
-from gemini_api.theta import datapath_of, datapaths, load_datapath
+from gemini_api.datapaths import datapaths, registry
 
 from ..models import NAME_PATTERN, Sigma
 
 ParamMode = Literal["kernel_default", "fixed", "policy"]
 Status = Literal["scheduled", "running", "ended", "stopped"]
 
-FUSION = "fusion"
 MIN_ARMS, MAX_ARMS = 2, 8
 MAX_HOSTS = 100_000  # a fleet's worth; the create body stays well under the REST body limit
 MAX_DAYS = 366  # results are computed per day: bound the work of one results call
@@ -120,11 +119,12 @@ class ArmSpec(BaseModel):
     @model_validator(mode="after")
     def _params_match_mode(self) -> ArmSpec:
         if self.params == "fixed":
-            if datapath_of(self.cc) != self.cc:
+            tuned = registry().for_cc(self.cc)
+            if tuned is None:
                 raise ValueError(f"theta: {self.cc} has no θ spec (fixed θ: {datapaths()})")
             if self.theta is None:
                 raise ValueError("theta: required when params is 'fixed'")
-            spec = load_datapath(self.cc)
+            spec = tuned.spec
             problems = spec.violations(self.theta, spec.limits)
             if problems:
                 raise ValueError("theta: " + "; ".join(problems))

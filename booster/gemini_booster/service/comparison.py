@@ -80,15 +80,23 @@ def versus(a: Arm, b: Arm) -> Versus:
     )
 
 
+def baseline_label(cc: str, policy: Policy) -> str:
+    """A baseline arm's name: its CC, told apart from the tuned arm when it is the policy's
+    own CC at the kernel's defaults (a host-wide datapath's kernel-default experiment arm)."""
+    return f"{cc} (kernel defaults)" if cc == policy.datapath else cc
+
+
 def compare_context(
-    fusion: list[Trial],
+    tuned: list[Trial],
     incumbent_key: str | None,
     baselines: dict[str, list[Trial]],
     sigma: float,
+    tuned_name: str,
 ) -> tuple[list[Arm], list[Versus]]:
+    """The tuned arm (named after the policy's datapath), its incumbent, and each baseline."""
     candidates = [
-        arm("fusion", fusion, sigma),
-        arm("incumbent", [t for t in fusion if t.theta_key == incumbent_key], sigma),
+        arm(tuned_name, tuned, sigma),
+        arm("incumbent", [t for t in tuned if t.theta_key == incumbent_key], sigma),
     ]
     ours = [a for a in candidates if a is not None]
     theirs = [a for cc, ts in sorted(baselines.items()) if (a := arm(cc, ts, sigma)) is not None]
@@ -111,15 +119,16 @@ def compare(
 ) -> Table:
     """Context id → (arms, comparisons) for every context where a baseline CC has flows."""
     s = policy.sigma if sigma is None else sigma
-    fusion = _by_context(trials)
-    theirs = {cc: _by_context(ts) for cc, ts in baselines.items()}
+    tuned = _by_context(trials)
+    theirs = {baseline_label(cc, policy): _by_context(ts) for cc, ts in baselines.items()}
     contexts = {c for per_context in theirs.values() for c in per_context}
     return {
         c: compare_context(
-            fusion.get(c, []),
+            tuned.get(c, []),
             incumbents.get(c),
             {cc: per_context.get(c, []) for cc, per_context in theirs.items()},
             s,
+            policy.datapath,
         )
         for c in sorted(contexts)
     }

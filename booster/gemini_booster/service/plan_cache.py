@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from gemini_api.theta import FUSION, ThetaSpec
+from gemini_api.datapaths import Message, datapath
+from gemini_api.theta import ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 
 from ..domain import ContextKey
@@ -28,7 +29,7 @@ ThetaMessage = pb.Theta | pb.DatapathTheta
 
 
 def theta_message(spec: ThetaSpec, theta: Mapping[str, int]) -> ThetaMessage:
-    if spec.datapath == FUSION:
+    if datapath(spec.datapath).message is Message.THETA:
         return pb.Theta(**theta)
     return pb.DatapathTheta(datapath=spec.datapath, values=theta)
 

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
+from gemini_api import datapaths
 from gemini_api import sketch as sketches
 from gemini_api.theta import ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
@@ -187,8 +188,8 @@ def _theta_key(
     a: pb.Aggregate, path: str, spec: ThetaSpec, policy: Policy, problems: list[str]
 ) -> str | None:
     """The tuned flows' θ, checked against Θ' (the kernel's limits); a baseline's is ''.
-    Fusion's θ comes as ``theta``, another datapath's (the policy's spec: CUBIC's module
-    parameters for target_cc "cubic") as ``datapath_theta``.
+    θ comes in the field its datapath's ``message`` names (api/gemini_api/datapaths.py):
+    ``theta`` for Fusion, ``datapath_theta`` for any other.
 
     Not against the policy's current region: flows that ran under a θ Booster handed out
     before the operator narrowed the region are real measurements, and refusing them would
@@ -200,11 +201,11 @@ def _theta_key(
         if problem:
             problems.append(f"{path}.{problem}")
         return ""
-    if policy.spec.datapath != spec.datapath:
-        theta = _datapath_theta(a, path, policy.spec, problems)
-        spec = policy.spec
+    spec = policy.spec
+    if datapaths.datapath(policy.datapath).message is datapaths.Message.THETA:
+        theta = _theta_message(a, path, spec, problems)
     else:
-        theta = _fusion_theta(a, path, spec, problems)
+        theta = _datapath_theta(a, path, spec, problems)
     if theta is None:
         return None
     problems += [f"{path}.theta.{v}" for v in spec.violations(theta, spec.limits)]
@@ -219,7 +220,8 @@ def _baseline_problem(a: pb.Aggregate, spec: ThetaSpec, policy: Policy) -> str |
     if not CC_NAME.fullmatch(a.cc):
         return f"cc: {a.cc[:32]!r} is not a kernel congestion-control name"
     own = a.cc == policy.target_cc
-    if own and (policy.spec.datapath == spec.datapath or a.HasField("datapath_theta")):
+    records_theta = datapaths.datapath(policy.datapath).records is datapaths.Records.FLOW_RECORDS
+    if own and (records_theta or a.HasField("datapath_theta")):
         return f"cc: {a.cc!r} flows leave cc empty and carry theta"
     if a.HasField("theta") or a.HasField("datapath_theta"):
         return f"theta: a baseline ({a.cc}) aggregate carries no theta"
@@ -240,7 +242,7 @@ def _carries_only(
     return True
 
 
-def _fusion_theta(
+def _theta_message(
     a: pb.Aggregate, path: str, spec: ThetaSpec, problems: list[str]
 ) -> dict[str, int] | None:
     if not _carries_only(a, "theta", "datapath_theta", path, spec, problems):

@@ -31,10 +31,14 @@ from sqlalchemy import Connection, Engine, select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 
+from gemini_api.datapaths import registry
+
 from ..domain import CONTEXT_FIELDS, ContextKey, FlowSums
 from ..experiments.assignment import assignment
 from . import changes, experiments
 from .schema import TRIAL_SUMS, Context, Report
+
+DEFAULT_CC = registry().default.cc
 
 # SQLSTATE classes of errors about the data written, which the same report meets again on
 # every retry: data exceptions (22: a value out of range, invalid text), integrity constraints
@@ -76,7 +80,7 @@ class ReportRow:
     interval_end: datetime
     aggregates: tuple[AggregateRow, ...]
     trial_bucket_hours: int = 1
-    target_cc: str = "fusion"  # the CC whose flows leave cc empty: the policy's datapath
+    target_cc: str = DEFAULT_CC  # the CC whose flows leave cc empty: the policy's datapath's
 
     def flows_by_cc(self) -> list[tuple[str, FlowSums, int]]:
         """(the CC the flows ran, sums, slow flows) per aggregate: a tuned aggregate's cc is

@@ -90,7 +90,7 @@ def update_policy(engine: Engine, name: str, change: PolicyUpdate, actor: str) -
         )
         if row is None:
             raise NotFound(f"policy {name!r}")
-        merged = _policy(row).model_dump(exclude={"id", "name", "revision"})
+        merged = _policy(row).model_dump(exclude={"id", "name", "revision", "target_cc"})
         merged.update(change.model_dump(exclude_unset=True))
         if merged["region"] != "custom":
             merged["bounds"] = None

@@ -52,7 +52,7 @@ class Policy(Base):
     sigma: Mapped[float] = mapped_column(Double, nullable=False)
     region: Mapped[str] = mapped_column(String(16), nullable=False)
     bounds: Mapped[dict] = mapped_column(JSONB, nullable=False)
-    target_cc: Mapped[str] = mapped_column(String(32), nullable=False)
+    datapath: Mapped[str] = mapped_column(String(32), nullable=False)
     exploration_share: Mapped[float] = mapped_column(Double, nullable=False)
     mode: Mapped[str] = mapped_column(String(16), nullable=False)
     acq_func: Mapped[str] = mapped_column(String(16), nullable=False)

@@ -413,7 +413,7 @@ function showPolicy(p, refill) {
   settings.replaceChildren();
   for (const [k, v] of Object.entries({
     "σ": p.sigma, "exploration share": p.exploration_share, "region": p.region,
-    "mode": p.mode, "acquisition": p.acq_func, "target CC": p.target_cc, "revision": p.revision,
+    "mode": p.mode, "acquisition": p.acq_func, "datapath": p.datapath, "target CC": p.target_cc, "revision": p.revision,
   })) {
     settings.append(Object.assign(document.createElement("dt"), { textContent: k }));
     settings.append(Object.assign(document.createElement("dd"), { textContent: String(v) }));

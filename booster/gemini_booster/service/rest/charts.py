@@ -28,7 +28,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy import Connection, Engine, func, select
 
 from gemini_api import sketch as sketches
-from gemini_api.theta import ThetaSpec, load_datapath
+from gemini_api.datapaths import load_datapath
+from gemini_api.theta import ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 
 from ...domain import SUM_FIELDS, ContextKey, FlowSums
@@ -36,6 +37,7 @@ from ...models import Policy
 from ...storage import repository as repo
 from ...storage.schema import Context, Report, ReportAggregate
 from ...storage.schema import Trial as TrialRow
+from ..comparison import baseline_label
 from ..core import Booster
 from .deps import BoosterDep, PolicyDep
 from .errors import AUTH_ERRORS, NOT_FOUND, error
@@ -55,7 +57,7 @@ QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
 # reports only, found backwards along the reports' primary key: a bound on one request's work
 # whatever the size of the table (reports have no index by time).
 MAX_RECENT_REPORTS = 20_000
-FUSION_ARM, INCUMBENT_ARM = "fusion", "incumbent"
+INCUMBENT_ARM = "incumbent"  # the tuned arm is named after the policy's datapath
 
 
 class RoundOut(BaseModel):
@@ -471,10 +473,11 @@ def percentiles(policy: PolicyDep, booster: BoosterDep, context: ContextQuery) -
     arms: dict[str, _Arm] = defaultdict(_Arm)
     for cc, key, raw, raw_delay, n, *sums in rows:
         flow_sums = FlowSums(int(n), *map(float, sums))
-        names = [cc] if cc else [FUSION_ARM] + ([INCUMBENT_ARM] if key == incumbent else [])
-        for name in names:
+        tuned = [policy.datapath] + ([INCUMBENT_ARM] if key == incumbent else [])
+        for name in [baseline_label(cc, policy)] if cc else tuned:
             arms[name].add(flow_sums, raw, raw_delay)
-    order = [FUSION_ARM, INCUMBENT_ARM, *sorted(set(arms) - {FUSION_ARM, INCUMBENT_ARM})]
+    ours = [policy.datapath, INCUMBENT_ARM]
+    order = [*ours, *sorted(set(arms) - set(ours))]
     return PercentilesOut(
         label=context,
         hours=policy.history_hours,

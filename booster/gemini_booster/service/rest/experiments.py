@@ -267,7 +267,8 @@ def _check_policies(body: ExperimentCreate, booster: BoosterDep) -> None:
         if policy is None:
             msg = f"policy: {arm.policy!r} does not exist"
         elif policy.target_cc != arm.cc:
-            msg = f"policy: {arm.policy!r} tunes {policy.target_cc}, not {arm.cc}"
+            tunes = f"{policy.datapath} (CC {policy.target_cc})"
+            msg = f"policy: {arm.policy!r} tunes {tunes}, not {arm.cc}"
         else:
             continue
         problems.append({"loc": loc, "msg": msg, "type": "value_error", "input": arm.policy})

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel
 
-from gemini_api.theta import FUSION, datapaths, load_datapath
+from gemini_api.datapaths import DEFAULT_DATAPATH, datapaths, load_datapath
 
 from ...domain import ContextKey, merge_buckets
 from ...models import Sigma
@@ -55,7 +55,7 @@ def theta_spec(
     booster: BoosterDep,
     datapath: Annotated[
         str, Query(pattern=r"^[a-z0-9_]{1,16}$", description="fusion (default), cubic, ...")
-    ] = FUSION,
+    ] = DEFAULT_DATAPATH,
 ) -> dict[str, Any]:
     """A datapath's θ spec: its parameters, units, regions and defaults."""
     if datapath not in datapaths():

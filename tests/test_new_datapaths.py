@@ -1,0 +1,173 @@
+"""GEMINI and DC-Vegas are run like every other datapath, with no code of their own in Booster
+or the agent: a policy names one, Booster plans in its spec's space and answers its θ in
+``datapath_theta``, its own flows are trials of the θ that ran (a θ outside Θ′ refused), an A/B
+experiment can set "dctcp at the kernel's defaults" against "the datapath tuned", the comparison
+names the tuned arm after it, and the agent writes its θ into the module's parameters (here a
+directory standing in for /sys/module/tcp_<name>/parameters; the lab writes the real ones,
+tests/test_lab_datapaths.py) and restores them."""
+
+from __future__ import annotations
+
+import datetime as dt
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gemini_agent.aggregator import Flow
+from gemini_agent.datapath import ModuleParams
+from gemini_api.aggregate import FlowStats
+from gemini_api.datapaths import registry
+from gemini_api.theta import ThetaSpec
+from gemini_api.v1 import booster_pb2 as pb
+from gemini_booster import simulation as sim
+from gemini_booster.storage import repository as repo
+
+from .conftest import OPERATOR, agent_md, auth
+from .test_experiment_arm import _agent
+from .test_experiment_ingest import HOSTS, aggregate
+
+NEW = ("gemini", "dcvegas")
+
+
+def _tuned(spec: ThetaSpec) -> dict[str, int]:
+    """The default with its first parameter moved to the top of Θ (a θ Booster could send)."""
+    first = spec.params[0]
+    return spec.default() | {first.name: first.production[1]}
+
+
+def own_flows(name: str, mbps: float, flows: int, theta: dict[str, int]) -> pb.Aggregate:
+    """A policy's own flows under the θ its agent set: cc empty, θ as datapath_theta."""
+    a = aggregate(mbps, flows, "")
+    a.ClearField("theta")
+    a.datapath_theta.CopyFrom(pb.DatapathTheta(datapath=name, values=theta))
+    return a
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_booster_plans_and_learns_a_new_datapath_in_its_own_space(booster, name) -> None:
+    spec = registry().get(name).spec
+    h = auth(OPERATOR)
+    r = booster.http.post("/v1/policies", json={"name": "dc", "datapath": name}, headers=h)
+    assert r.status_code == 201, r.text
+    assert r.json()["target_cc"] == registry().get(name).cc
+    got = booster.http.get("/v1/theta-spec", params={"datapath": name}, headers=h).json()
+    assert [p["name"] for p in got["params"]] == list(spec.names)
+
+    ctx = sim.ETHERNET.message()
+    report = sim.make_report("host-1", "dc", [own_flows(name, 40.0, 3, _tuned(spec))])
+    assert booster.stub().ReportAggregates(report, metadata=agent_md()).aggregates_stored == 1
+    [trial] = booster.http.get("/v1/policies/dc/trials", headers=h).json()
+    assert trial["flows"] == 3 and trial["theta"] == _tuned(spec)
+
+    booster.booster.refit(booster.booster.policies["dc"])
+    req = pb.GetParametersRequest(host_id="host-1", policy="dc", contexts=[ctx])
+    resp = booster.stub().GetParameters(req, metadata=agent_md())
+    assert resp.target_cc == name and not resp.HasField("default_theta")
+    assert resp.default_datapath_theta.datapath == name
+    assert dict(resp.default_datapath_theta.values) == spec.default()
+    [answer] = resp.parameters
+    theta = dict(answer.datapath_theta.values)
+    assert answer.datapath_theta.datapath == name and not answer.HasField("theta")
+    assert spec.violations(theta, spec.region_bounds("production")) == []
+
+    wide_top = spec.params[0].wide[1]
+    outside = _tuned(spec) | {spec.params[0].name: wide_top + 1}
+    bad = sim.make_report("host-1", "dc", [own_flows(name, 40.0, 3, outside)])
+    with pytest.raises(grpc.RpcError) as e:
+        booster.stub().ReportAggregates(bad, metadata=agent_md())
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"theta.{spec.params[0].name}" in e.value.details()
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_an_experiment_sets_dctcp_at_defaults_against_the_datapath_tuned(booster, name) -> None:
+    """The issue's example arm pair; the comparison names the tuned arm after the datapath and
+    dctcp's flows are its baseline."""
+    spec = registry().get(name).spec
+    h = auth(OPERATOR)
+    r = booster.http.post("/v1/policies", json={"name": "dc", "datapath": name}, headers=h)
+    assert r.status_code == 201, r.text
+    now = datetime.now(UTC)
+    body = {
+        "name": f"dctcp-vs-{name}",
+        "arms": [
+            {"name": "dctcp", "cc": "dctcp"},
+            {"name": "tuned", "cc": name, "params": "policy", "policy": "dc"},
+        ],
+        "population": {"regions": {"eu": HOSTS}},
+        "start": (now - timedelta(hours=1)).isoformat(),
+        "end": (now + timedelta(days=3)).isoformat(),
+    }
+    r = booster.http.post("/v1/experiments", json=body, headers=h)
+    assert r.status_code == 201, r.text
+    arms = {}
+    for host in HOSTS:
+        got = booster.http.get(f"/v1/hosts/{host}/experiment", headers=h).json()
+        arm = got["experiment"]["arm"]
+        arms[host] = arm["name"]
+        own = (
+            aggregate(20.0, 5, "dctcp")
+            if arm["name"] == "dctcp"
+            else own_flows(name, 30.0, 4, _tuned(spec))
+        )
+        req = sim.make_report(host, "dc", [own])
+        assert booster.stub().ReportAggregates(req, metadata=agent_md()).aggregates_stored == 1
+    assert set(arms.values()) == {"dctcp", "tuned"}
+    out = booster.http.get(f"/v1/experiments/dctcp-vs-{name}/results?sigma=0", headers=h)
+    by_arm = {a["arm"]: a for a in out.json()["overall"]["arms"]}
+    assert by_arm["tuned"]["throughput_mbps"]["mean"] == pytest.approx(30.0, rel=1e-3)
+    assert by_arm["dctcp"]["throughput_mbps"]["mean"] == pytest.approx(20.0, rel=1e-3)
+    policy = booster.booster.policies["dc"]
+    assert set(repo.load_baselines(booster.engine, policy.id)) == {"dctcp"}
+    [context] = booster.http.get("/v1/policies/dc/comparison?sigma=0", headers=h).json()
+    assert {a["arm"] for a in context["arms"]} >= {name, "dctcp"}
+
+
+def _answer(name: str, theta: dict[str, int]) -> bytes:
+    resp = pb.GetParametersResponse(target_cc=registry().get(name).cc)
+    resp.default_datapath_theta.CopyFrom(pb.DatapathTheta(datapath=name, values=theta))
+    return resp.SerializeToString()
+
+
+def _module_dir(root: Path, spec: ThetaSpec, values: dict[str, int]) -> ModuleParams:
+    """A stand-in for /sys/module/tcp_<name>/parameters holding ``values`` (this machine's
+    kernel loads no modules; the lab test writes the real files)."""
+    root.mkdir()
+    for n, v in values.items():
+        (root / n).write_text(f"{v}\n")
+    return ModuleParams(spec, root)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_the_agent_writes_reports_and_restores_a_new_datapaths_theta(
+    tmp_path, monkeypatch, name
+) -> None:
+    spec = registry().get(name).spec
+    loaded = spec.default()  # what the module holds before the agent's first write
+    tuned = _tuned(spec)
+    outside = tuned | {spec.params[0].name: spec.params[0].wide[1] + 1}
+    fusion = registry().default.cc
+    answers = [_answer(name, tuned), _answer(name, outside)]
+    answers.append(pb.GetParametersResponse(target_cc=fusion).SerializeToString())
+    params = _module_dir(tmp_path / "params", spec, loaded)
+    agent = _agent(tmp_path, answers, {name: params}, monkeypatch)
+
+    agent.refresh_theta()
+    assert params.read() == tuned
+    ended = dt.datetime.now(dt.UTC)
+    stats = FlowStats(2_000_000, 1_000_000, 50_000, 40_000)
+    agent.aggregator.add(Flow("192.0.2.1", stats, {}, 0, ended, cc=name))
+    agent.aggregator.add(Flow("192.0.2.1", stats, {}, 0, ended, cc="dctcp"))
+    report = agent.aggregator.close_interval(0, 1)
+    assert report is not None
+    by_cc = {a.cc: a for a in report.aggregates}
+    assert set(by_cc) == {"", "dctcp"}
+    assert by_cc[""].datapath_theta.datapath == name
+    assert dict(by_cc[""].datapath_theta.values) == tuned
+
+    agent.refresh_theta()  # outside Θ′: never reaches the module
+    assert params.read() == tuned and agent.metrics.theta_refused._value.get() == 1
+    agent.refresh_theta()  # the policy tunes another datapath: the module's values come back
+    assert params.read() == loaded and agent.aggregator.datapath_theta is None

@@ -131,10 +131,8 @@ static void dcvegas_cong_avoid(struct sock *sk, u32 ack, u32 acked)
 	struct dcvegas *ca = inet_csk_ca(sk);
 	struct tcp_sock *tp = tcp_sk(sk);
 
-	if (cc_round_over(&ca->round, tp)) {
-		dcvegas_end_round(sk, ca);
-		return;
-	}
+	if (cc_round_over(&ca->round, tp))
+		dcvegas_end_round(sk, ca);	/* may end slow start */
 	if (tcp_in_slow_start(tp) && tcp_is_cwnd_limited(sk))
 		tcp_slow_start(tp, acked);
 }

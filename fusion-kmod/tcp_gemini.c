@@ -47,8 +47,13 @@
  * cwnd · (1 − β_loss), and undo gives the window back if the loss proves spurious. Pacing:
  * the stack's internal pacing at its cwnd/RTT rate (the paper paces each flow).
  *
- * ss -i shows α as DCTCP's does ("dctcp:(ce_state,alpha,ab_ecn,ab_tot)", α in 1/1024); F and h
- * follow from tcpi_min_rtt (RTT_base), capacity_mbit, ecn_k and θ.
+ * ss -i shows α as DCTCP's does ("dctcp:(ce_state,alpha,ab_ecn,ab_tot)", α in 1/1024): ss
+ * asks for VEGASINFO, and so does getsockopt(TCP_CC_INFO). A sock_diag request that does not
+ * (INET_DIAG_INFO alone, say; idiag_ext has 8 bits, so BBRINFO cannot be asked for by name)
+ * gets the rest in BBR's record, there being no GEMINI record: bbr_min_rtt = RTT_base (µs),
+ * bbr_bw_lo = RTT_min of the latest round (µs, 0 if none), bbr_bw_hi = the flow's delay cuts
+ * << 16 | its ECN cuts (each saturating at 0xffff), bbr_pacing_gain = F (1/1024) and
+ * bbr_cwnd_gain = h (1/100 packets per round trip).
  *
  * Fixed point: α, F and every cut fraction in 1/CC_ALPHA_ONE (1024); h in 1/GEMINI_H_UNIT
  * packets per round trip (the spec's unit for h_min and h_max); θ in the spec's units.
@@ -69,6 +74,7 @@
 #define GEMINI_CAPACITY_MIN_MBIT	1
 #define GEMINI_CAPACITY_MAX_MBIT	1000000			/* 1 Tbit/s */
 #define GEMINI_CWND_MIN			2
+#define GEMINI_INFO_CUTS_SHIFT		16	/* bbr_bw_hi: delay cuts << 16 | ECN cuts */
 
 static struct cc_param gemini_theta[GEMINI_THETA_NPARAMS] = {
 	GEMINI_THETA_PARAMS(CC_THETA_ENTRY)
@@ -96,6 +102,8 @@ struct gemini {
 	u32 cut_end_seq;		/* no other window cut until snd_una passes this */
 	u32 loss_cwnd;			/* cwnd before the latest loss reduction, for undo */
 	struct cc_ce_echo echo;		/* receiver side */
+	u16 delay_cuts;			/* cuts with the WAN (delay) signal, for get_info */
+	u16 ecn_cuts;			/* cuts with the DCN (ECN) signal */
 	u8 ecn;				/* ECN negotiated: α and the ECN signal are live */
 	u8 ece;				/* the ACK being processed carries ECN-Echo */
 };
@@ -182,6 +190,8 @@ static void gemini_init(struct sock *sk)
 	ca->rtt_min_us = U32_MAX;
 	ca->cut_end_seq = tp->snd_una;
 	ca->loss_cwnd = 0;
+	ca->delay_cuts = 0;
+	ca->ecn_cuts = 0;
 	cc_ce_echo_init(&ca->echo, tp);
 	gemini_round_reset(ca, tp);
 	cmpxchg(&sk->sk_pacing_status, SK_PACING_NONE, SK_PACING_NEEDED);
@@ -219,6 +229,12 @@ static void gemini_pkts_acked(struct sock *sk, const struct ack_sample *sample)
 		ca->round_rtt_min_us = min_t(u32, ca->round_rtt_min_us, sample->rtt_us);
 }
 
+static void gemini_count(u16 *counter)
+{
+	if (*counter < U16_MAX)
+		(*counter)++;
+}
+
 /*
  * The target of a window cut, asked by the stack on entering CWR (our delay signal, or its
  * own on an ECE ACK), Recovery or Loss: cwnd · (1 − max(f_dcn, f_wan)). A loss is answered
@@ -232,11 +248,15 @@ static u32 gemini_ssthresh(struct sock *sk)
 
 	if (!gemini_may_cut(ca, tp))
 		return cwnd;			/* cut once already this round trip */
-	if (ca->ece)
+	if (ca->ece) {
 		f = gemini_dcn_cut(ca, tp);
-	if (gemini_wan_congested(ca, tp))
+		gemini_count(&ca->ecn_cuts);
+	}
+	if (gemini_wan_congested(ca, tp)) {
 		f = max(f, cc_ratio(gemini_param(GEMINI_THETA_WAN_DECREASE),
 				    GEMINI_WAN_DECREASE_SCALE));
+		gemini_count(&ca->delay_cuts);
+	}
 	ca->cut_end_seq = tp->snd_nxt;
 	return cc_cut(cwnd, f);
 }
@@ -318,14 +338,12 @@ static u32 gemini_undo_cwnd(struct sock *sk)
 	return max(tcp_snd_cwnd(tcp_sk(sk)), ca->loss_cwnd);
 }
 
-/* ss -i: DCTCP's record (answered for VEGASINFO too, which is what ss asks for). */
-static size_t gemini_get_info(struct sock *sk, u32 ext, int *attr, union tcp_cc_info *info)
+/* ss -i: α in DCTCP's record (answered for VEGASINFO too, which is what ss asks for). */
+static size_t gemini_dctcp_info(struct sock *sk, int *attr, union tcp_cc_info *info)
 {
 	const struct gemini *ca = inet_csk_ca(sk);
 	const struct tcp_sock *tp = tcp_sk(sk);
 
-	if (!(ext & (1 << (INET_DIAG_DCTCPINFO - 1))) && !(ext & (1 << (INET_DIAG_VEGASINFO - 1))))
-		return 0;
 	memset(&info->dctcp, 0, sizeof(info->dctcp));
 	info->dctcp.dctcp_enabled = ca->ecn;
 	info->dctcp.dctcp_ce_state = (u16)ca->echo.ce_state;
@@ -334,6 +352,29 @@ static size_t gemini_get_info(struct sock *sk, u32 ext, int *attr, union tcp_cc_
 	info->dctcp.dctcp_ab_tot = tp->mss_cache * (tp->delivered - ca->old_delivered);
 	*attr = INET_DIAG_DCTCPINFO;
 	return sizeof(info->dctcp);
+}
+
+/* Asked for anything but VEGASINFO: RTT_base, RTT_min, cuts by signal, F and h (see the top). */
+static size_t gemini_bbr_info(struct sock *sk, int *attr, union tcp_cc_info *info)
+{
+	const struct gemini *ca = inet_csk_ca(sk);
+	const struct tcp_sock *tp = tcp_sk(sk);
+
+	memset(&info->bbr, 0, sizeof(info->bbr));
+	info->bbr.bbr_bw_lo = ca->rtt_min_us == U32_MAX ? 0 : ca->rtt_min_us;
+	info->bbr.bbr_bw_hi = (u32)ca->delay_cuts << GEMINI_INFO_CUTS_SHIFT | ca->ecn_cuts;
+	info->bbr.bbr_min_rtt = cc_base_rtt_us(tp);
+	info->bbr.bbr_pacing_gain = gemini_scale_f(tp);
+	info->bbr.bbr_cwnd_gain = gemini_increase(tp);
+	*attr = INET_DIAG_BBRINFO;
+	return sizeof(info->bbr);
+}
+
+static size_t gemini_get_info(struct sock *sk, u32 ext, int *attr, union tcp_cc_info *info)
+{
+	if (ext & (1 << (INET_DIAG_DCTCPINFO - 1)) || ext & (1 << (INET_DIAG_VEGASINFO - 1)))
+		return gemini_dctcp_info(sk, attr, info);
+	return ext ? gemini_bbr_info(sk, attr, info) : 0;
 }
 
 static struct tcp_congestion_ops gemini_cong_ops __read_mostly = {

@@ -42,6 +42,9 @@ TCPI_OPT_ECN = 8  # struct tcp_info's tcpi_options: ECN was negotiated
 FLOW_S = 4.0
 # GEMINI's non-θ parameter: default, an in-range value, and values outside its bounds
 CAPACITY = {"name": "capacity_mbit", "default": 1000, "ok": 100, "bad": [0, 1000001]}
+# GEMINI with T at its floor (100 µs): any queue at all is WAN congestion, so delay cuts happen
+DELAY_VARIANT = {"label": "delay-variant", "set": {"delay_threshold_us": 100}}
+H_UNITS_PER_GBIT_BIT = 10_000_000  # h in 1/100 packet = H · C[Mbit/s] · RTT[µs] / 1e7
 
 GUEST_JOB = r'''
 import json, os, socket, subprocess, sys, time
@@ -142,9 +145,23 @@ while time.time() < end:
 ss = subprocess.run(["ss", "-tin", "dst", addr], capture_output=True, text=True).stdout
 info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
 used = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\\0")[0].decode()
+# sock_diag without VEGASINFO: tcp_info, the CC's name, and GEMINI's BBR-format record
+from pyroute2 import DiagSocket
+diag = {}
+with DiagSocket() as ds:
+    ds.bind()
+    for m in ds.get_sock_stats(family=socket.AF_INET, extensions=INFO | CONG):
+        bbr, ti = m.get_attr("INET_DIAG_BBRINFO"), m.get_attr("INET_DIAG_INFO")
+        if m.get_attr("INET_DIAG_CONG") == cc.decode() and bbr is not None:
+            diag = {k: bbr.get(k) for k in BBR_FIELDS}
+            diag["snd_mss"], diag["min_rtt"] = ti.get("tcpi_snd_mss"), ti.get("tcpi_min_rtt")
 s.close()
-print(json.dumps({"sent": sent, "options": info[5], "ss": ss, "cc": used}), flush=True)
+out = {"sent": sent, "options": info[5], "ss": ss, "cc": used, "diag": diag}
+print(json.dumps(out), flush=True)
 """
+SENDER = "INFO, CONG = 1 << 1, 1 << 3\nBBR_FIELDS = %r\n" % (
+    ("bbr_bw_lo", "bbr_bw_hi", "bbr_min_rtt", "bbr_pacing_gain", "bbr_cwnd_gain"),
+) + SENDER
 
 
 def flow(name, duration):
@@ -184,6 +201,12 @@ for m in plan["modules"]:
     r["available"] = read("/proc/sys/net/ipv4/tcp_available_congestion_control").split()
     r["params"] = check_params(name, m["params"] + m["extra"])
     r["flow"] = flow(name, plan["flow_s"])
+    for v in m["variants"]:  # θ set for one more flow, then back to the defaults
+        base = f"/sys/module/tcp_{name}/parameters"
+        r[v["label"]] = {"set": {k: write(f"{base}/{k}", x) for k, x in v["set"].items()}}
+        r[v["label"]]["flow"] = flow(name, plan["flow_s"])
+        for p in m["params"]:
+            write(f"{base}/{p['name']}", p["default"])
     r["rmmod"] = unload(name)
     r["loaded_after_rmmod"] = os.path.isdir(f"/sys/module/tcp_{name}")
     results[name] = r
@@ -216,7 +239,8 @@ def _plan() -> dict:
             for p in spec.params
         ]
         extra = [CAPACITY] if name == "gemini" else []
-        modules.append({"name": name, "params": params, "extra": extra})
+        variants = [DELAY_VARIANT] if name == "gemini" else []
+        modules.append({"name": name, "params": params, "extra": extra, "variants": variants})
     return {"modules": modules, "flow_s": FLOW_S}
 
 
@@ -319,6 +343,40 @@ def test_gemini_negotiates_ecn_and_reports_alpha(lab):
     info = re.search(r"dctcp:\(ce_state:(\d+),alpha:(\d+),ab_ecn:(\d+),ab_tot:(\d+)\)", f["ss"])
     assert info, f["ss"]
     assert 0 <= int(info.group(2)) <= 1024
+
+
+def _gemini_diag(flow: dict) -> dict:
+    diag = flow["sender"]["diag"]
+    assert diag, flow["sender"]
+    return diag
+
+
+def test_gemini_exports_rtt_base_f_and_h_as_its_equations_give(lab):
+    """F = 4K/(C·RTT_base + K) and h = H·C·RTT_base within [h_min, h_max], in the module's
+    fixed point, from the RTT_base it reports (C = capacity_mbit's default, θ the defaults)."""
+    diag = _gemini_diag(_module(lab, "gemini")["flow"])
+    theta = _spec("gemini").default()
+    base_us, mss = diag["bbr_min_rtt"], diag["snd_mss"]
+    assert 0 < base_us <= diag["min_rtt"]
+    bdp_bits = CAPACITY["default"] * base_us
+    k_bits = theta["ecn_k"] * mss * 8
+    assert diag["bbr_pacing_gain"] == (4 * k_bits << 10) // (bdp_bits + k_bits)
+    h = bdp_bits * theta["increase_h"] // H_UNITS_PER_GBIT_BIT
+    assert diag["bbr_cwnd_gain"] == min(max(h, theta["increase_min"]), theta["increase_max"])
+
+
+def test_gemini_cuts_on_ecn_marks(lab):
+    """The link marks CE from 1 ms of queue: the receiver echoes it and the sender cuts."""
+    cuts = _gemini_diag(_module(lab, "gemini")["flow"])["bbr_bw_hi"]
+    assert cuts & 0xFFFF >= 1, cuts
+
+
+def test_gemini_cuts_on_delay_when_the_threshold_is_below_the_queue(lab):
+    variant = _module(lab, "gemini")["delay-variant"]
+    assert variant["set"] == {"delay_threshold_us": 0}  # errno 0: the write took
+    cuts = _gemini_diag(variant["flow"])["bbr_bw_hi"]
+    assert cuts >> 16 >= 1, cuts
+    assert variant["flow"]["receiver"]["received"] > 1_000_000
 
 
 def test_dcvegas_runs_without_ecn(lab):

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench screenshots proto clean kmod kmod-theta uml lab-check lab-6.12 lab-bench images debs
+.PHONY: demo check test test-tier lint bench screenshots proto clean kmod kmod-theta uml lab-check lab-6.12 lab-bench images debs
 
 COMPONENTS := api agent booster lab
 
@@ -26,6 +26,26 @@ test: $(STAMP)  ## lint, then every test (real PostgreSQL, embedded)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+
+check: $(STAMP)  ## the inner loop, a few minutes: lint, then the unit tier (no PostgreSQL, browser, lab or tools)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -m unit
+
+# The tiers of CI (.ci/run), from the markers tests/conftest.py applies: each test runs in one
+# tier, the heaviest it needs (lab > tools > browser > postgres), so that together they run
+# exactly what `make test` runs. `pytest -m postgres` runs every test that needs PostgreSQL.
+TIERS := unit postgres browser tools lab
+TIER_unit := unit
+TIER_postgres := postgres and not (browser or tools or lab)
+TIER_browser := browser and not (tools or lab)
+TIER_tools := tools and not lab
+TIER_lab := lab
+
+test-tier: $(STAMP)  ## one CI tier's tests: make test-tier TIER=postgres (TIERS: unit postgres browser tools lab)
+	@test -n "$(TIER_$(TIER))" || { echo "TIER must be one of: $(TIERS)"; exit 2; }
+	$(BIN)/python -m pytest -q -m "$(TIER_$(TIER))" $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: none here
 
 bench: $(STAMP)  ## the benchmarks; results are written to benchmarks/results/
 	$(BIN)/python -m benchmarks.ingest

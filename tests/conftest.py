@@ -1,14 +1,22 @@
 """Shared fixtures: a real PostgreSQL (embedded via pgserver, or GEMINI_TEST_DATABASE_URL), a
-fresh migrated database per test, and a whole Booster (gRPC + REST) on loopback ports."""
+fresh migrated database per test, and a whole Booster (gRPC + REST) on loopback ports.
+
+Also the CI tiers: every test is marked with the resources it uses (see ``tiers_of``), so that
+``pytest -m unit`` runs the tests that need none of them and ``-m postgres`` (``browser``,
+``lab``, ``tools``) the tests that need that one."""
 
 from __future__ import annotations
 
+import functools
 import os
+import shlex
 import socket
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import CodeType, FunctionType, ModuleType
 
 import grpc
 import httpx
@@ -156,4 +164,188 @@ def insert_old_policy_and_context(conn) -> None:
             "INSERT INTO contexts (src_region, src_isp, dst_region, dst_isp, hour)"
             " VALUES ('a', 'b', 'c', 'd', 1)"
         )
+    )
+
+
+# ---- CI tiers ----------------------------------------------------------------------------------
+#
+# A test's tiers are derived from what it reaches: the fixtures it uses (with every fixture those
+# use), and every name that its function, its fixtures and the helpers they call from tests/
+# refer to, followed through helpers and classes defined under tests/ (so a test that starts
+# PostgreSQL, boots a guest or runs a tool through a helper of its own is marked too), together
+# with the string constants they hold (the executables they run). A test marked `lab` by hand
+# keeps it. `unit` is a test that reaches none of them; as a safety net, a `unit` test that
+# starts one of the tiers' executables anyway fails, naming it (see _unit_guard).
+
+RESOURCE_TIERS = ("postgres", "browser", "lab", "tools")
+
+# fixture name -> tier (fixtures that use these are found through pytest's fixture closure)
+TIER_FIXTURES = {"pg_admin_url": "postgres", "browser": "browser"}
+
+# qualified names of objects (module.qualname; a module's name alone) -> tier
+TIER_OBJECTS = {
+    "gemini_booster.storage.database.start_embedded": "postgres",
+    "pgserver": "postgres",
+    "selenium": "browser",
+    "gemini_lab.vm.run_in_guest": "lab",
+    "gemini_lab.uml.run_in_uml": "lab",
+    "gemini_lab.uml.build_kernel": "lab",
+    "gemini_lab.host.run_plan": "lab",
+    "gemini_lab.host.build_module": "lab",
+    "gemini_lab.abtest.run_abtest": "lab",
+    "gemini_lab.cubic.run_cubic": "lab",
+    "gemini_lab.loop.run_loop": "lab",
+    "gemini_lab.tune.run_tune": "lab",
+    "tests.test_helm.tool": "tools",  # helm, kubeconform, promtool … built into var/tools
+}
+
+# executables (a string constant, or a path whose last part is one of these) -> tier; also what
+# the unit guard refuses to let a `unit` test start
+TIER_EXECUTABLES = {
+    **dict.fromkeys(("postgres", "pg_ctl", "initdb", "pg_ctlcluster"), "postgres"),
+    **dict.fromkeys(("chromium", "chromedriver", "chrome", "google-chrome"), "browser"),
+    **dict.fromkeys(("qemu-system-x86_64", "qemu-system-aarch64", "vmlinux"), "lab"),
+    **dict.fromkeys(
+        (
+            "helm", "kubeconform", "promtool", "umoci", "debootstrap", "mmdebstrap", "dpkg-deb",
+            "dkms", "make", "systemd-analyze", "kube-apiserver", "kube-controller-manager", "etcd",
+        ),
+        "tools",
+    ),
+}  # fmt: skip
+
+# the project's heavy build scripts, named in a test -> tier
+TIER_SCRIPTS = {
+    "build-kernel.sh": "lab",
+    "build-in-trixie.sh": "tools",
+    "build.sh": "tools",  # packaging/images/build.sh, packaging/debian/build.sh
+    "install-tools.sh": "tools",
+}
+
+
+def _executable_tier(word: str) -> str | None:
+    name = word.rsplit("/", 1)[-1]
+    return TIER_EXECUTABLES.get(name) or TIER_SCRIPTS.get(name)
+
+
+def _qualname(obj: object) -> str | None:
+    if isinstance(obj, ModuleType):
+        return obj.__name__
+    module, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    return f"{module}.{qual}" if isinstance(module, str) and isinstance(qual, str) else None
+
+
+def _ours(obj: object) -> bool:
+    """True for what is defined under tests/ (followed further)."""
+    module = getattr(obj, "__module__", None)
+    return isinstance(module, str) and (module == "tests" or module.startswith("tests."))
+
+
+def _walk(code: CodeType, globs: dict) -> set[str]:
+    found: set[str] = set()
+    stack: list[tuple[CodeType, dict]] = [(code, globs)]
+    seen: set[CodeType] = set()
+    while stack:
+        code, globs = stack.pop()
+        if code in seen:
+            continue
+        seen.add(code)
+        for const in code.co_consts:
+            if isinstance(const, CodeType):
+                stack.append((const, globs))
+            elif isinstance(const, str):
+                found.add(const)
+            elif isinstance(const, tuple):
+                found.update(c for c in const if isinstance(c, str))
+        found.update(code.co_names)  # also local imports: `from selenium import webdriver`
+        modules = [globs[n] for n in code.co_names if isinstance(globs.get(n), ModuleType)]
+        for name in code.co_names:
+            objects = [globs[name]] if name in globs else []
+            objects += [getattr(m, name) for m in modules if name in vars(m)]
+            for obj in objects:
+                obj = getattr(obj, "__wrapped__", obj)  # functools.cache, decorators
+                if isinstance(obj, str | os.PathLike):
+                    found.add(str(os.fspath(obj)))  # a module constant: a tool's or script's path
+                    continue
+                qual = _qualname(obj)
+                if qual:
+                    found.add(qual)
+                if not _ours(obj):
+                    continue
+                if isinstance(obj, FunctionType):
+                    stack.append((obj.__code__, obj.__globals__))
+                elif isinstance(obj, type):
+                    for member in vars(obj).values():
+                        member = getattr(member, "__func__", member)
+                        member = getattr(member, "fget", member)
+                        if isinstance(member, FunctionType):
+                            stack.append((member.__code__, member.__globals__))
+    return found
+
+
+@functools.cache
+def _reach(fn: FunctionType) -> frozenset[str]:
+    """Qualified names, raw names and string constants reached from ``fn`` (memoised: fixtures
+    and helpers are shared by many tests)."""
+    return frozenset(_walk(fn.__code__, fn.__globals__))
+
+
+def tiers_of(item: pytest.Item) -> set[str]:
+    """The resource tiers ``item`` needs (empty for a unit test)."""
+    tiers = {m.name for m in item.iter_markers() if m.name in RESOURCE_TIERS}
+    names = getattr(item, "fixturenames", ())
+    tiers |= {TIER_FIXTURES[n] for n in names if n in TIER_FIXTURES}
+    functions: list[Callable] = []
+    if isinstance(item, pytest.Function):
+        functions.append(item.function)
+        infos = item._fixtureinfo.name2fixturedefs  # the closure, with the fixtures' fixtures
+        functions += [d.func for defs in infos.values() for d in defs if _ours(d.func)]
+    for fn in functions:
+        fn = getattr(fn, "__wrapped__", fn)
+        if not isinstance(fn, FunctionType):
+            continue
+        for found in _reach(fn):
+            tier = TIER_OBJECTS.get(found) or TIER_OBJECTS.get(found.split(".", 1)[0])
+            tier = tier or _executable_tier(found)
+            if tier:
+                tiers.add(tier)
+    return tiers
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tiers = tiers_of(item)
+        for tier in sorted(tiers) or ["unit"]:
+            if item.get_closest_marker(tier) is None:
+                item.add_marker(tier)
+
+
+class _UnitGuard(subprocess.Popen):
+    """subprocess.Popen for a `unit` test: refuses the executables of another tier."""
+
+    def __init__(self, args, *rest, **kwargs) -> None:
+        words = shlex.split(args) if isinstance(args, str) else [os.fspath(a) for a in args]
+        for word in words[:1] + [w for w in words[1:3] if not w.startswith("-")]:
+            tier = _executable_tier(str(word))
+            if tier:
+                pytest.fail(
+                    f"a test marked unit runs {word!r} ({tier} tier): tests/conftest.py's tier "
+                    "rules miss how it reaches it; add it there",
+                    pytrace=False,
+                )
+        super().__init__(args, *rest, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _unit_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("unit") is not None:
+        monkeypatch.setattr(subprocess, "Popen", _UnitGuard)
+        monkeypatch.setattr(database, "start_embedded", _refuse_postgres)
+
+
+def _refuse_postgres(*args, **kwargs) -> str:
+    pytest.fail(
+        "a test marked unit starts PostgreSQL: tests/conftest.py's tier rules miss how it reaches "
+        "it; add it there",
+        pytrace=False,
     )

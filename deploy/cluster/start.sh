@@ -90,7 +90,7 @@ KUBECONFIG=$state/kubeconfig
 GEMINI_CLUSTER_SERVER=$server
 GEMINI_CLUSTER_TOKEN=$token
 GEMINI_CLUSTER_CA=$pki/ca.crt
-GEMINI_CLUSTER_PIDS=$(tr '\n' ' ' <"$state/pids")
+GEMINI_CLUSTER_PIDS="$(tr "\n" " " <"$state/pids")"
 ENV
 
 for _ in $(seq 1 240); do

@@ -88,7 +88,12 @@ def test_reports_through_both_processes_are_stored_once_and_counted(server):
         flows = conn.execute(text("SELECT sum(flow_count) FROM trials")).scalar_one()
     assert flows == 48 * 10 * len(sim.DEFAULT_CONTEXTS)
 
-    time.sleep(2.5 * METRICS_EVERY_S)  # the front's metrics arrive with its next snapshot
+    # the front's metrics arrive with its next snapshot (every METRICS_EVERY_S)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+        server.booster.metrics.remote and accepted_on_metrics(server) == 48
+    ):
+        time.sleep(METRICS_EVERY_S / 5)
     fronts = server.booster.metrics.remote
     assert fronts, "the front process never reported its metrics"
     front_accepted = sum(

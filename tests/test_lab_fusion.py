@@ -140,7 +140,7 @@ def test_out_of_range_sysctl_writes_are_refused_and_values_kept(lab):
         ("prefix_too_long", "prefix_len longer than the address"),
         ("unknown_profile", "profile id not in this message"),
         ("profile_id_zero", "profile id 0 is the sysctl default"),
-        ("too_many_rules", ""),
+        ("too_many_rules", "more rules than FUSION_MAX_RULES"),
     ],
 )
 def test_bad_profile_tables_are_refused_and_table_kept(lab, case, reason):

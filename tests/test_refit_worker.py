@@ -66,10 +66,20 @@ def test_run_now_waits_for_the_refit_the_worker_began() -> None:
 
 def test_the_interval_counts_from_the_last_refit_of_any_kind() -> None:
     run = Recorder()
-    w = worker(run, last=time.monotonic())  # a refit began just now, outside the worker
+    began = time.monotonic()  # a refit began just now, outside the worker
+    asked = threading.Event()  # the worker, woken by the mark, asked when the last refit began
+
+    def last_started(_pid: int) -> float:
+        asked.set()
+        return began
+
+    w = _Worker(7, run, HOUR, last_started)
+    w.start()
     w.dirty.set()
-    time.sleep(0.3)
-    assert run.threads == []  # the worker waits an hour from that refit
+    assert asked.wait(30)
+    # told a refit began just now, the worker waits an hour from it, leaving the mark
+    assert run.threads == []
+    assert w.dirty.is_set()
     w.run_now()  # a caller that wants it now gets it now, in its own thread
     assert run.threads == [threading.current_thread().name]
     w.stop()

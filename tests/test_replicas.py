@@ -223,7 +223,12 @@ def test_one_refit_owner_and_a_takeover_when_it_is_killed(pair, db_url):
     took_s = until(lambda: refit(other).status_code == 200, "the survivor takes over refits")
     print(f"\nowner killed: the survivor owned its refits after {took_s:.2f} s")
     until(lambda: not any(alive(p) for p in workers), "the dead owner's refit workers exit")
-    time.sleep(1.0)  # reports keep flowing to the survivor alone
+    # reports keep flowing, to the survivor alone: every agent has one more acknowledged
+    flowed = [len(x.acknowledged) for x in agents]
+    until(
+        lambda: all(len(x.acknowledged) > n for x, n in zip(agents, flowed, strict=True)),
+        f"reports acknowledged by the survivor (errors: {agents[0].errors})",
+    )
     stop.set()
     for agent in agents:
         agent.join(timeout=60)

@@ -9,6 +9,10 @@
 #
 # Everything lands in var/tools/ (not committed); tests/test_helm.py and
 # tests/test_observability.py look there and skip, naming what is missing, without it.
+# var/tools is a symlink into $GEMINI_CACHE (/var/cache/gemini where it can be written, else
+# ~/.cache/gemini; `off` keeps a plain var/tools), to tools-<hash of this script and
+# deploy/tools/>: a machine builds them once for all its clones. A new entry starts from what
+# var/tools held, and each tool's version marker decides what is rebuilt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +25,26 @@ KUBERNETES_VERSION=v1.31.3
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 ROOT=$PWD
 TOOLS=$ROOT/var/tools
+if [ "${GEMINI_CACHE:-}" != off ]; then
+	cache=${GEMINI_CACHE:-/var/cache/gemini}
+	{ mkdir -p "$cache" && [ -w "$cache" ]; } 2>/dev/null || cache=${XDG_CACHE_HOME:-$HOME/.cache}/gemini
+	key=$(find deploy/install-tools.sh deploy/tools -type f ! -path '*/__pycache__/*' -print0 |
+		sort -z | xargs -0 cat | sha256sum | cut -c1-16)
+	entry=$cache/tools-$key
+	if [ ! -d "$entry" ]; then
+		mkdir -p "$cache"
+		rm -rf "$entry.tmp"
+		if [ -L "$TOOLS" ] && [ -d "$TOOLS" ]; then cp -a "$TOOLS/." "$entry.tmp"; # older inputs
+		elif [ -d "$TOOLS" ]; then mv "$TOOLS" "$entry.tmp"; # tools built before the cache
+		else mkdir "$entry.tmp"; fi
+		mv "$entry.tmp" "$entry"
+	fi
+	if [ -d "$TOOLS" ] && [ ! -L "$TOOLS" ]; then rm -rf "$TOOLS"; fi
+	mkdir -p "$ROOT/var"
+	ln -sfn "$entry" "$TOOLS"
+	touch "$entry" # in use: entries no clone has used for 30 days go
+	find "$cache" -maxdepth 1 -name 'tools-*' ! -name "tools-$key" -mtime +30 -exec rm -rf {} +
+fi
 export GOBIN=$TOOLS/bin GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
 mkdir -p "$GOBIN"
 

@@ -17,12 +17,21 @@
 #        the build fails; warnings are for the caller to judge (tests/test_kmod_build.py
 #        refuses any).
 #
-# Everything lives under var/ (not tracked). Needs debootstrap and network access to a Debian
+# The chroot and the kernel live outside the clone, so that a machine makes them once for all
+# its clones: in $GEMINI_CACHE (/var/cache/gemini by default; `off` keeps them in var/) under
+# trixie-<hash of the package list and this script's setup>, with var/trixie/root and
+# var/trixie/kernel symlinks to them (a chroot already in var/ is moved there, not made again).
+# The build output stays in var/trixie/out. Needs debootstrap and network access to a Debian
 # mirror for setup (DEBIAN_MIRROR, deb.debian.org by default); build needs neither.
 set -eu
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 VAR=${GEMINI_VAR:-$REPO/var}
+# the cache unless the caller names the chroot or the kernel's place itself
+CACHED=
+if [ -z "${TRIXIE_ROOT:-}${TRIXIE_KERNEL_ROOT:-}" ] && [ "${GEMINI_CACHE:-}" != off ]; then
+	CACHED=${GEMINI_CACHE:-/var/cache/gemini}/trixie
+fi
 TRIXIE_ROOT=${TRIXIE_ROOT:-$VAR/trixie/root}
 TRIXIE_KERNEL_ROOT=${TRIXIE_KERNEL_ROOT:-$VAR/trixie/kernel}
 TRIXIE_OUT=${TRIXIE_OUT:-$VAR/trixie/out}
@@ -45,8 +54,29 @@ release() {
 	echo "$rel"
 }
 
+# var/trixie/root and var/trixie/kernel as symlinks into the cache, keyed by the inputs: the
+# suite, the packages and setup() below (what else goes in, the mirror's state, is the day's).
+use_cache() {
+	key=$({ echo "trixie $PACKAGES"; sed -n '/^setup() {/,/^}/p' "$0"; } | sha256sum | cut -c1-16)
+	entry=$CACHED-$key
+	mkdir -p "$entry" "$VAR/trixie"
+	exec 8>"$entry.lock"
+	flock 8 # one setup of an entry at a time
+	for part in root kernel; do
+		link=$VAR/trixie/$part
+		if [ -d "$link" ] && [ ! -L "$link" ]; then
+			if [ -e "$entry/$part" ]; then rm -rf "$link"; else mv "$link" "$entry/$part"; fi
+		fi
+		ln -sfn "$entry/$part" "$link"
+	done
+	TRIXIE_ROOT=$entry/root
+	TRIXIE_KERNEL_ROOT=$entry/kernel
+	COMPLETE=$TRIXIE_ROOT/.gemini-complete
+}
+
 setup() {
 	[ "$(id -u)" = 0 ] || die "setup needs root (debootstrap, chroot)"
+	if [ -n "$CACHED" ]; then use_cache; fi
 	if [ ! -f "$COMPLETE" ]; then
 		command -v debootstrap >/dev/null || die "debootstrap is missing: apt-get install debootstrap"
 		rm -rf "$TRIXIE_ROOT"
@@ -81,6 +111,8 @@ setup() {
 build() {
 	[ -f "$COMPLETE" ] || die "no trixie chroot at $TRIXIE_ROOT: run '$0 setup' first"
 	rel=$(release)
+	exec 9>"$TRIXIE_ROOT/.build.lock"
+	flock 9 # the chroot may be shared by several clones: one build in it at a time
 	src=$TRIXIE_ROOT/build/fusion-kmod
 	rm -rf "$src"
 	mkdir -p "$src" "$TRIXIE_OUT"

@@ -229,7 +229,7 @@ def ecn_plan(duration_s: float = 8.0) -> dict:
             flow("datacenter/cubic", 0, "cubic"),
             flow("datacenter/dctcp-below-k", 0, "dctcp", window_packets=bdp + k - 6),
             flow("datacenter/dctcp-above-k", 0, "dctcp", window_packets=bdp + k + 8),
-            flow("cross-dc/cubic", 1, "cubic", hops=[0, 1], omit_s=2.0),
+            {**flow("cross-dc/cubic", 1, "cubic", hops=[0, 1], omit_s=2.0), "duration_s": 12},
             *(
                 {
                     "label": f"dc-incast/{cc}",

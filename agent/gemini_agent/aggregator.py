@@ -72,9 +72,13 @@ class Aggregator:
         with self._lock:
             return list(self._ranking)
 
-    def close_interval(self, start_ms: int, end_ms: int) -> pb.ReportRequest | None:
+    def close_interval(
+        self, start_ms: int, end_ms: int, *, dense_sketches: bool = False
+    ) -> pb.ReportRequest | None:
         """The interval's report, or None when no flow finished. Its id is fixed by host,
-        policy and interval, so a report retried after a restart is the same report."""
+        policy and interval, so a report retried after a restart is the same report (Booster
+        keys reports by host and id, so no other host can take it). Sketches are compact;
+        ``dense_sketches`` encodes them as agents before the compact sketch did."""
         with self._lock:
             slots, self._slots = self._slots, {}
             self._ranking = [place for place, _ in self._recent_flows.most_common()]
@@ -85,7 +89,8 @@ class Aggregator:
             return None
         report_id = uuid.uuid5(REPORT_NAMESPACE, f"{self.host_id}/{self.policy}/{start_ms}")
         aggregates = [
-            s.builder.to_proto(s.theta, s.version, s.context, s.cc) for s in slots.values()
+            s.builder.to_proto(s.theta, s.version, s.context, s.cc, dense=dense_sketches)
+            for s in slots.values()
         ]
         ran = self.datapath_theta
         for agg in aggregates:

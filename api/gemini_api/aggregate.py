@@ -3,7 +3,8 @@
 Throughput is bytes acknowledged over the flow's duration (Mbit/s); queueing delay is mean RTT
 minus minimum RTT (ms). Sums, sums of squares and Σ throughput·delay let Booster compute eq. 9's
 mean and variance for any σ later; two sketches keep the distributions of throughput and of
-queueing delay (the paper's Fig. 9 shows percentiles of both).
+queueing delay (the paper's Fig. 9 shows percentiles of both), sent in the compact encoding of
+gemini_api.sketch (quantiles within 5 %).
 """
 
 from __future__ import annotations
@@ -60,16 +61,25 @@ class AggregateBuilder:
         self.delay_sketch.add(delay)  # 0 ms (no queue) lands in the sketch's zero count
 
     def to_proto(
-        self, theta: Mapping[str, int], theta_version: int, context: pb.Context, cc: str = ""
+        self,
+        theta: Mapping[str, int],
+        theta_version: int,
+        context: pb.Context,
+        cc: str = "",
+        *,
+        dense: bool = False,
     ) -> pb.Aggregate:
-        """Fusion flows carry their θ; another CC's flows (``cc`` set) carry none."""
+        """Fusion flows carry their θ; another CC's flows (``cc`` set) carry none. Sketches are
+        compact (v2); ``dense`` writes them as agents before the compact sketch did (v1), which
+        Booster still accepts (benchmarks and rollout tests compare the two)."""
+        encode = sketches.to_proto if dense else sketches.to_compact_proto
         msg = pb.Aggregate(
             theta=None if cc else pb.Theta(**theta),
             theta_version=theta_version,
             cc=cc,
             context=context,
-            throughput_sketch=sketches.to_proto(self.sketch),
-            queue_delay_sketch=sketches.to_proto(self.delay_sketch),
+            throughput_sketch=encode(self.sketch),
+            queue_delay_sketch=encode(self.delay_sketch),
             slow_flow_count=self.slow,
             size_bucket_counts=self.sizes,
         )

@@ -1,7 +1,24 @@
 """Conversion between DDSketch (the ``ddsketch`` library) and the API's QuantileSketch message.
 
-Agents build one sketch per aggregate; Booster merges them per trial on demand. Both sides must
-use the same relative accuracy for merges to be exact, so the default lives here.
+Agents build one sketch per aggregate with the library (a logarithmic mapping of relative
+accuracy 1 %); Booster merges them per trial on demand. The message has two encodings
+(api/gemini_api/v1/booster.proto):
+
+- **dense** (v1, ``to_proto``): every key of the 1 % mapping from the lowest to the highest
+  present, as doubles. Sent by agents before the compact sketch, still accepted; a throughput
+  spread over a few orders of magnitude costs kilobytes per sketch.
+- **compact** (v2, ``to_compact_proto``, what agents send): only the bins that hold flows, each
+  ``COMPACT_KEY_STRIDE`` keys of the 1 % mapping wide, as varint key steps and whole-flow
+  counts, at most ``COMPACT_MAX_BINS`` of them. Bin ``b`` is the union of keys
+  ``(b-1)·s+1 .. b·s``, a logarithmic mapping of γ^s: relative accuracy
+  ``COMPACT_RELATIVE_ACCURACY`` (5.0 %). Typically two bytes per bin. DDSketch's own protobuf
+  (``ddsketch.pb``) spends 8 bytes per key in its contiguous store and about 13 per bin in its
+  sparse map: several times this (benchmarks/report_size.py prints it).
+
+Both decode (``from_proto``) into the 1 % mapping, so that old and new sketches merge: a
+compact bin's weight goes to the middle key of its stride, whose value is within
+``COMPACT_READ_ERROR`` (5.1 %) of every value the bin holds. That is the stated accuracy of a
+quantile read from compact sketches (tests/test_sketch_encoding.py); dense sketches keep 1 %.
 """
 
 from __future__ import annotations
@@ -23,14 +40,35 @@ MAX_KEY = _MAPPING.key(_MAPPING.max_possible)
 # numbers (a merged or scaled sketch) and their rounding.
 WEIGHT_REL_TOL = 1e-9
 
+# The compact encoding: bins of 5 keys (odd, so that a bin has a middle key).
+COMPACT_KEY_STRIDE = 5
+_GAMMA = _MAPPING.gamma
+_BIN_GAMMA = _GAMMA**COMPACT_KEY_STRIDE
+COMPACT_RELATIVE_ACCURACY = (_BIN_GAMMA - 1) / (_BIN_GAMMA + 1)  # 4.996 %
+# Read back into the 1 % mapping at the middle key m = b·s − (s−1)/2, whose value is
+# γ^m·2/(1+γ); the bin spans (γ^(b·s−s), γ^(b·s)], so the farthest value is a bin end.
+_MIDDLE = (COMPACT_KEY_STRIDE - 1) // 2
+COMPACT_READ_ERROR = max(
+    _GAMMA ** (_MIDDLE + 1) * 2 / (1 + _GAMMA) - 1,
+    1 - _GAMMA ** (-_MIDDLE) * 2 / (1 + _GAMMA),
+)  # 5.12 %
+# Enough for 5.5 orders of magnitude in one aggregate; beyond that the lowest bins fold into
+# the lowest one kept (DDSketch's collapsing-lowest store), so only the lowest quantiles of
+# such a spread lose their accuracy.
+COMPACT_MAX_BINS = 128
+# The bins that keys of the mapping fall in.
+MIN_BIN = -(-MIN_KEY // COMPACT_KEY_STRIDE)
+MAX_BIN = -(-MAX_KEY // COMPACT_KEY_STRIDE)
+
 
 def new_sketch() -> DDSketch:
     return DDSketch(relative_accuracy=RELATIVE_ACCURACY)
 
 
 def to_proto(sketch: DDSketch) -> pb.QuantileSketch:
-    """The message for ``sketch``; a sketch without values becomes no sketch at all (the empty
-    message), the only form of emptiness Booster accepts."""
+    """The dense (v1) message for ``sketch``, as agents before the compact sketch send it; a
+    sketch without values becomes no sketch at all (the empty message), the only form of
+    emptiness Booster accepts."""
     if sketch.count == 0:
         return pb.QuantileSketch()
     store = sketch._store  # ddsketch exposes no public accessor for the dense store
@@ -45,6 +83,35 @@ def to_proto(sketch: DDSketch) -> pb.QuantileSketch:
     return msg
 
 
+def to_compact_proto(sketch: DDSketch) -> pb.QuantileSketch:
+    """The compact (v2) message for ``sketch``, a sketch of whole flows at 1 % (``new_sketch``);
+    the empty message when it has no values."""
+    if sketch.count == 0:
+        return pb.QuantileSketch()
+    msg = pb.QuantileSketch(
+        relative_accuracy=sketch._relative_accuracy,
+        zero_count=sketch._zero_count,
+        key_stride=COMPACT_KEY_STRIDE,
+    )
+    store = sketch._store
+    if not store.count:
+        return msg
+    bins: dict[int, float] = {}
+    lo = store.min_key - store.offset
+    for i, weight in enumerate(store.bins[lo : store.max_key - store.offset + 1]):
+        if weight:
+            b = -(-(store.min_key + i) // COMPACT_KEY_STRIDE)  # ⌈key / s⌉
+            bins[b] = bins.get(b, 0.0) + weight
+    keys = sorted(bins)
+    if len(keys) > COMPACT_MAX_BINS:
+        cut = len(keys) - COMPACT_MAX_BINS
+        bins[keys[cut]] += sum(bins[k] for k in keys[:cut])
+        keys = keys[cut:]
+    msg.bin_key_deltas.extend(b - a for a, b in zip([0, *keys], keys, strict=False))
+    msg.bin_counts.extend(round(bins[k]) for k in keys)
+    return msg
+
+
 def sketch_errors(msg: pb.QuantileSketch, flow_count: int) -> list[str]:
     """Everything wrong with a received sketch of ``flow_count`` flows; empty when it can be
     stored and merged safely.
@@ -52,42 +119,104 @@ def sketch_errors(msg: pb.QuantileSketch, flow_count: int) -> list[str]:
     A sketch is either absent (the empty message) or a sketch of exactly the aggregate's flows:
     the library's accuracy (merges are exact only then), keys the mapping can produce (so that
     merging cannot overflow or allocate without bound), and finite non-negative weights that add
-    up to the flow count, one per flow.
+    up to the flow count, one per flow. Every check runs over the repeated fields in C (len, sum,
+    min, max), never in a Python loop per bucket.
     """
     if msg.ByteSize() == 0:
         return []
     errors = []
     if msg.relative_accuracy != RELATIVE_ACCURACY:
         errors.append(f"relative_accuracy {msg.relative_accuracy} != {RELATIVE_ACCURACY}")
+    total: float | None
+    if msg.key_stride or msg.bin_key_deltas or msg.bin_counts:
+        total = _compact_weight(msg, flow_count, errors)
+    else:
+        total = _dense_weight(msg, errors)
+    if total is None:
+        return errors
+    zero = msg.zero_count
+    if not math.isfinite(zero) or zero < 0:
+        errors.append(f"zero_count {zero} is not a finite non-negative number")
+    elif not math.isfinite(total + zero):
+        errors.append(f"total weight {total + zero} is not finite")
+    elif total + zero == 0:
+        errors.append("no weight: leave the sketch unset when it has no values")
+    elif not math.isclose(total + zero, flow_count, rel_tol=WEIGHT_REL_TOL):
+        errors.append(f"total weight {total + zero:g} != flow_count {flow_count} (one per flow)")
+    return errors
+
+
+def _dense_weight(msg: pb.QuantileSketch, errors: list[str]) -> float | None:
+    """The weight of a dense sketch's keys, or None when they cannot be added up."""
     counts = msg.counts
     if len(counts) > MAX_BUCKETS:
         errors.append(f"{len(counts)} buckets > {MAX_BUCKETS}")
     last = msg.offset + max(len(counts), 1) - 1
     if msg.offset < MIN_KEY or last > MAX_KEY:
         errors.append(f"keys {msg.offset}..{last} outside the mapping's {MIN_KEY}..{MAX_KEY}")
+    if not counts:
+        return 0.0
     # Summed in C: NaN or ±inf anywhere leaves the sum not finite. Weights are whole numbers
     # of flows, which a double adds exactly far beyond any flow count.
-    total = sum(counts, msg.zero_count)
-    if not math.isfinite(total) or msg.zero_count < 0 or (counts and min(counts) < 0):
-        bad = next((v for v in (*counts, msg.zero_count) if not math.isfinite(v) or v < 0), None)
-        if bad is None:  # every weight finite, their sum not
-            errors.append(f"total weight {total} is not finite")
-        else:
-            errors.append(f"bucket count {bad} is not a finite non-negative number")
-        return errors
-    if total == 0:
-        errors.append("no weight: leave the sketch unset when it has no values")
-    elif not math.isclose(total, flow_count, rel_tol=WEIGHT_REL_TOL):
-        errors.append(f"total weight {total:g} != flow_count {flow_count} (one per flow)")
-    return errors
+    total = sum(counts, 0.0)
+    low = min(counts)
+    if math.isfinite(total) and low >= 0:
+        return total
+    if math.isnan(total) or low < 0 or math.isinf(max(counts)):
+        bad = next(v for v in counts if not math.isfinite(v) or v < 0)
+        errors.append(f"bucket count {bad} is not a finite non-negative number")
+    else:
+        errors.append(f"total weight {total} is not finite")
+    return None
+
+
+def _compact_weight(msg: pb.QuantileSketch, flow_count: int, errors: list[str]) -> int | None:
+    """The weight of a compact sketch's bins, or None when they cannot be added up."""
+    deltas, counts = msg.bin_key_deltas, msg.bin_counts
+    found = len(errors)
+    if msg.key_stride != COMPACT_KEY_STRIDE:
+        errors.append(f"key_stride {msg.key_stride} != {COMPACT_KEY_STRIDE}")
+    if msg.counts or msg.offset:
+        errors.append("both encodings: a compact sketch (key_stride) has no offset or counts")
+    if len(deltas) != len(counts):
+        errors.append(f"{len(deltas)} bin_key_deltas for {len(counts)} bin_counts")
+    if len(counts) > COMPACT_MAX_BINS:
+        errors.append(f"{len(counts)} bins > {COMPACT_MAX_BINS}")
+    if len(errors) > found:
+        return None
+    if not counts:
+        return 0
+    if len(deltas) > 1 and min(deltas[1:]) < 1:
+        errors.append("bin_key_deltas: bins must come in increasing key order")
+        return None
+    first, last = deltas[0], sum(deltas)
+    if first < MIN_BIN or last > MAX_BIN:
+        errors.append(f"bins {first}..{last} outside the mapping's {MIN_BIN}..{MAX_BIN}")
+    if min(counts) < 1:
+        errors.append("bin_counts: a bin without weight (send only bins that hold flows)")
+    elif max(counts) > flow_count:
+        errors.append(f"bin_counts: {max(counts)} > flow_count {flow_count}")
+    if len(errors) > found:
+        return None
+    return sum(counts)  # each ≤ flow_count ≤ 2^32, at most COMPACT_MAX_BINS of them: exact
 
 
 def from_proto(msg: pb.QuantileSketch) -> DDSketch:
+    """A sketch in the 1 % mapping, from either encoding (checked by ``sketch_errors``); a
+    compact bin's weight lands on the middle key of its stride."""
     sketch = new_sketch()
-    for i, weight in enumerate(msg.counts):
-        if weight > 0:
-            sketch._store.add(msg.offset + i, weight)
-            sketch._count += weight
+    if msg.key_stride:
+        key = 0
+        for delta, count in zip(msg.bin_key_deltas, msg.bin_counts, strict=True):
+            key += delta
+            middle = min(max(key * COMPACT_KEY_STRIDE - _MIDDLE, MIN_KEY), MAX_KEY)
+            sketch._store.add(middle, float(count))
+            sketch._count += count
+    else:
+        for i, weight in enumerate(msg.counts):
+            if weight > 0:
+                sketch._store.add(msg.offset + i, weight)
+                sketch._count += weight
     if msg.zero_count:
         sketch._zero_count += msg.zero_count
         sketch._count += msg.zero_count

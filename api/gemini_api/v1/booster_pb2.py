@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgemini_api/v1/booster.proto\x12\x11gemini.booster.v1\"\xc7\x02\n\x05Theta\x12\x16\n\tinit_cwnd\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x1a\n\rmult_increase\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x19\n\x0c\x61\x64\x64_increase\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x1a\n\rmult_decrease\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x1b\n\x0eloss_threshold\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x1a\n\rrtt_threshold\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x1d\n\x10window_intervals\x18\x07 \x01(\x05H\x06\x88\x01\x01\x42\x0c\n\n_init_cwndB\x10\n\x0e_mult_increaseB\x0f\n\r_add_increaseB\x10\n\x0e_mult_decreaseB\x11\n\x0f_loss_thresholdB\x10\n\x0e_rtt_thresholdB\x13\n\x11_window_intervals\"a\n\x07\x43ontext\x12\x12\n\nsrc_region\x18\x01 \x01(\t\x12\x0f\n\x07src_isp\x18\x02 \x01(\t\x12\x12\n\ndst_region\x18\x03 \x01(\t\x12\x0f\n\x07\x64st_isp\x18\x04 \x01(\t\x12\x0c\n\x04hour\x18\x05 \x01(\r\"_\n\x0eQuantileSketch\x12\x19\n\x11relative_accuracy\x18\x01 \x01(\x01\x12\x0e\n\x06offset\x18\x02 \x01(\x11\x12\x0e\n\x06\x63ounts\x18\x03 \x03(\x01\x12\x12\n\nzero_count\x18\x04 \x01(\x01\"\xa0\x04\n\tAggregate\x12\'\n\x05theta\x18\x01 \x01(\x0b\x32\x18.gemini.booster.v1.Theta\x12\x15\n\rtheta_version\x18\x02 \x01(\x04\x12+\n\x07\x63ontext\x18\x03 \x01(\x0b\x32\x1a.gemini.booster.v1.Context\x12\x12\n\nflow_count\x18\x04 \x01(\x04\x12\x1b\n\x13throughput_mbps_sum\x18\x05 \x01(\x01\x12\x1e\n\x16throughput_mbps_sq_sum\x18\x06 \x01(\x01\x12\x1a\n\x12queue_delay_ms_sum\x18\x07 \x01(\x01\x12\x1d\n\x15queue_delay_ms_sq_sum\x18\x08 \x01(\x01\x12\"\n\x1athroughput_queue_delay_sum\x18\t \x01(\x01\x12<\n\x11throughput_sketch\x18\n \x01(\x0b\x32!.gemini.booster.v1.QuantileSketch\x12\x17\n\x0fslow_flow_count\x18\x0b \x01(\x04\x12\x1a\n\x12size_bucket_counts\x18\x0c \x03(\x04\x12\n\n\x02\x63\x63\x18\r \x01(\t\x12\x38\n\x0e\x64\x61tapath_theta\x18\x0e \x01(\x0b\x32 .gemini.booster.v1.DatapathTheta\x12=\n\x12queue_delay_sketch\x18\x0f \x01(\x0b\x32!.gemini.booster.v1.QuantileSketch\"\xb3\x01\n\rReportRequest\x12\x11\n\treport_id\x18\x01 \x01(\t\x12\x0f\n\x07host_id\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x1e\n\x16interval_start_unix_ms\x18\x04 \x01(\x03\x12\x1c\n\x14interval_end_unix_ms\x18\x05 \x01(\x03\x12\x30\n\naggregates\x18\x06 \x03(\x0b\x32\x1c.gemini.booster.v1.Aggregate\">\n\x0eReportResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x19\n\x11\x61ggregates_stored\x18\x02 \x01(\r\"e\n\x14GetParametersRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12,\n\x08\x63ontexts\x18\x03 \x03(\x0b\x32\x1a.gemini.booster.v1.Context\"\xe9\x01\n\x11\x43ontextParameters\x12+\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x1a.gemini.booster.v1.Context\x12\'\n\x05theta\x18\x02 \x01(\x0b\x32\x18.gemini.booster.v1.Theta\x12\x14\n\x0cplan_version\x18\x03 \x01(\x04\x12\x13\n\x0b\x65xploratory\x18\x04 \x01(\x08\x12\x19\n\x11predicted_utility\x18\x05 \x01(\x01\x12\x38\n\x0e\x64\x61tapath_theta\x18\x06 \x01(\x0b\x32 .gemini.booster.v1.DatapathTheta\"\x8e\x01\n\rDatapathTheta\x12\x10\n\x08\x64\x61tapath\x18\x01 \x01(\t\x12<\n\x06values\x18\x02 \x03(\x0b\x32,.gemini.booster.v1.DatapathTheta.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\xbe\x02\n\rExperimentArm\x12\x12\n\nexperiment\x18\x01 \x01(\t\x12\x0b\n\x03\x61rm\x18\x02 \x01(\t\x12\n\n\x02\x63\x63\x18\x03 \x01(\t\x12\x37\n\x06params\x18\x04 \x01(\x0e\x32\'.gemini.booster.v1.ExperimentArm.Params\x12\x35\n\x0b\x66ixed_theta\x18\x05 \x01(\x0b\x32 .gemini.booster.v1.DatapathTheta\x12\x0e\n\x06policy\x18\x06 \x01(\t\x12\x1c\n\x14\x64\x65stination_prefixes\x18\x07 \x03(\t\x12\x15\n\runtil_unix_ms\x18\x08 \x01(\x03\"K\n\x06Params\x12\x16\n\x12PARAMS_UNSPECIFIED\x10\x00\x12\x12\n\x0eKERNEL_DEFAULT\x10\x01\x12\t\n\x05\x46IXED\x10\x02\x12\n\n\x06POLICY\x10\x03\"\xb0\x02\n\x15GetParametersResponse\x12\x38\n\nparameters\x18\x01 \x03(\x0b\x32$.gemini.booster.v1.ContextParameters\x12/\n\rdefault_theta\x18\x02 \x01(\x0b\x32\x18.gemini.booster.v1.Theta\x12\x11\n\ttarget_cc\x18\x03 \x01(\t\x12\x1d\n\x15refresh_after_seconds\x18\x04 \x01(\r\x12\x38\n\x0e\x65xperiment_arm\x18\x05 \x01(\x0b\x32 .gemini.booster.v1.ExperimentArm\x12@\n\x16\x64\x65\x66\x61ult_datapath_theta\x18\x06 \x01(\x0b\x32 .gemini.booster.v1.DatapathTheta2\xc6\x01\n\x07\x42ooster\x12W\n\x10ReportAggregates\x12 .gemini.booster.v1.ReportRequest\x1a!.gemini.booster.v1.ReportResponse\x12\x62\n\rGetParameters\x12\'.gemini.booster.v1.GetParametersRequest\x1a(.gemini.booster.v1.GetParametersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgemini_api/v1/booster.proto\x12\x11gemini.booster.v1\"\xc7\x02\n\x05Theta\x12\x16\n\tinit_cwnd\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x1a\n\rmult_increase\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x19\n\x0c\x61\x64\x64_increase\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x1a\n\rmult_decrease\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x1b\n\x0eloss_threshold\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x1a\n\rrtt_threshold\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x1d\n\x10window_intervals\x18\x07 \x01(\x05H\x06\x88\x01\x01\x42\x0c\n\n_init_cwndB\x10\n\x0e_mult_increaseB\x0f\n\r_add_increaseB\x10\n\x0e_mult_decreaseB\x11\n\x0f_loss_thresholdB\x10\n\x0e_rtt_thresholdB\x13\n\x11_window_intervals\"a\n\x07\x43ontext\x12\x12\n\nsrc_region\x18\x01 \x01(\t\x12\x0f\n\x07src_isp\x18\x02 \x01(\t\x12\x12\n\ndst_region\x18\x03 \x01(\t\x12\x0f\n\x07\x64st_isp\x18\x04 \x01(\t\x12\x0c\n\x04hour\x18\x05 \x01(\r\"\x9f\x01\n\x0eQuantileSketch\x12\x19\n\x11relative_accuracy\x18\x01 \x01(\x01\x12\x0e\n\x06offset\x18\x02 \x01(\x11\x12\x0e\n\x06\x63ounts\x18\x03 \x03(\x01\x12\x12\n\nzero_count\x18\x04 \x01(\x01\x12\x12\n\nkey_stride\x18\x05 \x01(\r\x12\x16\n\x0e\x62in_key_deltas\x18\x06 \x03(\x11\x12\x12\n\nbin_counts\x18\x07 \x03(\x04\"\xa0\x04\n\tAggregate\x12\'\n\x05theta\x18\x01 \x01(\x0b\x32\x18.gemini.booster.v1.Theta\x12\x15\n\rtheta_version\x18\x02 \x01(\x04\x12+\n\x07\x63ontext\x18\x03 \x01(\x0b\x32\x1a.gemini.booster.v1.Context\x12\x12\n\nflow_count\x18\x04 \x01(\x04\x12\x1b\n\x13throughput_mbps_sum\x18\x05 \x01(\x01\x12\x1e\n\x16throughput_mbps_sq_sum\x18\x06 \x01(\x01\x12\x1a\n\x12queue_delay_ms_sum\x18\x07 \x01(\x01\x12\x1d\n\x15queue_delay_ms_sq_sum\x18\x08 \x01(\x01\x12\"\n\x1athroughput_queue_delay_sum\x18\t \x01(\x01\x12<\n\x11throughput_sketch\x18\n \x01(\x0b\x32!.gemini.booster.v1.QuantileSketch\x12\x17\n\x0fslow_flow_count\x18\x0b \x01(\x04\x12\x1a\n\x12size_bucket_counts\x18\x0c \x03(\x04\x12\n\n\x02\x63\x63\x18\r \x01(\t\x12\x38\n\x0e\x64\x61tapath_theta\x18\x0e \x01(\x0b\x32 .gemini.booster.v1.DatapathTheta\x12=\n\x12queue_delay_sketch\x18\x0f \x01(\x0b\x32!.gemini.booster.v1.QuantileSketch\"\xb3\x01\n\rReportRequest\x12\x11\n\treport_id\x18\x01 \x01(\t\x12\x0f\n\x07host_id\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x1e\n\x16interval_start_unix_ms\x18\x04 \x01(\x03\x12\x1c\n\x14interval_end_unix_ms\x18\x05 \x01(\x03\x12\x30\n\naggregates\x18\x06 \x03(\x0b\x32\x1c.gemini.booster.v1.Aggregate\">\n\x0eReportResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x19\n\x11\x61ggregates_stored\x18\x02 \x01(\r\"e\n\x14GetParametersRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12,\n\x08\x63ontexts\x18\x03 \x03(\x0b\x32\x1a.gemini.booster.v1.Context\"\xe9\x01\n\x11\x43ontextParameters\x12+\n\x07\x63ontext\x18\x01 \x01(\x0b\x32\x1a.gemini.booster.v1.Context\x12\'\n\x05theta\x18\x02 \x01(\x0b\x32\x18.gemini.booster.v1.Theta\x12\x14\n\x0cplan_version\x18\x03 \x01(\x04\x12\x13\n\x0b\x65xploratory\x18\x04 \x01(\x08\x12\x19\n\x11predicted_utility\x18\x05 \x01(\x01\x12\x38\n\x0e\x64\x61tapath_theta\x18\x06 \x01(\x0b\x32 .gemini.booster.v1.DatapathTheta\"\x8e\x01\n\rDatapathTheta\x12\x10\n\x08\x64\x61tapath\x18\x01 \x01(\t\x12<\n\x06values\x18\x02 \x03(\x0b\x32,.gemini.booster.v1.DatapathTheta.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\xbe\x02\n\rExperimentArm\x12\x12\n\nexperiment\x18\x01 \x01(\t\x12\x0b\n\x03\x61rm\x18\x02 \x01(\t\x12\n\n\x02\x63\x63\x18\x03 \x01(\t\x12\x37\n\x06params\x18\x04 \x01(\x0e\x32\'.gemini.booster.v1.ExperimentArm.Params\x12\x35\n\x0b\x66ixed_theta\x18\x05 \x01(\x0b\x32 .gemini.booster.v1.DatapathTheta\x12\x0e\n\x06policy\x18\x06 \x01(\t\x12\x1c\n\x14\x64\x65stination_prefixes\x18\x07 \x03(\t\x12\x15\n\runtil_unix_ms\x18\x08 \x01(\x03\"K\n\x06Params\x12\x16\n\x12PARAMS_UNSPECIFIED\x10\x00\x12\x12\n\x0eKERNEL_DEFAULT\x10\x01\x12\t\n\x05\x46IXED\x10\x02\x12\n\n\x06POLICY\x10\x03\"\xb0\x02\n\x15GetParametersResponse\x12\x38\n\nparameters\x18\x01 \x03(\x0b\x32$.gemini.booster.v1.ContextParameters\x12/\n\rdefault_theta\x18\x02 \x01(\x0b\x32\x18.gemini.booster.v1.Theta\x12\x11\n\ttarget_cc\x18\x03 \x01(\t\x12\x1d\n\x15refresh_after_seconds\x18\x04 \x01(\r\x12\x38\n\x0e\x65xperiment_arm\x18\x05 \x01(\x0b\x32 .gemini.booster.v1.ExperimentArm\x12@\n\x16\x64\x65\x66\x61ult_datapath_theta\x18\x06 \x01(\x0b\x32 .gemini.booster.v1.DatapathTheta2\xc6\x01\n\x07\x42ooster\x12W\n\x10ReportAggregates\x12 .gemini.booster.v1.ReportRequest\x1a!.gemini.booster.v1.ReportResponse\x12\x62\n\rGetParameters\x12\'.gemini.booster.v1.GetParametersRequest\x1a(.gemini.booster.v1.GetParametersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,28 +37,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_THETA']._serialized_end=378
   _globals['_CONTEXT']._serialized_start=380
   _globals['_CONTEXT']._serialized_end=477
-  _globals['_QUANTILESKETCH']._serialized_start=479
-  _globals['_QUANTILESKETCH']._serialized_end=574
-  _globals['_AGGREGATE']._serialized_start=577
-  _globals['_AGGREGATE']._serialized_end=1121
-  _globals['_REPORTREQUEST']._serialized_start=1124
-  _globals['_REPORTREQUEST']._serialized_end=1303
-  _globals['_REPORTRESPONSE']._serialized_start=1305
-  _globals['_REPORTRESPONSE']._serialized_end=1367
-  _globals['_GETPARAMETERSREQUEST']._serialized_start=1369
-  _globals['_GETPARAMETERSREQUEST']._serialized_end=1470
-  _globals['_CONTEXTPARAMETERS']._serialized_start=1473
-  _globals['_CONTEXTPARAMETERS']._serialized_end=1706
-  _globals['_DATAPATHTHETA']._serialized_start=1709
-  _globals['_DATAPATHTHETA']._serialized_end=1851
-  _globals['_DATAPATHTHETA_VALUESENTRY']._serialized_start=1806
-  _globals['_DATAPATHTHETA_VALUESENTRY']._serialized_end=1851
-  _globals['_EXPERIMENTARM']._serialized_start=1854
-  _globals['_EXPERIMENTARM']._serialized_end=2172
-  _globals['_EXPERIMENTARM_PARAMS']._serialized_start=2097
-  _globals['_EXPERIMENTARM_PARAMS']._serialized_end=2172
-  _globals['_GETPARAMETERSRESPONSE']._serialized_start=2175
-  _globals['_GETPARAMETERSRESPONSE']._serialized_end=2479
-  _globals['_BOOSTER']._serialized_start=2482
-  _globals['_BOOSTER']._serialized_end=2680
+  _globals['_QUANTILESKETCH']._serialized_start=480
+  _globals['_QUANTILESKETCH']._serialized_end=639
+  _globals['_AGGREGATE']._serialized_start=642
+  _globals['_AGGREGATE']._serialized_end=1186
+  _globals['_REPORTREQUEST']._serialized_start=1189
+  _globals['_REPORTREQUEST']._serialized_end=1368
+  _globals['_REPORTRESPONSE']._serialized_start=1370
+  _globals['_REPORTRESPONSE']._serialized_end=1432
+  _globals['_GETPARAMETERSREQUEST']._serialized_start=1434
+  _globals['_GETPARAMETERSREQUEST']._serialized_end=1535
+  _globals['_CONTEXTPARAMETERS']._serialized_start=1538
+  _globals['_CONTEXTPARAMETERS']._serialized_end=1771
+  _globals['_DATAPATHTHETA']._serialized_start=1774
+  _globals['_DATAPATHTHETA']._serialized_end=1916
+  _globals['_DATAPATHTHETA_VALUESENTRY']._serialized_start=1871
+  _globals['_DATAPATHTHETA_VALUESENTRY']._serialized_end=1916
+  _globals['_EXPERIMENTARM']._serialized_start=1919
+  _globals['_EXPERIMENTARM']._serialized_end=2237
+  _globals['_EXPERIMENTARM_PARAMS']._serialized_start=2162
+  _globals['_EXPERIMENTARM_PARAMS']._serialized_end=2237
+  _globals['_GETPARAMETERSRESPONSE']._serialized_start=2240
+  _globals['_GETPARAMETERSRESPONSE']._serialized_end=2544
+  _globals['_BOOSTER']._serialized_start=2547
+  _globals['_BOOSTER']._serialized_end=2745
 # @@protoc_insertion_point(module_scope)

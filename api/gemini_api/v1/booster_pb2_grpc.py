@@ -50,7 +50,8 @@ class BoosterServicer:
     """Missing associated documentation comment in .proto file."""
 
     def ReportAggregates(self, request, context):
-        """Store one interval report exactly once (keyed by report_id) and fold it into trials.
+        """Store one interval report exactly once (keyed by host_id and report_id) and fold it into
+        trials.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

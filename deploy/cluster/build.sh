@@ -8,7 +8,8 @@
 #
 # The binaries are cached by version outside the clone, in
 # ${GEMINI_CACHE:-/var/cache/gemini}/cluster-$KUBERNETES_VERSION-etcd-$ETCD_VERSION/bin, so a
-# machine pays for them once (about 20 min of CPU). deploy/cluster/start.sh starts them.
+# machine pays for them once (about 15 min of CPU: 31 min wall at nice 19 on two busy cores).
+# deploy/cluster/start.sh starts them.
 #
 # The k8s.io/kubernetes module zip carries neither its nested staging/ modules nor vendor/;
 # its go.mod replaces every k8s.io/* staging module with ./staging/src/k8s.io/<name>, so

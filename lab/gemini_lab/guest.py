@@ -24,6 +24,7 @@ from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
 from gemini_api.theta import load_spec
 from gemini_lab import fleet
 from gemini_lab.cubic_guest import exp_cubic_check
+from gemini_lab.datapath_guest import exp_datapath_flow, exp_datapath_load
 from gemini_lab.ecn import exp_ecn, exp_incast
 from gemini_lab.experiment import (
     BASE_PORT,
@@ -590,6 +591,8 @@ EXPERIMENTS = {
     "cubic_check": exp_cubic_check,
     "ecn": exp_ecn,
     "incast": exp_incast,
+    "datapath_flow": exp_datapath_flow,
+    "datapath_load": exp_datapath_load,
     "shortflows": lambda e, out: exp_shortflows(e, out, SCHEDULES),
 }
 

@@ -1,0 +1,235 @@
+"""Guest side of the datapaths' lab checks (issue #31): any ``module_params`` datapath's module
+loaded, its parameters written and read back through its spec's target, and one flow of its CC
+sampled on the guest clock.
+
+``exp_datapath_flow`` (experiment kind ``datapath_flow``) loads the datapath's module (built
+for this kernel beside tcp_fusion.ko: Kbuild builds every module, and the plan names that
+build), writes ``theta`` (spec names) and ``module_extra`` (its non-θ parameters, GEMINI's
+``capacity_mbit``) into /sys/module/<module>/parameters, optionally turns the path's netem into
+a random CE marker (``ce_percent``: netem's random loss with ``ecn``, which marks an
+ECN-capable packet CE where it would have dropped it, so a known fraction of the data is
+marked whatever the queue), and runs one bulk flow of the datapath's CC. While it runs, every
+``sample_s`` of guest time it reads the flow through sock_diag: struct tcp_info (window, CA
+state, retransmits, delivered and delivered-CE packets, RTTs), the CC's DCTCP-format record
+(α in 1/1024, asked for with VEGASINFO as ss does) and, where the module answers it, the
+BBR-format record GEMINI fills with RTT_base, the last round's RTT_min, F, h and its cuts by
+signal; and the bottleneck queue of each hop in ``hops``. The parameters read back before the
+flow, the flow's figures, both ends' ECN counters and the queues' marks come back too; the
+module's parameters are put back to what they were.
+
+No sleeps stand for "let it happen": the samples are taken at fixed points of the guest's own
+clock (simulated under UML's time travel), and the assertions read what the kernel reported.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gemini_api.datapaths import datapath
+from gemini_lab.ecn import NETSTAT_COUNTERS, netstat
+from gemini_lab.experiment import BASE_PORT, finish_flow, start_flow
+from gemini_lab.netem import (
+    ROUTER_NS,
+    SENDER_NS,
+    bottleneck_args,
+    qdisc_stats,
+    receiver_ns,
+    sh,
+)
+from gemini_lab.scenario import Scenario
+
+FLOW_PORT = BASE_PORT + 120
+INET_DIAG_INFO, INET_DIAG_VEGASINFO, INET_DIAG_CONG = 2, 3, 4
+TCP_FIELDS = (
+    "tcpi_snd_cwnd",
+    "tcpi_ca_state",
+    "tcpi_total_retrans",
+    "tcpi_delivered",
+    "tcpi_delivered_ce",
+    "tcpi_rtt",
+    "tcpi_min_rtt",
+    "tcpi_options",
+    "tcpi_snd_ssthresh",
+)
+DCTCP_FIELDS = ("dctcp_enabled", "dctcp_ce_state", "dctcp_alpha", "dctcp_ab_ecn", "dctcp_ab_tot")
+BBR_FIELDS = ("bbr_bw_lo", "bbr_bw_hi", "bbr_min_rtt", "bbr_pacing_gain", "bbr_cwnd_gain")
+QUEUE_COUNTERS = ("marked", "drops", "packets")
+TCP_ESTABLISHED_ONLY = 1 << 1  # idiag_states: this flow's socket, not an earlier one closing
+
+
+def module_dir() -> Path:
+    """Where the guest's modules were built: the plan this guest runs (argv[1] of
+    gemini_lab.guest) names tcp_fusion.ko there, and Kbuild builds every module beside it."""
+    plan = json.loads(Path(sys.argv[1]).read_text())
+    return Path(plan["module"]).parent
+
+
+def load_module(name: str) -> dict:
+    """The datapath's module loaded (once per boot); what insmod said."""
+    dp = datapath(name)
+    if Path(f"/sys/module/{dp.module}").is_dir():
+        return {"rc": 0, "err": "already loaded"}
+    p = subprocess.run(
+        ["insmod", str(module_dir() / f"{dp.module}.ko")], capture_output=True, text=True
+    )
+    return {"rc": p.returncode, "err": p.stderr.strip()}
+
+
+def params_dir(name: str) -> Path:
+    return Path(datapath(name).spec.target)
+
+
+def read_params(name: str, extra: tuple[str, ...] = ()) -> dict[str, int]:
+    """Every θ parameter of the datapath's spec (and ``extra`` ones), read from sysfs."""
+    root = params_dir(name)
+    if not root.is_dir():
+        return {}
+    return {n: int((root / n).read_text().strip()) for n in (*datapath(name).spec.names, *extra)}
+
+
+def write_params(name: str, values: dict[str, int]) -> None:
+    root = params_dir(name)
+    for key, value in values.items():
+        (root / key).write_text(f"{value}\n")
+
+
+def mark_ce(path: int, s: Scenario, percent: float | None) -> None:
+    """Path ``path``'s netem bottleneck as a random marker: ``percent`` of the ECN-capable
+    packets CE-marked (None: back to its own loss, no marking)."""
+    (link,) = s.links()
+    args = ["limit", str(link.queue_limit)]
+    args += ["loss", "random", f"{percent}%", "ecn"] if percent else bottleneck_args(link)[2:]
+    dev = f"path{path}"
+    sh(
+        "tc",
+        "qdisc",
+        "change",
+        "dev",
+        dev,
+        "parent",
+        "1:1",
+        "handle",
+        "10:",
+        "netem",
+        *args,
+        ns=ROUTER_NS,
+    )
+
+
+def _diag(cc: str, port: int) -> dict | None:
+    """One sock_diag reading of the sender's socket to ``port`` running ``cc``."""
+    from pyroute2 import DiagSocket
+
+    out: dict = {}
+    with DiagSocket() as ds:
+        ds.bind()
+        for ext, record, fields in (
+            (INET_DIAG_VEGASINFO, "INET_DIAG_DCTCPINFO", DCTCP_FIELDS),
+            (INET_DIAG_CONG, "INET_DIAG_BBRINFO", BBR_FIELDS),
+        ):
+            mask = 1 << (INET_DIAG_INFO - 1) | 1 << (ext - 1) | 1 << (INET_DIAG_CONG - 1)
+            for m in ds.get_sock_stats(
+                family=socket.AF_INET, states=TCP_ESTABLISHED_ONLY, extensions=mask
+            ):
+                if m["idiag_dport"] != port or m.get_attr("INET_DIAG_CONG") != cc:
+                    continue
+                info, rec = m.get_attr("INET_DIAG_INFO"), m.get_attr(record)
+                if info is None:
+                    continue
+                out.update({k: info.get(k) for k in TCP_FIELDS})
+                if rec is not None:
+                    out.update({k: rec.get(k) for k in fields})
+    return out or None
+
+
+def _queue_counts(path: int, hops: list[int]) -> dict[int, dict]:
+    return {h: qdisc_stats(path, h) for h in hops}
+
+
+def exp_datapath_flow(e: dict, out: Path) -> dict:
+    name, path, duration_s = e["datapath"], e["path"], e["duration_s"]
+    sample_s, hops = e.get("sample_s", 0.1), e.get("hops", [])
+    dp = datapath(name)
+    loaded = load_module(name)
+    if loaded["rc"] != 0:
+        return {"insmod": loaded}
+    extra = e.get("module_extra", {})
+    before = read_params(name, tuple(extra))
+    scen = Scenario(**e["scenario"]) if e.get("ce_percent") else None
+    port = FLOW_PORT + e.get("port_offset", 0)  # each flow its own port: no earlier socket
+    rcv = receiver_ns(path)
+    try:
+        write_params(name, {**e.get("theta", {}), **extra})
+        ran = read_params(name, tuple(extra))
+        if scen is not None:
+            mark_ce(path, scen, e["ce_percent"])
+        q_before = {h: qdisc_stats(path, h) for h in hops}
+        net_before = {"sender": netstat(SENDER_NS), "receiver": netstat(rcv)}
+        server, client = start_flow(path, dp.cc, duration_s, port=port)
+        t0 = time.monotonic()
+        samples: list[dict] = []
+        queues: dict[int, list[int]] = {h: [] for h in hops}
+        ss = ""
+        while client.poll() is None and time.monotonic() - t0 < duration_s:
+            d = _diag(dp.cc, port)
+            if d is not None:
+                samples.append({"t": round(time.monotonic() - t0, 4), **d})
+            for h in hops:
+                queues[h].append(int(qdisc_stats(path, h).get("qlen", 0)))
+            if not ss and time.monotonic() - t0 >= duration_s / 2:
+                ss = sh("ss", "-Htin", f"dport = :{port}", ns=SENDER_NS, check=False)
+            time.sleep(sample_s)
+        flow = finish_flow(server, client, duration_s)
+        q_after = {h: qdisc_stats(path, h) for h in hops}
+        net_after = {"sender": netstat(SENDER_NS), "receiver": netstat(rcv)}
+    finally:
+        if scen is not None:
+            mark_ce(path, scen, None)
+        write_params(name, before)
+    return {
+        **flow,
+        "insmod": loaded,
+        "params_before": before,
+        "params_ran": ran,
+        "params_after": read_params(name, tuple(extra)),
+        "samples": samples,
+        "ss": ss,
+        "queues": {
+            str(h): {
+                **{
+                    c: int(q_after[h].get(c, 0)) - int(q_before[h].get(c, 0))
+                    for c in QUEUE_COUNTERS
+                },
+                "mean_qlen": sum(queues[h]) / len(queues[h]) if queues[h] else None,
+                "max_qlen": max(queues[h]) if queues[h] else None,
+                "qlen_series": queues[h],
+            }
+            for h in hops
+        },
+        "netstat": {
+            end: {c: net_after[end].get(c, 0) - net_before[end].get(c, 0) for c in NETSTAT_COUNTERS}
+            for end in net_before
+        },
+    }
+
+
+def exp_datapath_load(e: dict, out: Path) -> dict:
+    """The datapath's module loaded before what follows uses its CC (a lab host's default CC,
+    say): ours from the build beside tcp_fusion.ko, one of the kernel's through modprobe, none
+    for a CC built in. Its parameters read back."""
+    name = e["datapath"]
+    dp = datapath(name)
+    if Path(f"/sys/module/{dp.module}").is_dir():
+        loaded = {"rc": 0, "err": "already loaded"}
+    elif (module_dir() / f"{dp.module}.ko").is_file():
+        loaded = load_module(name)
+    else:
+        p = subprocess.run(["modprobe", dp.module], capture_output=True, text=True)
+        loaded = {"rc": p.returncode, "err": p.stderr.strip()}
+    available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    return {"insmod": loaded, "available": available, "params": read_params(name)}

@@ -99,8 +99,11 @@ def _flow(lab: dict, label: str) -> dict:
     return res
 
 
-def _ss_flags(line: str) -> set[str]:
-    return set(line.split())
+def _ss_value(text: str, name: str) -> int:
+    """A ``name:value`` figure of ``ss -i`` output."""
+    found = [w.split(":", 1)[1] for w in text.split() if w.startswith(f"{name}:")]
+    assert found, f"no {name} in {text!r}"
+    return int(found[0])
 
 
 @pytest.mark.lab
@@ -108,18 +111,23 @@ def _ss_flags(line: str) -> set[str]:
 def test_ecn_is_negotiated_end_to_end_for_a_dctcp_flow(lab) -> None:
     r = _flow(lab, "datacenter/dctcp")
     sender, receiver = r["ss"]["sender"], r["ss"]["receiver"]
-    assert "ecn" in _ss_flags(sender), sender
-    assert "dctcp:(ce_state" in sender and "fallback_mode" not in sender, sender
-    assert {"ecn", "ecnseen"} <= _ss_flags(receiver), receiver
+    # dctcp drops to its fallback (dctcp-reno, no ECT) on a connection without ECN: on both
+    # ends it runs its own ECN state, and the sender has seen marks echoed
+    for end in (sender, receiver):
+        assert "dctcp:(ce_state" in end and "fallback_mode" not in end, end
+    assert _ss_value(sender, "delivered_ce") > 0, sender
     # every data packet arrives ECN-capable, the marked ones CE, and their echo reaches the
     # sender's DCTCP (delivered CE counts marks acknowledged with ECE)
     got, sent = r["netstat"]["receiver"], r["netstat"]["sender"]
     assert got["InECT0Pkts"] + got["InCEPkts"] > 0 and got["InNoECTPkts"] < got["InECT0Pkts"]
     assert got["InCEPkts"] > 0 and sent["TCPDeliveredCE"] > 0
-    assert r["queues"]["0"]["marked"] > 0
-    # cubic asks for no ECN: nothing ECN-capable arrives, nothing is marked
+    # every mark the queue made arrived as CE and was echoed back to the sender
+    assert r["queues"]["0"]["marked"] == got["InCEPkts"] == sent["TCPDeliveredCE"]
+    # cubic asks for no ECN: the receiver's dctcp falls back, nothing ECN-capable arrives,
+    # nothing is marked
     c = _flow(lab, "datacenter/cubic")
-    assert "ecn" not in _ss_flags(c["ss"]["sender"]), c["ss"]["sender"]
+    assert "dctcp:fallback_mode" in c["ss"]["receiver"], c["ss"]["receiver"]
+    assert "delivered_ce" not in c["ss"]["sender"], c["ss"]["sender"]
     assert c["netstat"]["receiver"]["InECT0Pkts"] == 0 and c["queues"]["0"]["marked"] == 0
 
 
@@ -127,14 +135,16 @@ def test_ecn_is_negotiated_end_to_end_for_a_dctcp_flow(lab) -> None:
 @pytest.mark.slow
 def test_the_queue_marks_from_k_packets(lab) -> None:
     """Receive windows that stand the queue a few packets below K and a few above it: below, not
-    one mark in the whole flow; above, marks."""
+    one mark once the flow has left slow start; above, marks. (Above, dctcp holds the queue
+    near K by itself before the window binds: seen max 23-24 packets, as the unclamped flow.)"""
     k = lab["plan"]["k"]
     below = _flow(lab, "datacenter/dctcp-below-k")["queues"]["0"]
     above = _flow(lab, "datacenter/dctcp-above-k")["queues"]["0"]
     assert below["samples"] > 20 and above["samples"] > 20
     assert below["mean_qlen"] > 0 and below["max_qlen"] < k, below["max_qlen"]
-    assert below["marked"] == 0 and below["drops"] == 0
-    assert above["max_qlen"] >= k and above["marked"] > 0, above
+    # from the end of slow start (whose bursts may pass K for an instant: one mark in one run)
+    assert below["steady_marked"] == 0 and below["drops"] == 0
+    assert above["max_qlen"] >= k and above["steady_marked"] > 0, above
     assert above["drops"] == 0
 
 
@@ -164,8 +174,8 @@ def test_a_cross_dc_flow_crosses_the_marking_dc_hop_and_queues_at_the_slower_wan
     wan = path.hops[1]
     r = _flow(lab, "cross-dc/cubic")
     assert r["min_rtt_ms"] == pytest.approx(path.rtt_ms, rel=0.05)
-    # a loose floor: slow start on a 100 ms path is a good part of a 12 s flow
-    assert r["throughput_mbps"] >= 0.5 * wan.rate_mbit * GOODPUT, r["throughput_mbps"]
+    # slow start on a 100 ms path is a good part of a 12 s flow (seen: 73 of 77 Mbit/s)
+    assert r["throughput_mbps"] >= 0.8 * wan.rate_mbit * GOODPUT, r["throughput_mbps"]
     q_dc, q_wan = r["queues"]["0"], r["queues"]["1"]
     # every packet went through both hops
     assert q_dc["packets"] > 0 and q_wan["packets"] >= 0.95 * q_dc["packets"]

@@ -4,7 +4,8 @@ the marks happen.
 ``exp_ecn`` (guest side, experiment kind ``ecn``) runs one bulk flow and, while it runs, reads
 the bottleneck queue of each hop named in ``hops`` every ``sample_s`` of the guest's clock (its
 length in packets, from ``tc -s``), takes one ``ss -tin`` of the flow on both ends halfway, and
-reports what the flow changed: the queue's counters (RED's marked, early and tail drops), the
+reports what the flow changed: the queue's counters (RED's marked, early and tail drops; as
+``steady_<counter>`` also from the end of the first ``omit_s`` on, its start left out), the
 kernels' ECN counters on both ends (IpExt InECT0Pkts / InCEPkts, TcpExt TCPDeliveredCE) and the
 flow's own figures. ``window_packets`` caps what the receiver advertises (a ``window`` metric
 on its route back, which sets a passive socket's window clamp, with receive-buffer autotuning
@@ -102,6 +103,7 @@ def exp_ecn(e: dict, out: Path) -> dict:
         samples: dict[int, list[int]] = {h: [] for h in hops}
         ss: dict[str, str] = {}
         time.sleep(omit_s)
+        steady = {h: _counters(qdisc_stats(path, h)) for h in hops}  # slow start left out
         while client.poll() is None and time.monotonic() - t0 < duration_s:
             for h in hops:
                 samples[h].append(int(qdisc_stats(path, h).get("qlen", 0)))
@@ -122,6 +124,7 @@ def exp_ecn(e: dict, out: Path) -> dict:
         q = samples[h]
         queues[str(h)] = {
             **{c: after[h][c] - before[h][c] for c in QDISC_COUNTERS},
+            **{f"steady_{c}": after[h][c] - steady[h][c] for c in QDISC_COUNTERS},
             "samples": len(q),
             "mean_qlen": sum(q) / len(q) if q else None,
             "max_qlen": max(q) if q else None,

@@ -253,6 +253,9 @@ def allow_cc(cc: str) -> None:
     non-initial namespace may only pick an allowed CC). Call from the initial namespace."""
     allowed = sh("sysctl", "-n", "net.ipv4.tcp_allowed_congestion_control").split()
     if cc not in allowed:
+        # the list takes only registered CCs (ENOENT otherwise): Debian's kernel under qemu
+        # has dctcp as a module that nothing has loaded yet (UML's is built in: a no-op there)
+        sh("modprobe", f"tcp_{cc}", check=False)
         value = " ".join([*allowed, cc])
         sh("sysctl", "-qw", f"net.ipv4.tcp_allowed_congestion_control={value}")
 

@@ -15,6 +15,10 @@ gemini-lab cubic        Booster tunes CUBIC on a lossy path; tuned θ vs kernel 
 gemini-lab shortflows   completion time of 1 MB transfers and of a size mix, per CC and path (UML)
 gemini-lab plannertune  Booster's planner tunes θ for long flows, one UML boot per round
 gemini-lab evaluate     long flows: Booster-tuned θ beside default Fusion and the baselines (UML)
+gemini-lab datapath-loop --datapath NAME   the closed loop for any module_params datapath
+                        (gemini, dcvegas, cubic): tuned θ vs its kernel defaults (qemu)
+gemini-lab datapath-eval  GEMINI and DC-Vegas beside cubic, bbr, dctcp, reno, vegas on the
+                        scaled datacenter, cross-dc and incast scenarios; G6 sweep, held out (UML)
 """
 
 from __future__ import annotations
@@ -395,6 +399,46 @@ def cmd_cubic(args: argparse.Namespace) -> None:
         print(f"recorded in {args.record}; run record {result.record}")
 
 
+def cmd_datapath_loop(args: argparse.Namespace) -> None:
+    """gemini_lab.cubic's closed loop for the datapath named (gemini_lab.datapath_loop)."""
+    from gemini_lab import cubic, datapath_loop
+
+    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    given = {
+        "interval_s": args.interval,
+        "day_s": args.day_seconds,
+        "search_reports": args.search_reports,
+        "flow_bytes": args.flow_bytes,
+    }
+    base = cubic.CubicConfig(**{k: v for k, v in given.items() if v is not None})
+    cfg = datapath_loop.loop_config(args.datapath, base)
+    out = args.out / f"loop-{args.datapath}"
+    operator, settings = _lab_booster(out)
+    result = cubic.run_cubic(settings, args.port, operator, out, cfg)
+    text = cubic.render(result, cfg, command)
+    print(text)
+    if args.record:
+        args.record.write_text(text)
+        print(f"recorded in {args.record}; run record {result.record}")
+
+
+def cmd_datapath_eval(args: argparse.Namespace) -> None:
+    from gemini_lab import datapath_eval
+
+    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    text, _, _ = datapath_eval.run_eval(
+        args.out / "datapath-eval",
+        command,
+        flow_s=args.flow_seconds,
+        wan_s=args.wan_seconds,
+        sweep=not args.no_sweep,
+    )
+    print(text)
+    if args.record:
+        args.record.write_text(text)
+        print(f"recorded in {args.record}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="gemini-lab", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -560,6 +604,21 @@ def main(argv: list[str] | None = None) -> None:
     cub.add_argument("--port", type=int, default=50163)
     cub.add_argument("--record", type=Path, help="write the summary here (markdown)")
     cub.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    dpl = sub.add_parser("datapath-loop", help="the closed loop for any module_params datapath")
+    dpl.add_argument("--datapath", required=True, help="gemini or dcvegas (datapath_loop.LOOPS)")
+    dpl.add_argument("--day-seconds", type=int, help="a compressed day (divides 86400)")
+    dpl.add_argument("--interval", type=float, help="the agent's reporting interval")
+    dpl.add_argument("--search-reports", type=int, help="reports with exploration on day 0")
+    dpl.add_argument("--flow-bytes", help="size of each flow")
+    dpl.add_argument("--port", type=int, default=50173)
+    dpl.add_argument("--record", type=Path, help="write the summary here (markdown)")
+    dpl.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    dpe = sub.add_parser("datapath-eval", help="GEMINI and DC-Vegas beside the baselines (UML)")
+    dpe.add_argument("--flow-seconds", type=float, default=10, help="datacenter flows")
+    dpe.add_argument("--wan-seconds", type=float, default=30, help="cross-dc flows")
+    dpe.add_argument("--no-sweep", action="store_true", help="no G6 sweep, no held-out boot")
+    dpe.add_argument("--record", type=Path, help="write the summary here (markdown)")
+    dpe.add_argument("--out", type=Path, default=DEFAULT_OUT)
     for p in (
         run,
         bench,
@@ -617,6 +676,10 @@ def main(argv: list[str] | None = None) -> None:
             return cmd_abtest(args)
         elif args.cmd == "cubic":
             return cmd_cubic(args)
+        elif args.cmd == "datapath-loop":
+            return cmd_datapath_loop(args)
+        elif args.cmd == "datapath-eval":
+            return cmd_datapath_eval(args)
         elif args.cmd == "determinism":
             from gemini_lab import determinism
 

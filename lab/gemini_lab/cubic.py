@@ -50,7 +50,7 @@ import httpx
 import numpy as np
 from sqlalchemy import func, select
 
-from gemini_api.datapaths import load_datapath
+from gemini_api.datapaths import datapath, load_datapath
 from gemini_booster.config import Settings
 from gemini_booster.domain import FlowSums
 from gemini_booster.experiments import statistics as st
@@ -117,6 +117,18 @@ class CubicConfig:
     check_flows: int = 0  # flows per β of the check (CHECK_BETAS) before the agent starts
     path: LabPath = LOSSY
     tuned: tuple[str, ...] = TUNED
+    # any module_params datapath of the registry (gemini_lab.datapath_loop runs GEMINI's and
+    # DC-Vegas'): its CC runs on the lab host, its spec is the policy's, its module's
+    # parameters are what the agent writes and the guest reads back
+    datapath: str = CUBIC
+
+    def arms(self) -> tuple[str, str]:
+        """(default arm, tuned arm): the datapath's CC at its kernel defaults, and tuned."""
+        cc = datapath(self.datapath).cc
+        return f"{cc}-default", f"{cc}-tuned"
+
+    def cc(self) -> str:
+        return datapath(self.datapath).cc
 
     def settle_s(self) -> float:
         """How soon after a change of arm every reporting interval runs the new θ wholly: the
@@ -126,8 +138,9 @@ class CubicConfig:
 
 
 def search_bounds(cfg: CubicConfig) -> dict[str, tuple[int, int]]:
-    """``cfg.tuned`` over CUBIC's production region, the rest pinned at the kernel's values."""
-    spec = load_datapath(CUBIC)
+    """``cfg.tuned`` over the datapath's production region, the rest pinned at the kernel's
+    values."""
+    spec = load_datapath(cfg.datapath)
     production = spec.region_bounds("production")
     return {
         p.name: production[p.name] if p.name in cfg.tuned else (p.default, p.default)
@@ -164,12 +177,14 @@ def guest_plan(cfg: CubicConfig, toml: str, booster_port: int) -> dict:
             "flow_bytes": cfg.flow_bytes,
         }
     ]
+    # the datapath's module, where it is one of ours (a built-in CC such as cubic: nothing to do)
+    load = {"label": "load", "kind": "datapath_load", "datapath": cfg.datapath}
     fleet = {
         "label": "fleet",
         "kind": "fleet",
         "hosts": [{"id": HOST, "agent_toml": toml, "paths": [0]}],
-        "default_cc": CUBIC,
-        "allowed_ccs": sorted({"reno", CUBIC}),
+        "default_cc": cfg.cc(),
+        "allowed_ccs": sorted({"reno", cfg.cc()}),
         "relay_port": RELAY_PORT,
         "booster_port": booster_port,
         "flow_bytes": cfg.flow_bytes,
@@ -177,7 +192,7 @@ def guest_plan(cfg: CubicConfig, toml: str, booster_port: int) -> dict:
     }
     return {
         "paths": [cfg.path.scenario.to_dict()],
-        "experiments": (check if cfg.check_flows else []) + [fleet],
+        "experiments": [load] + (check if cfg.check_flows else []) + [fleet],
     }
 
 
@@ -185,14 +200,15 @@ def experiment_body(name: str, policy: str, start: dt.datetime, cfg: CubicConfig
     """Kernel defaults (control) and the policy, over two days from ``start``, crossover on
     day 1; the one host runs the tuned arm first (see the module docstring)."""
     day = dt.timedelta(seconds=cfg.day_s)
+    cc, (default_arm, tuned_arm) = cfg.cc(), cfg.arms()
     return {
         "name": name,
-        "description": "lab: cubic at the kernel's defaults vs cubic tuned by Booster",
+        "description": f"lab: {cc} at the kernel's defaults vs {cc} tuned by Booster",
         "arms": [
-            {"name": DEFAULT_ARM, "cc": CUBIC, "params": "kernel_default"},
-            {"name": TUNED_ARM, "cc": CUBIC, "params": "policy", "policy": policy},
+            {"name": default_arm, "cc": cc, "params": "kernel_default"},
+            {"name": tuned_arm, "cc": cc, "params": "policy", "policy": policy},
         ],
-        "control": DEFAULT_ARM,
+        "control": default_arm,
         "population": {"regions": {REGION: [HOST]}},
         "start": start.isoformat(),
         "end": (start + 2 * day).isoformat(),
@@ -205,10 +221,17 @@ def experiment_body(name: str, policy: str, start: dt.datetime, cfg: CubicConfig
 class _Run:
     """Booster's side while the guest runs: reports, incumbents, checkpoints."""
 
-    def __init__(self, server: BoosterServer, http: httpx.Client, token: str, guest: _Guest):
+    def __init__(
+        self,
+        server: BoosterServer,
+        http: httpx.Client,
+        token: str,
+        guest: _Guest,
+        name: str = CUBIC,
+    ):
         self.server, self.http, self.guest = server, http, guest
         self.auth = {"authorization": f"Bearer {token}"}
-        self.spec = load_datapath(CUBIC)
+        self.spec = load_datapath(name)
         self.incumbents: list[dict] = []
         self.readings: dict[str, dict] = {}
         self.arms: dict[str, str] = {}
@@ -260,13 +283,13 @@ def run_cubic(
     server = BoosterServer(make_settings(f"127.0.0.1:{port}")).start()
     http = httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=REST_TIMEOUT_S)
     try:
-        policy_name = f"lab-cubic-{uuid.uuid4().hex[:6]}"
+        policy_name = f"lab-{cfg.datapath}-{uuid.uuid4().hex[:6]}"
         policy = repo.create_policy(
             server.engine,
             PolicyCreate(
                 name=policy_name,
                 sigma=cfg.sigma,
-                datapath=CUBIC,
+                datapath=cfg.datapath,
                 region="custom",
                 bounds=search_bounds(cfg),
                 exploration_share=1.0,
@@ -287,7 +310,7 @@ def run_cubic(
         toml = agent_toml(HOST, token, host_policy, AbConfig(interval_s=cfg.interval_s))
         timeout = cfg.boot_timeout_s + 4 * cfg.day_s + cfg.search_reports * cfg.interval_s * 3
         guest = _Guest(guest_plan(cfg, toml, port), guest_dir, timeout)
-        run = _Run(server, http, operator_token, guest)
+        run = _Run(server, http, operator_token, guest, cfg.datapath)
         guest.thread.start()
         try:
             experiment, results, off = _schedule(run, policy.id, policy_name, cfg)
@@ -308,8 +331,8 @@ def run_cubic(
         http.close()
         server.stop()
     windows = compared_windows(experiment, off, cfg)
-    phases = compare(intervals, windows, cfg.sigma)
-    record = out_dir / "cubic.json"
+    phases = compare(intervals, windows, cfg.sigma, cfg)
+    record = out_dir / f"{cfg.datapath}.json"
     result = CubicResult(
         policy=policy_name,
         experiment=experiment,
@@ -340,7 +363,7 @@ def _schedule(
     run.wait_reports(1, policy_id, cfg.boot_timeout_s + check_s)
     day = dt.timedelta(seconds=cfg.day_s)
     start = next_boundary(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=cfg.lead_s), cfg.day_s)
-    name = f"lab-cubic-{uuid.uuid4().hex[:6]}"
+    name = f"lab-{cfg.datapath}-{uuid.uuid4().hex[:6]}"
     created = run.http.post(
         "/v1/experiments", json=experiment_body(name, policy, start, cfg), headers=run.auth
     )
@@ -411,9 +434,10 @@ def compared_windows(
     ``settle_s`` into day 1 to its end."""
     start = dt.datetime.fromisoformat(experiment["start"])
     day, settle = dt.timedelta(seconds=cfg.day_s), dt.timedelta(seconds=cfg.settle_s())
+    default_arm, tuned_arm = cfg.arms()
     return {
-        TUNED_ARM: (off + settle, start + day),
-        DEFAULT_ARM: (start + day + settle, start + 2 * day),
+        tuned_arm: (off + settle, start + day),
+        default_arm: (start + day + settle, start + 2 * day),
     }
 
 
@@ -450,18 +474,24 @@ def _ratios(rows: list[dict], sigma: float) -> dict[str, st.Ratios]:
 
 
 def compare(
-    intervals: list[dict], windows: dict[str, tuple[dt.datetime, dt.datetime]], sigma: float
+    intervals: list[dict],
+    windows: dict[str, tuple[dt.datetime, dt.datetime]],
+    sigma: float,
+    cfg: CubicConfig | None = None,
 ) -> dict:
     """The tuned θ's flows on the tuned day against the kernel defaults' flows on the default
     day: flows, intervals, θ that ran, and utility, throughput and queueing delay each with its
     95 % interval over reporting intervals; the difference with Welch's interval."""
+    cfg = cfg or CubicConfig()
+    DEFAULT_ARM, TUNED_ARM = cfg.arms()  # this datapath's arms (cubic's: the constants)
+    baseline = cfg.cc()  # how the agent reports the datapath's flows that ran no policy θ
     chosen = {
         TUNED_ARM: _phase_rows(intervals, windows[TUNED_ARM], TRIAL_CC),
-        DEFAULT_ARM: _phase_rows(intervals, windows[DEFAULT_ARM], BASELINE_CC),
+        DEFAULT_ARM: _phase_rows(intervals, windows[DEFAULT_ARM], baseline),
     }
     # flows of the other kind inside a day (none when the arm held): a check of the attribution
     stray = {
-        TUNED_ARM: _phase_rows(intervals, windows[TUNED_ARM], BASELINE_CC),
+        TUNED_ARM: _phase_rows(intervals, windows[TUNED_ARM], baseline),
         DEFAULT_ARM: _phase_rows(intervals, windows[DEFAULT_ARM], TRIAL_CC),
     }
     ratios = {arm: _ratios(rows, sigma) for arm, rows in chosen.items()}
@@ -531,6 +561,11 @@ def from_record(path: Path) -> tuple[CubicResult, CubicConfig]:
     return result, cfg
 
 
+def reading_params(reading: dict, name: str) -> dict[str, int]:
+    """The datapath's module parameters in one of the guest's readings (fleet.probe)."""
+    return reading.get("module_params", {}).get(name) or reading.get(name) or {}
+
+
 def _fmt(e: dict, digits: int = 2) -> str:
     if e.get("mean") is None:
         return "—"
@@ -540,11 +575,11 @@ def _fmt(e: dict, digits: int = 2) -> str:
     )
 
 
-def _theta_text(theta: dict | None) -> str:
+def _theta_text(theta: dict | None, name: str = CUBIC) -> str:
     """θ in natural units, only the parameters off the kernel's defaults ("defaults": none)."""
     if not theta:
         return "—"
-    spec = load_datapath(CUBIC)
+    spec = load_datapath(name)
     off = [
         f"{p.symbol} {p.to_natural(theta[p.name]):.3g}"
         for p in spec.params
@@ -577,7 +612,9 @@ def check_table(check: dict | None, sigma: float) -> list[str]:
 
 def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
     """Markdown: the set-up, the check, the kernel's readings, the comparison, the endpoint."""
-    e, spec = result.experiment, load_datapath(CUBIC)
+    e, spec = result.experiment, load_datapath(cfg.datapath)
+    name, cc = cfg.datapath, cfg.cc()
+    DEFAULT_ARM, TUNED_ARM = cfg.arms()  # this datapath's arms (cubic's: the constants)
     bounds = search_bounds(cfg)
     searched = ", ".join(
         f"{spec.param(n).symbol} ∈ [{spec.param(n).to_natural(bounds[n][0]):.3g}, "
@@ -591,19 +628,19 @@ def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
         else None
     )
     lines = [
-        "# Booster tunes CUBIC in the lab: tuned θ against the kernel's defaults",
+        f"# Booster tunes {name} in the lab: tuned θ against the kernel's defaults",
         "",
         f"Command: `{command}`",
         "",
-        f"- Path: {cfg.path.scenario.description}; back-to-back {cfg.flow_bytes} cubic flows, "
+        f"- Path: {cfg.path.scenario.description}; back-to-back {cfg.flow_bytes} {cc} flows, "
         "one at a time, from one lab host (a namespace with its own agent) in a qemu guest.",
-        f"- Policy `{result.policy}`: datapath cubic, σ = {cfg.sigma:g}, custom region "
+        f"- Policy `{result.policy}`: datapath {name}, σ = {cfg.sigma:g}, custom region "
         f"{searched}, the other parameters at the kernel's values; exploration on for "
         f"{cfg.search_reports} reports ({cfg.n_initial_points} initial points), then off.",
         f"- Experiment `{e.get('name')}` through REST: {DEFAULT_ARM} (kernel defaults) vs "
         f"{TUNED_ARM} (the policy), days of {cfg.day_s} s from {e.get('start')}, crossover on "
         f"day 1: the host ran {result.arms.get('day-0')} on day 0 and "
-        f"{result.arms.get('day-1')} on day 1 (CUBIC's parameters are host-wide: one θ per "
+        f"{result.arms.get('day-1')} on day 1 ({name}'s parameters are host-wide: one θ per "
         "guest at a time, so the arms take turns).",
         "",
         "## Utility: tuned θ vs kernel defaults (mean [95 % interval over reporting intervals])",
@@ -613,7 +650,7 @@ def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
     ]
     for arm, phase in ((DEFAULT_ARM, default), (TUNED_ARM, tuned)):
         ran = [spec.from_key(k) for k in phase["theta_keys"]] if arm == TUNED_ARM else []
-        theta = "; ".join(_theta_text(t) for t in ran) if ran else "kernel defaults"
+        theta = "; ".join(_theta_text(t, name) for t in ran) if ran else "kernel defaults"
         lines.append(
             f"| {arm} | {theta} | {phase['intervals']} | {phase['flows']} | "
             f"{_fmt(phase['utility'])} | {_fmt(phase['throughput_mbps'])} | "
@@ -629,19 +666,19 @@ def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
         "",
         "## What the kernel ran (read in the guest)",
         "",
-        "| checkpoint | arm Booster assigned | CUBIC parameters (off the kernel's defaults) "
+        f"| checkpoint | arm Booster assigned | {name} parameters (off the kernel's defaults) "
         "| net.ipv4.tcp_congestion_control |",
         "|---|---|---|---|",
     ]
     for label, reading in result.readings.items():
         lines.append(
             f"| {label} | {result.arms.get(label) or '—'} | "
-            f"{_theta_text(reading.get('cubic'))} | {reading.get('sysctl')} |"
+            f"{_theta_text(reading_params(reading, name), name)} | {reading.get('sysctl')} |"
         )
     lines += [
         "",
         "Incumbents Booster published: "
-        + "; ".join(f"{i['at'][11:19]} {_theta_text(i['theta'])}" for i in result.incumbents)
+        + "; ".join(f"{i['at'][11:19]} {_theta_text(i['theta'], name)}" for i in result.incumbents)
         + ".",
     ]
     table = check_table(result.guest.get("experiments", {}).get("check"), cfg.sigma)

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from gemini_api.datapaths import load_datapath
+from gemini_api.datapaths import Apply, load_datapath, registry
 from gemini_lab.bulk import put
 from gemini_lab.experiment import BASE_PORT
 from gemini_lab.netem import receiver_addr, receiver_ns, wait_listening
@@ -21,20 +21,41 @@ from gemini_lab.netem import receiver_addr, receiver_ns, wait_listening
 CHECK_PORT = BASE_PORT + 90
 
 
-def cubic_params() -> dict[str, int]:
-    """What the guest kernel's CUBIC runs now: every parameter of its spec, read from sysfs
-    (empty for a kernel without CUBIC's parameters)."""
-    spec = load_datapath("cubic")
+def module_params(name: str) -> dict[str, int]:
+    """What the guest kernel runs now for datapath ``name`` (a ``module_params`` one): every
+    parameter of its spec, read from its target in sysfs (empty while its module is not
+    loaded, or for a kernel without those parameters)."""
+    spec = load_datapath(name)
     root = Path(spec.target)
     if not root.is_dir():
         return {}
     return {n: int((root / n).read_text().strip()) for n in spec.names}
 
 
+def write_module_params(name: str, theta: dict[str, int]) -> None:
+    root = Path(load_datapath(name).target)
+    for key, value in theta.items():
+        (root / key).write_text(f"{value}\n")
+
+
+def loaded_module_params() -> dict[str, dict[str, int]]:
+    """Every ``module_params`` datapath whose module the guest runs: its parameters now."""
+    out = {}
+    for dp in registry():
+        if dp.apply == Apply.MODULE_PARAMS:
+            values = module_params(dp.name)
+            if values:
+                out[dp.name] = values
+    return out
+
+
+def cubic_params() -> dict[str, int]:
+    """CUBIC's parameters now (gemini-lab cubic's readings)."""
+    return module_params("cubic")
+
+
 def write_cubic_params(theta: dict[str, int]) -> None:
-    root = Path(load_datapath("cubic").target)
-    for name, value in theta.items():
-        (root / name).write_text(f"{value}\n")
+    write_module_params("cubic", theta)
 
 
 def _flow(path: int, size: int) -> dict:

@@ -147,36 +147,48 @@ def _diag(cc: str, port: int) -> dict | None:
     return out or None
 
 
-def _queue_counts(path: int, hops: list[int]) -> dict[int, dict]:
-    return {h: qdisc_stats(path, h) for h in hops}
-
-
 def exp_datapath_flow(e: dict, out: Path) -> dict:
-    name, path, duration_s = e["datapath"], e["path"], e["duration_s"]
-    sample_s, hops = e.get("sample_s", 0.1), e.get("hops", [])
-    dp = datapath(name)
+    """One flow of datapath ``e["datapath"]`` at θ ``e["theta"]`` (or, with ``e["cc"]`` and no
+    datapath, of a kernel CC as it is: a baseline measured the same way)."""
+    name = e.get("datapath")
+    if name is None:
+        return _flow_of(e["cc"], None, e, {"rc": 0, "err": "kernel CC"})
     loaded = load_module(name)
     if loaded["rc"] != 0:
         return {"insmod": loaded}
+    return _flow_of(datapath(name).cc, name, e, loaded)
+
+
+def _flow_of(cc: str, name: str | None, e: dict, loaded: dict) -> dict:
+    path, duration_s = e["path"], e["duration_s"]
+    sample_s, hops = e.get("sample_s", 0.1), e.get("hops", [])
     extra = e.get("module_extra", {})
-    before = read_params(name, tuple(extra))
+    before = read_params(name, tuple(extra)) if name else {}
     scen = Scenario(**e["scenario"]) if e.get("ce_percent") else None
     port = FLOW_PORT + e.get("port_offset", 0)  # each flow its own port: no earlier socket
     rcv = receiver_ns(path)
     try:
-        write_params(name, {**e.get("theta", {}), **extra})
-        ran = read_params(name, tuple(extra))
+        if name:
+            write_params(name, {**e.get("theta", {}), **extra})
+        ran = read_params(name, tuple(extra)) if name else {}
         if scen is not None:
             mark_ce(path, scen, e["ce_percent"])
         q_before = {h: qdisc_stats(path, h) for h in hops}
         net_before = {"sender": netstat(SENDER_NS), "receiver": netstat(rcv)}
-        server, client = start_flow(path, dp.cc, duration_s, port=port)
+        server, client = start_flow(
+            path,
+            cc,
+            duration_s,
+            port=port,
+            parallel=e.get("parallel", 1),
+            omit_s=e.get("omit_s", 0),
+        )
         t0 = time.monotonic()
         samples: list[dict] = []
         queues: dict[int, list[int]] = {h: [] for h in hops}
         ss = ""
         while client.poll() is None and time.monotonic() - t0 < duration_s:
-            d = _diag(dp.cc, port)
+            d = _diag(cc, port)
             if d is not None:
                 samples.append({"t": round(time.monotonic() - t0, 4), **d})
             for h in hops:
@@ -190,13 +202,14 @@ def exp_datapath_flow(e: dict, out: Path) -> dict:
     finally:
         if scen is not None:
             mark_ce(path, scen, None)
-        write_params(name, before)
+        if name:
+            write_params(name, before)
     return {
         **flow,
         "insmod": loaded,
         "params_before": before,
         "params_ran": ran,
-        "params_after": read_params(name, tuple(extra)),
+        "params_after": read_params(name, tuple(extra)) if name else {},
         "samples": samples,
         "ss": ss,
         "queues": {
@@ -233,3 +246,70 @@ def exp_datapath_load(e: dict, out: Path) -> dict:
         loaded = {"rc": p.returncode, "err": p.stderr.strip()}
     available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
     return {"insmod": loaded, "available": available, "params": read_params(name)}
+
+
+def exp_datapath_pair(e: dict, out: Path) -> dict:
+    """Two flows of one CC with different RTTs (``e["rtts_ms"]``) started together through one
+    bottleneck that marks ECN from K packets (gemini_lab.fairness' shared-bottleneck
+    namespaces, with RED as the datacenter switch in place of its netem queue; receiver
+    dctcp, for DCTCP's exact CE echo). The datapath's θ as in ``exp_datapath_flow``."""
+    from gemini_lab import fairness as fx
+    from gemini_lab.experiment import _bulk
+    from gemini_lab.netem import link_qdisc_commands
+    from gemini_lab.scenario import Link
+
+    name = e.get("datapath")
+    cc = datapath(name).cc if name else e["cc"]
+    extra = e.get("module_extra", {})
+    if name:
+        loaded = load_module(name)
+        if loaded["rc"] != 0:
+            return {"insmod": loaded}
+    before = read_params(name, tuple(extra)) if name else {}
+    fx._ensure_topology()
+    link = Link(
+        rate_kbit=e["rate_kbit"],
+        queue_limit=e["queue_packets"],
+        ecn_threshold_packets=e["ecn_k"],
+        burst_packets=2,
+    )
+    sh("tc", "qdisc", "del", "dev", fx.BOTTLENECK_IF, "root", ns=fx.ROUTER, check=False)
+    for cmd in link_qdisc_commands(fx.BOTTLENECK_IF, link):
+        sh(*cmd, ns=fx.ROUTER)
+    for i, rtt in enumerate(e["rtts_ms"]):
+        sh("tc", "qdisc", "del", "dev", f"s{i}", "root", ns=fx.ROUTER, check=False)
+        sh("tc", "qdisc", "add", "dev", f"s{i}", "root", "netem", "delay", f"{rtt}ms",
+           "limit", "100000", ns=fx.ROUTER)  # fmt: skip
+    sh("sysctl", "-qw", "net.ipv4.tcp_congestion_control=dctcp", ns=fx.RECEIVER)
+    duration_s, omit_s = e["duration_s"], e.get("omit_s", 0)
+    try:
+        if name:
+            write_params(name, {**e.get("theta", {}), **extra})
+        servers = []
+        for i in range(len(e["rtts_ms"])):
+            server = _bulk(fx.RECEIVER, "recv", fx.FAIR_PORT + i, 1, omit_s, duration_s)
+            assert server.stdout is not None
+            if server.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"receiver {i} did not start")
+            servers.append(server)
+        clients = [
+            _bulk(fx.SENDERS[i], "send", fx.RECEIVER_ADDR, fx.FAIR_PORT + i, cc, 1, duration_s)
+            for i in range(len(e["rtts_ms"]))
+        ]
+        flows = [
+            {"rtt_ms": rtt, **finish_flow(srv, cli, duration_s)}
+            for rtt, srv, cli in zip(e["rtts_ms"], servers, clients, strict=True)
+        ]
+        marked = qdisc_of(fx.ROUTER, fx.BOTTLENECK_IF).get("marked", 0)
+    finally:
+        if name:
+            write_params(name, before)
+    return {"cc": cc, "flows": flows, "marked": marked, "params_ran": {**e.get("theta", {})}}
+
+
+def qdisc_of(ns: str, dev: str) -> dict:
+    """``tc -s`` of the bottleneck queue (handle 10:) on ``dev`` in ``ns``."""
+    for q in json.loads(sh("tc", "-s", "-j", "qdisc", "show", "dev", dev, ns=ns)):
+        if q.get("handle") == "10:":
+            return dict(q)
+    return {}

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from gemini_lab.bulk import HOST_CC
-from gemini_lab.cubic_guest import cubic_params
+from gemini_lab.cubic_guest import cubic_params, loaded_module_params
 from gemini_lab.experiment import BASE_PORT
 from gemini_lab.netem import receiver_addr, sh
 
@@ -75,6 +75,7 @@ def probe(ns: str, requested: float | None = None) -> dict:
     return {
         "sysctl": sysctl.strip(),
         "cubic": cubic_params(),
+        "module_params": loaded_module_params(),  # every loaded module_params datapath's
         "connections": parse_ss_ccs(ss),
         "ss": ss.strip(),
         "congctl_routes": [r.strip() for r in routes.splitlines() if " congctl " in f" {r} "],

@@ -1,0 +1,335 @@
+"""The datapaths' recorded evaluation (issue #31): GEMINI and DC-Vegas on the scaled scenarios
+beside cubic, bbr, dctcp (and reno, vegas for DC-Vegas' incast), in the UML lab:
+``gemini-lab datapath-eval``.
+
+Everything runs in one UML boot on the simulated clock (figures do not move with host load;
+a rerun of the same plan gives the same figures, gemini_lab.determinism). The cheapest
+faithful subset of the papers' experiments, scaled by s = 10 (DATAPATHS-SPEC.md 0.3, 1.7, 2.5):
+
+- ``dc/<arm>``: one long flow on the datacenter path (100 Mbit/s, 2 ms, RED marking at K = 20
+  packets, 100 packets of buffer): utilisation and the switch's queue (GEMINI's datacenter
+  hop; DC-Vegas without ECN against DCTCP with it, the paper's V1/V5 in one flow);
+- ``wan/<arm>``: one long flow on the cross-dc path (a 100 Mbit/s datacenter hop marking at
+  50 packets, then an 80 Mbit/s WAN hop with 10 000 packets of buffer; 100 ms): WAN
+  throughput and the queue on each hop (G6 with one flow);
+- ``mixed/<arm>``: an intra-datacenter flow (2 ms) and an inter-datacenter one (16 ms, 8x)
+  started together through one 100 Mbit/s switch marking at 50 packets (G8 with 1 + 1 flows):
+  Jain's index of their throughputs;
+- ``incast/<arm>``: 40 senders answering 1 MB together through the dc-incast port (57
+  packets, K = 20): completion, retransmission timeouts (V3/V4);
+- GEMINI tuned: the paper's G6 sweep of T and β, on the cross-dc path (the training
+  scenario), the θ with the best utility chosen there; then GEMINI at the defaults and tuned on
+  a held-out cross-datacenter path no setting was chosen on (``heldout/<arm>``).
+
+GEMINI's defaults are the paper's scaled: T = 5 ms × 10, C = 100 Mbit/s (``capacity_mbit``);
+DC-Vegas' are its spec's (K_dcv = 6, g = 1/16).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from gemini_lab import scenario
+from gemini_lab.datapath_signals import GEMINI, scaled_theta
+from gemini_lab.host import REPO
+from gemini_lab.scenario import Hop, Scenario
+
+RESULTS_PATH = REPO / "benchmarks" / "results" / "datapaths-eval.md"
+DCVEGAS = "dcvegas"
+GOODPUT = 1448 / 1514
+SIGMA = 0.1  # utility = throughput (Mbit/s) − σ · queueing delay (ms), Booster's default σ
+C_MBIT = 100
+# arms: (label, datapath or None, cc, θ over the spec's defaults)
+BASELINES = ("dctcp", "cubic", "bbr")
+DC_ARMS = ("gemini", *BASELINES, DCVEGAS, "vegas", "reno")
+WAN_ARMS = ("gemini", *BASELINES)
+MIXED_ARMS = ("gemini", *BASELINES)
+INCAST_ARMS = (DCVEGAS, "dctcp", "reno", "vegas", "cubic")
+# the G6 sweep (T in µs after scaling, β in 1/100)
+T_SWEEP_US = (30_000, 50_000, 80_000)
+BETA_SWEEP = (10, 20, 30)
+MIXED_RTTS_MS = (2.0, 16.0)
+HELDOUT = Scenario(
+    name="cross-dc-heldout",
+    description="held out: a 100 Mbit/s datacenter hop marking at 50 packets, then a 60 Mbit/s "
+    "WAN hop with 5000 packets of buffer; 60 ms",
+    rtt_ms=60,
+    receiver_cc="dctcp",
+    hops=(
+        Hop(
+            name="dc-switch",
+            rate_mbit=100,
+            delay_ms=1,
+            queue_packets=450,
+            ecn_threshold_packets=50,
+            burst_packets=2,
+        ),
+        Hop(name="wan", rate_mbit=60, delay_ms=29, queue_packets=5000),
+    ),
+)
+
+
+def _arm(label: str) -> dict:
+    """The experiment fields that name what runs: a datapath at its scaled defaults, or a CC."""
+    if label == GEMINI:
+        return {
+            "datapath": GEMINI,
+            "theta": scaled_theta(GEMINI),
+            "module_extra": {"capacity_mbit": C_MBIT},
+        }
+    if label == DCVEGAS:
+        return {"datapath": DCVEGAS, "theta": scaled_theta(DCVEGAS)}
+    return {"cc": label}
+
+
+def eval_plan(flow_s: float = 10, wan_s: float = 30, sweep: bool = True) -> dict:
+    dc, cross, incast = (scenario.load(n) for n in ("datacenter", "cross-dc", "dc-incast"))
+    ex: list[dict] = []
+
+    def flow(label: str, arm: dict, path: int, duration_s: float, hops: list[int]) -> None:
+        ex.append(
+            {
+                "label": label,
+                "kind": "datapath_flow",
+                "path": path,
+                "duration_s": duration_s,
+                "omit_s": 2 if path == 0 else 5,
+                "sample_s": 0.1 if path == 0 else 0.2,
+                "hops": hops,
+                **arm,
+            }
+        )
+
+    for a in DC_ARMS:
+        flow(f"dc/{a}", _arm(a), 0, flow_s, [0])
+    for a in WAN_ARMS:
+        flow(f"wan/{a}", _arm(a), 1, wan_s, [0, 1])
+    for a in MIXED_ARMS:
+        ex.append(
+            {
+                "label": f"mixed/{a}",
+                "kind": "datapath_pair",
+                "rate_kbit": C_MBIT * 1000,
+                "queue_packets": 450,
+                "ecn_k": 50,
+                "rtts_ms": list(MIXED_RTTS_MS),
+                "duration_s": 2 * flow_s,
+                "omit_s": 5,
+                **_arm(a),
+            }
+        )
+    for a in INCAST_ARMS:
+        ex.append(
+            {
+                "label": f"incast/{a}",
+                "kind": "incast",
+                "path": 2,
+                "cc": a,
+                "flows": 40,
+                "total_bytes": 1_000_000,
+            }
+        )
+    if sweep:
+        for t in T_SWEEP_US:
+            for b in BETA_SWEEP:
+                arm = _arm(GEMINI)
+                arm["theta"] = {**arm["theta"], "delay_threshold_us": t, "wan_decrease": b}
+                flow(f"sweep/T{t // 1000}-b{b}", arm, 1, wan_s, [0, 1])
+    for i, e in enumerate(ex):
+        e["port_offset"] = i
+    return {
+        "paths": [dc.to_dict(), cross.to_dict(), incast.to_dict()],
+        "experiments": ex,
+    }
+
+
+def heldout_plan(tuned: dict[str, int], wan_s: float = 30) -> dict:
+    """GEMINI at the scaled defaults and tuned, and the baselines, on the held-out path."""
+    arms = {"gemini": _arm(GEMINI), "gemini-tuned": {**_arm(GEMINI), "theta": tuned}}
+    arms.update({b: _arm(b) for b in ("dctcp", "cubic")})
+    ex = [
+        {
+            "label": f"heldout/{k}",
+            "kind": "datapath_flow",
+            "path": 0,
+            "duration_s": wan_s,
+            "omit_s": 5,
+            "sample_s": 0.2,
+            "hops": [0, 1],
+            "port_offset": 200 + i,
+            **a,
+        }
+        for i, (k, a) in enumerate(arms.items())
+    ]
+    return {"paths": [HELDOUT.to_dict()], "experiments": ex}
+
+
+# --- figures ----------------------------------------------------------------------------------
+
+
+def utility(r: dict) -> float:
+    return r["throughput_mbps"] - SIGMA * r["queue_delay_ms"]
+
+
+def jain(xs: list[float]) -> float:
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else math.nan
+
+
+def best_sweep(results: dict) -> tuple[str, dict[str, int]]:
+    """The sweep cell with the best utility on the training path, and its θ."""
+    cells = {k: v for k, v in results["experiments"].items() if k.startswith("sweep/")}
+    ok = {k: v for k, v in cells.items() if "error" not in v}
+    label = max(ok, key=lambda k: utility(ok[k]))
+    return label, ok[label]["params_ran"]
+
+
+def _q(r: dict, hop: str) -> str:
+    q = r.get("queues", {}).get(hop)
+    return "—" if not q or q["mean_qlen"] is None else f"{q['mean_qlen']:.1f} / {q['max_qlen']}"
+
+
+def _row(label: str, r: dict, hops: tuple[str, ...]) -> str:
+    if "error" in r:
+        return f"| {label} | error: {r['error'].strip().splitlines()[-1][:80]} |"
+    cap = r.get("_cap", C_MBIT * GOODPUT)
+    return (
+        f"| {label} | {r['throughput_mbps']:.1f} | {100 * r['throughput_mbps'] / cap:.0f} % | "
+        f"{r['queue_delay_ms']:.1f} | " + " | ".join(_q(r, h) for h in hops) + f" | "
+        f"{r['retransmits']} | {utility(r):.1f} |"
+    )
+
+
+def render(results: dict, command: str, heldout: dict | None = None) -> str:
+    exps = results["experiments"]
+    lines = [
+        "# GEMINI and DC-Vegas against their baselines on the scaled scenarios (UML lab)",
+        "",
+        f"Command: `{command}`",
+        "",
+        "UML guest on its simulated clock, one boot (figures do not depend on host speed; the "
+        "same plan gives the same figures on a rerun, so one run per cell: runs do not differ). "
+        "Scaled by s = 10 (DATAPATHS-SPEC.md 0.3): 100 Mbit/s for 1 Gbit/s, times × 10. GEMINI "
+        "at the paper's defaults scaled (T = 50 ms, C = 100 Mbit/s, K = 50, β = 0.2, H = 120); "
+        "DC-Vegas at its spec's defaults (K_dcv = 6, g = 1/16), never ECN-capable. Receivers run "
+        "dctcp (exact CE echo). Throughput is the receiver's goodput after the first seconds "
+        "(omitted: slow start); queueing delay is the sender's mean smoothed RTT − min RTT; queue "
+        "is the bottleneck qdisc's length sampled on the guest clock (mean / max packets). "
+        f"Utility = throughput − {SIGMA:g} · queueing delay (Booster's σ).",
+        "",
+        "## Datacenter path (100 Mbit/s, 2 ms, RED marking at K = 20 packets, 100 packets of "
+        "buffer; one flow)",
+        "",
+        "| arm | goodput Mbit/s | of capacity | queueing ms | queue pkts (mean / max) | "
+        "retransmits | utility |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [_row(a, exps[f"dc/{a}"], ("0",)) for a in DC_ARMS if f"dc/{a}" in exps]
+    wan_cap = 80 * GOODPUT
+    lines += [
+        "",
+        "## Cross-datacenter path (DC hop 100 Mbit/s marking at 50 packets; WAN hop 80 Mbit/s, "
+        "10 000 packets; 100 ms; one flow of 30 s)",
+        "",
+        "| arm | goodput Mbit/s | of WAN capacity | queueing ms | DC hop queue | WAN hop queue | "
+        "retransmits | utility |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        _row(a, {**exps[f"wan/{a}"], "_cap": wan_cap}, ("0", "1"))
+        for a in WAN_ARMS
+        if f"wan/{a}" in exps
+    ]
+    lines += [
+        "",
+        f"## Mixed RTTs through one datacenter switch (100 Mbit/s, RED at 50 packets, 450 "
+        f"packets; flows of {MIXED_RTTS_MS[0]:g} ms and {MIXED_RTTS_MS[1]:g} ms started "
+        "together)",
+        "",
+        "| arm | intra Mbit/s | inter Mbit/s | inter / intra | Jain | marks |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for a in MIXED_ARMS:
+        r = exps.get(f"mixed/{a}")
+        if not r or "error" in r:
+            lines.append(f"| {a} | error |")
+            continue
+        x = [f["throughput_mbps"] for f in r["flows"]]
+        lines.append(
+            f"| {a} | {x[0]:.1f} | {x[1]:.1f} | {x[1] / x[0]:.2f} | {jain(x):.3f} | {r['marked']} |"
+        )
+    lines += [
+        "",
+        "## Incast (dc-incast: 100 Mbit/s, 0.5 ms, 57 packets, RED at 20; 40 senders × 25 KB "
+        "at once)",
+        "",
+        "| arm | completed | timeouts | retransmits | FCT mean ms | FCT max ms | marks | drops |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for a in INCAST_ARMS:
+        r = exps.get(f"incast/{a}")
+        if not r or "error" in r:
+            lines.append(f"| {a} | error |")
+            continue
+        lines.append(
+            f"| {a} | {r['completed']}/{r['flows']} | {r['timeouts']} | {r['retransmits']} | "
+            f"{r['fct_ms_mean']:.0f} | {r['fct_ms_max']:.0f} | {r['queue']['marked']} | "
+            f"{r['queue']['drops']} |"
+        )
+    sweep = {k: v for k, v in exps.items() if k.startswith("sweep/")}
+    if sweep:
+        best, theta = best_sweep(results)
+        lines += [
+            "",
+            "## GEMINI tuned: the G6 sweep of T and β on the cross-dc path (training)",
+            "",
+            "| T, β | goodput Mbit/s | of WAN capacity | queueing ms | DC hop queue | "
+            "WAN hop queue | retransmits | utility |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [_row(k[6:], {**v, "_cap": wan_cap}, ("0", "1")) for k, v in sweep.items()]
+        lines += ["", f"Chosen on this path: {best[6:]} (best utility)."]
+        if heldout:
+            h = heldout["experiments"]
+            lines += [
+                "",
+                "## Held out: a cross-datacenter path no setting was chosen on (DC hop as above; "
+                "WAN 60 Mbit/s, 5000 packets; 60 ms)",
+                "",
+                "| arm | goodput Mbit/s | of WAN capacity | queueing ms | DC hop queue | "
+                "WAN hop queue | retransmits | utility |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|",
+            ]
+            lines += [_row(k[8:], {**v, "_cap": 60 * GOODPUT}, ("0", "1")) for k, v in h.items()]
+            lines += [
+                "",
+                f"Tuned θ: T = {theta['delay_threshold_us'] / 1000:g} ms, "
+                f"β = {theta['wan_decrease'] / 100:g}, the rest at the defaults.",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def run_eval(
+    out: Path, command: str, *, flow_s: float = 10, wan_s: float = 30, sweep: bool = True
+) -> tuple[str, dict, dict | None]:
+    """Both boots (the plan, then the held-out path with the θ the sweep chose); the record's
+    text, and the two results (written as JSON beside it in ``out``)."""
+    import json
+
+    from gemini_lab.host import run_plan
+
+    def progress(label: str, r: dict) -> None:
+        print(f"  {label}: {r.get('elapsed_s')} s {r.get('error', '')[-300:]}", flush=True)
+
+    results = run_plan(
+        eval_plan(flow_s, wan_s, sweep), out / "eval", backend="uml", progress=progress
+    )
+    (out / "eval.json").write_text(json.dumps(results, indent=1))
+    heldout = None
+    if sweep:
+        _, theta = best_sweep(results)
+        heldout = run_plan(
+            heldout_plan(theta, wan_s), out / "heldout", backend="uml", progress=progress
+        )
+        (out / "heldout.json").write_text(json.dumps(heldout, indent=1))
+    return render(results, command, heldout), results, heldout

@@ -1,0 +1,51 @@
+"""The closed loop (agent → Booster → agent → kernel) for any ``module_params`` datapath:
+``gemini-lab datapath-loop --datapath NAME``.
+
+gemini_lab.cubic runs it for CUBIC; nothing in it is CUBIC's but its defaults, so this module
+only chooses, per datapath, a path where the datapath's signals occur and which θ parameter to
+search, and runs gemini_lab.cubic's loop with ``CubicConfig.datapath`` set. The guest loads the
+datapath's module first (experiment kind ``datapath_load``: ours from the build beside
+tcp_fusion.ko), the lab host's namespace runs its CC, the agent writes the θ Booster plans into
+/sys/module/<module>/parameters and reports the flows it reads through sock_diag, and the guest
+reads the module's parameters back at each checkpoint (gemini_lab.fleet.probe).
+
+The path for GEMINI and DC-Vegas is a small datacenter-like one that qemu's emulation keeps up
+with: 20 Mbit/s, 10 ms, a 100-packet queue marking ECN from 20 packets, dctcp receivers (so a
+GEMINI flow negotiates ECN and gets DCTCP's exact echo; DC-Vegas asks for no ECN and is never
+marked). The parameter searched is the one each paper says to set per environment: GEMINI's
+K (what its F assumes of the switches), DC-Vegas's K_dcv.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gemini_lab.cubic import CubicConfig
+from gemini_lab.loop import LabPath
+from gemini_lab.scenario import Scenario
+
+ECN_PATH = LabPath(
+    Scenario(
+        name="dc-ecn",
+        description="10 ms, 20 Mbit/s, 100-packet queue marking ECN from 20 packets",
+        rtt_ms=10,
+        rate_mbit=20,
+        queue_packets=100,
+        ecn_threshold_packets=20,
+        burst_packets=2,
+        receiver_cc="dctcp",
+    ),
+    "dc",
+    "isp-b",
+)
+# per datapath: the path and the θ parameter searched (the rest pinned at the spec's defaults)
+LOOPS: dict[str, tuple[LabPath, tuple[str, ...]]] = {
+    "gemini": (ECN_PATH, ("ecn_k",)),
+    "dcvegas": (ECN_PATH, ("queue_threshold",)),
+}
+
+
+def loop_config(name: str, base: CubicConfig | None = None) -> CubicConfig:
+    """gemini_lab.cubic's configuration for datapath ``name`` (``base`` for the timings)."""
+    path, tuned = LOOPS[name]
+    return replace(base or CubicConfig(), datapath=name, path=path, tuned=tuned)

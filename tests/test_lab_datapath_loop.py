@@ -1,0 +1,100 @@
+"""The closed loop (agent → Booster → agent → kernel) with a GEMINI policy and a DC-Vegas policy
+in the lab (issue #31): gemini_lab.cubic's loop generalised to any module_params datapath of
+the registry (gemini_lab.datapath_loop), short.
+
+For each datapath, in a qemu guest (Debian's kernel, the module built for it): the guest loads
+the module, one lab host runs the datapath's CC, a policy of that datapath searches one θ
+parameter through an experiment (the datapath tuned on day 0, its kernel defaults on day 1).
+Asserted are the mechanics, read from the guest kernel's /sys/module/tcp_<name>/parameters and
+Booster's store, never the figures (qemu's emulation on a busy machine): the agent wrote the
+policy's θ into the module's parameters, every flow ran the datapath's CC, the policy stored
+the flows as trials of the θ that ran, the default arm ran the module's defaults, and the
+defaults are back after the agent's exit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gemini_api.datapaths import datapath
+from gemini_lab.cubic import CubicConfig, reading_params, render, run_cubic, search_bounds
+from gemini_lab.datapath_loop import LOOPS, loop_config
+from gemini_lab.vm import LabError, find_kernel
+from tests.conftest import OPERATOR, free_port, lab_fleet_settings, new_database
+
+NAMES = tuple(LOOPS)
+# Short, as tests/test_lab_cubic.py: two-minute days, four search reports.
+BASE = CubicConfig(search_reports=4, n_initial_points=3, day_s=120, boot_timeout_s=600)
+
+
+def test_each_loop_searches_one_parameter_of_its_datapaths_spec():
+    for name in NAMES:
+        cfg = loop_config(name, BASE)
+        spec = datapath(name).spec
+        bounds = search_bounds(cfg)
+        assert set(bounds) == set(spec.names)
+        (tuned,) = cfg.tuned
+        assert bounds[tuned] == spec.region_bounds("production")[tuned]
+        assert cfg.arms() == (f"{name}-default", f"{name}-tuned")
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def run(request, tmp_path_factory, pg_admin_url):
+    try:
+        find_kernel()
+    except LabError as exc:
+        pytest.skip(str(exc))
+    cfg = loop_config(request.param, BASE)
+    result = run_cubic(
+        lab_fleet_settings(new_database(pg_admin_url)),
+        free_port(),
+        OPERATOR,
+        tmp_path_factory.mktemp(f"loop-{request.param}"),
+        cfg,
+    )
+    return request.param, cfg, result
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_the_module_loaded_and_the_agent_wrote_the_policys_theta_into_it(run):
+    name, cfg, r = run
+    spec = datapath(name).spec
+    load = r.guest["experiments"]["load"]
+    assert load["insmod"]["rc"] == 0 and datapath(name).cc in load["available"], load
+    assert load["params"] == spec.default()
+    default_arm, tuned_arm = cfg.arms()
+    assert (r.arms["day-0"], r.arms["day-1"]) == (tuned_arm, default_arm)
+    reported = {spec.key(t["theta"]) for t in r.trials}
+    (tuned,) = cfg.tuned
+    lo, hi = search_bounds(cfg)[tuned]
+    for label in ("search", "day-0"):
+        theta = reading_params(r.readings[label], name)
+        assert spec.key(theta) in reported, (label, theta, reported)
+        assert lo <= theta[tuned] <= hi
+    assert reading_params(r.readings["day-0"], name) in [i["theta"] for i in r.incumbents]
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_every_flow_ran_the_datapaths_cc_and_came_back_as_its_trials(run):
+    name, cfg, r = run
+    cc = datapath(name).cc
+    ran = r.guest["experiments"]["fleet"]["flows"]["lab-host-0"]
+    assert ran.get(cc, 0) > 0 and set(ran) - {"failed"} == {cc}, ran
+    assert all(reading["sysctl"] == cc for reading in r.readings.values())
+    assert sum(t["flows"] for t in r.trials) > 0
+    default_arm, tuned_arm = cfg.arms()
+    assert r.phases[tuned_arm]["flows"] > 0 and r.phases[tuned_arm]["stray_flows"] == 0
+    assert r.phases[default_arm]["flows"] > 0 and r.phases[default_arm]["stray_flows"] == 0
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_the_default_arm_and_the_agents_exit_restore_the_modules_defaults(run):
+    name, cfg, r = run
+    defaults = datapath(name).spec.default()
+    for label in ("day-1", "ended", "after-exit"):
+        assert reading_params(r.readings[label], name) == defaults, label
+    text = render(r, cfg, f"gemini-lab datapath-loop --datapath {name}")
+    assert f"| {name}-tuned |" in text and "| after-exit |" in text

@@ -8,12 +8,12 @@ accuracy 1 %); Booster merges them per trial on demand. The message has two enco
   present, as doubles. Sent by agents before the compact sketch, still accepted; a throughput
   spread over a few orders of magnitude costs kilobytes per sketch.
 - **compact** (v2, ``to_compact_proto``, what agents send): only the bins that hold flows, each
-  ``COMPACT_KEY_STRIDE`` keys of the 1 % mapping wide, as varint key steps and whole-flow
-  counts, at most ``COMPACT_MAX_BINS`` of them. Bin ``b`` is the union of keys
-  ``(b-1)·s+1 .. b·s``, a logarithmic mapping of γ^s: relative accuracy
-  ``COMPACT_RELATIVE_ACCURACY`` (5.0 %). Typically two bytes per bin. DDSketch's own protobuf
-  (``ddsketch.pb``) spends 8 bytes per key in its contiguous store and about 13 per bin in its
-  sparse map: several times this (benchmarks/report_size.py prints it).
+  ``COMPACT_KEY_STRIDE`` keys of the 1 % mapping wide: a bitmap of the bins present from the
+  lowest, and their whole-flow counts as varints, over at most ``COMPACT_MAX_SPAN`` bins. Bin
+  ``b`` is the union of keys ``(b-1)·s+1 .. b·s``, a logarithmic mapping of γ^s: relative
+  accuracy ``COMPACT_RELATIVE_ACCURACY`` (5.0 %). About 1.2 bytes per bin. DDSketch's own
+  protobuf (``ddsketch.pb``) spends 8 bytes per key in its contiguous store and about 13 per
+  bin in its sparse map: several times this (benchmarks/report_size.py prints it).
 
 Both decode (``from_proto``) into the 1 % mapping, so that old and new sketches merge: a
 compact bin's weight goes to the middle key of its stride, whose value is within
@@ -52,10 +52,10 @@ COMPACT_READ_ERROR = max(
     _GAMMA ** (_MIDDLE + 1) * 2 / (1 + _GAMMA) - 1,
     1 - _GAMMA ** (-_MIDDLE) * 2 / (1 + _GAMMA),
 )  # 5.12 %
-# Enough for 5.5 orders of magnitude in one aggregate; beyond that the lowest bins fold into
-# the lowest one kept (DDSketch's collapsing-lowest store), so only the lowest quantiles of
-# such a spread lose their accuracy.
-COMPACT_MAX_BINS = 128
+# Bins one sketch may span: 5.5 orders of magnitude in one aggregate. Beyond that the lowest
+# bins fold into the lowest bin of the span (DDSketch's collapsing-lowest store), so only the
+# lowest quantiles of such a spread lose their accuracy.
+COMPACT_MAX_SPAN = 128
 # The bins that keys of the mapping fall in.
 MIN_BIN = -(-MIN_KEY // COMPACT_KEY_STRIDE)
 MAX_BIN = -(-MAX_KEY // COMPACT_KEY_STRIDE)
@@ -88,11 +88,7 @@ def to_compact_proto(sketch: DDSketch) -> pb.QuantileSketch:
     the empty message when it has no values."""
     if sketch.count == 0:
         return pb.QuantileSketch()
-    msg = pb.QuantileSketch(
-        relative_accuracy=sketch._relative_accuracy,
-        zero_count=sketch._zero_count,
-        key_stride=COMPACT_KEY_STRIDE,
-    )
+    msg = pb.QuantileSketch(zero_count=sketch._zero_count, key_stride=COMPACT_KEY_STRIDE)
     store = sketch._store
     if not store.count:
         return msg
@@ -102,13 +98,16 @@ def to_compact_proto(sketch: DDSketch) -> pb.QuantileSketch:
         if weight:
             b = -(-(store.min_key + i) // COMPACT_KEY_STRIDE)  # ⌈key / s⌉
             bins[b] = bins.get(b, 0.0) + weight
+    last = max(bins)
+    first = max(min(bins), last - COMPACT_MAX_SPAN + 1)
+    folded = sum(w for b, w in bins.items() if b < first)
+    if folded:
+        bins = {b: w for b, w in bins.items() if b >= first}
+        bins[first] = bins.get(first, 0.0) + folded
     keys = sorted(bins)
-    if len(keys) > COMPACT_MAX_BINS:
-        cut = len(keys) - COMPACT_MAX_BINS
-        bins[keys[cut]] += sum(bins[k] for k in keys[:cut])
-        keys = keys[cut:]
-    msg.bin_key_deltas.extend(b - a for a, b in zip([0, *keys], keys, strict=False))
-    msg.bin_counts.extend(round(bins[k]) for k in keys)
+    msg.first_bin = first
+    msg.bin_bitmap = sum(1 << (b - first) for b in keys).to_bytes((last - first) // 8 + 1, "little")
+    msg.bin_counts.extend(round(bins[b]) for b in keys)
     return msg
 
 
@@ -124,13 +123,13 @@ def sketch_errors(msg: pb.QuantileSketch, flow_count: int) -> list[str]:
     """
     if msg.ByteSize() == 0:
         return []
-    errors = []
-    if msg.relative_accuracy != RELATIVE_ACCURACY:
-        errors.append(f"relative_accuracy {msg.relative_accuracy} != {RELATIVE_ACCURACY}")
+    errors: list[str] = []
     total: float | None
-    if msg.key_stride or msg.bin_key_deltas or msg.bin_counts:
+    if msg.key_stride or msg.bin_bitmap or msg.bin_counts or msg.first_bin:
         total = _compact_weight(msg, flow_count, errors)
     else:
+        if msg.relative_accuracy != RELATIVE_ACCURACY:
+            errors.append(f"relative_accuracy {msg.relative_accuracy} != {RELATIVE_ACCURACY}")
         total = _dense_weight(msg, errors)
     if total is None:
         return errors
@@ -172,33 +171,45 @@ def _dense_weight(msg: pb.QuantileSketch, errors: list[str]) -> float | None:
 
 def _compact_weight(msg: pb.QuantileSketch, flow_count: int, errors: list[str]) -> int | None:
     """The weight of a compact sketch's bins, or None when they cannot be added up."""
-    deltas, counts = msg.bin_key_deltas, msg.bin_counts
+    counts, bitmap = msg.bin_counts, msg.bin_bitmap
     found = len(errors)
     if msg.key_stride != COMPACT_KEY_STRIDE:
         errors.append(f"key_stride {msg.key_stride} != {COMPACT_KEY_STRIDE}")
+    if msg.relative_accuracy:
+        errors.append("relative_accuracy: unset in a compact sketch (key_stride names its mapping)")
     if msg.counts or msg.offset:
         errors.append("both encodings: a compact sketch (key_stride) has no offset or counts")
-    if len(deltas) != len(counts):
-        errors.append(f"{len(deltas)} bin_key_deltas for {len(counts)} bin_counts")
-    if len(counts) > COMPACT_MAX_BINS:
-        errors.append(f"{len(counts)} bins > {COMPACT_MAX_BINS}")
+    if len(bitmap) > COMPACT_MAX_SPAN // 8:
+        errors.append(f"bin_bitmap: {len(bitmap)} bytes, bins span more than {COMPACT_MAX_SPAN}")
     if len(errors) > found:
         return None
-    if not counts:
-        return 0
-    if len(deltas) > 1 and min(deltas[1:]) < 1:
-        errors.append("bin_key_deltas: bins must come in increasing key order")
-        return None
-    first, last = deltas[0], sum(deltas)
-    if first < MIN_BIN or last > MAX_BIN:
-        errors.append(f"bins {first}..{last} outside the mapping's {MIN_BIN}..{MAX_BIN}")
-    if min(counts) < 1:
+    present = int.from_bytes(bitmap, "little")
+    span = present.bit_length()
+    if present.bit_count() != len(counts):
+        errors.append(f"bin_bitmap: {present.bit_count()} bins for {len(counts)} bin_counts")
+    elif counts and (not present & 1 or len(bitmap) != (span + 7) // 8):
+        errors.append("bin_bitmap: bit 0 is first_bin's, and no byte after the last bin's")
+    elif counts and not MIN_BIN <= msg.first_bin <= msg.first_bin + span - 1 <= MAX_BIN:
+        errors.append(
+            f"bins {msg.first_bin}..{msg.first_bin + span - 1} outside the mapping's "
+            f"{MIN_BIN}..{MAX_BIN}"
+        )
+    elif counts and min(counts) < 1:
         errors.append("bin_counts: a bin without weight (send only bins that hold flows)")
-    elif max(counts) > flow_count:
+    elif counts and max(counts) > flow_count:
         errors.append(f"bin_counts: {max(counts)} > flow_count {flow_count}")
+    elif not counts and msg.first_bin:
+        errors.append("first_bin: set without bins")
     if len(errors) > found:
         return None
-    return sum(counts)  # each ≤ flow_count ≤ 2^32, at most COMPACT_MAX_BINS of them: exact
+    return sum(counts)  # each ≤ flow_count ≤ 2^32, at most COMPACT_MAX_SPAN of them: exact
+
+
+def compact_bins(msg: pb.QuantileSketch) -> list[tuple[int, int]]:
+    """(bin, whole flows) of a compact sketch, lowest bin first."""
+    present = int.from_bytes(msg.bin_bitmap, "little")
+    bins = [msg.first_bin + i for i in range(present.bit_length()) if present >> i & 1]
+    return list(zip(bins, msg.bin_counts, strict=True))
 
 
 def from_proto(msg: pb.QuantileSketch) -> DDSketch:
@@ -206,10 +217,8 @@ def from_proto(msg: pb.QuantileSketch) -> DDSketch:
     compact bin's weight lands on the middle key of its stride."""
     sketch = new_sketch()
     if msg.key_stride:
-        key = 0
-        for delta, count in zip(msg.bin_key_deltas, msg.bin_counts, strict=True):
-            key += delta
-            middle = min(max(key * COMPACT_KEY_STRIDE - _MIDDLE, MIN_KEY), MAX_KEY)
+        for b, count in compact_bins(msg):
+            middle = min(max(b * COMPACT_KEY_STRIDE - _MIDDLE, MIN_KEY), MAX_KEY)
             sketch._store.add(middle, float(count))
             sketch._count += count
     else:

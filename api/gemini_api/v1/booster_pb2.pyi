@@ -40,22 +40,24 @@ class Context(_message.Message):
     def __init__(self, src_region: _Optional[str] = ..., src_isp: _Optional[str] = ..., dst_region: _Optional[str] = ..., dst_isp: _Optional[str] = ..., hour: _Optional[int] = ...) -> None: ...
 
 class QuantileSketch(_message.Message):
-    __slots__ = ("relative_accuracy", "offset", "counts", "zero_count", "key_stride", "bin_key_deltas", "bin_counts")
+    __slots__ = ("relative_accuracy", "offset", "counts", "zero_count", "key_stride", "first_bin", "bin_bitmap", "bin_counts")
     RELATIVE_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     ZERO_COUNT_FIELD_NUMBER: _ClassVar[int]
     KEY_STRIDE_FIELD_NUMBER: _ClassVar[int]
-    BIN_KEY_DELTAS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BIN_FIELD_NUMBER: _ClassVar[int]
+    BIN_BITMAP_FIELD_NUMBER: _ClassVar[int]
     BIN_COUNTS_FIELD_NUMBER: _ClassVar[int]
     relative_accuracy: float
     offset: int
     counts: _containers.RepeatedScalarFieldContainer[float]
     zero_count: float
     key_stride: int
-    bin_key_deltas: _containers.RepeatedScalarFieldContainer[int]
+    first_bin: int
+    bin_bitmap: bytes
     bin_counts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, relative_accuracy: _Optional[float] = ..., offset: _Optional[int] = ..., counts: _Optional[_Iterable[float]] = ..., zero_count: _Optional[float] = ..., key_stride: _Optional[int] = ..., bin_key_deltas: _Optional[_Iterable[int]] = ..., bin_counts: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, relative_accuracy: _Optional[float] = ..., offset: _Optional[int] = ..., counts: _Optional[_Iterable[float]] = ..., zero_count: _Optional[float] = ..., key_stride: _Optional[int] = ..., first_bin: _Optional[int] = ..., bin_bitmap: _Optional[bytes] = ..., bin_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Aggregate(_message.Message):
     __slots__ = ("theta", "theta_version", "context", "flow_count", "throughput_mbps_sum", "throughput_mbps_sq_sum", "queue_delay_ms_sum", "queue_delay_ms_sq_sum", "throughput_queue_delay_sum", "throughput_sketch", "slow_flow_count", "size_bucket_counts", "cc", "datapath_theta", "queue_delay_sketch")

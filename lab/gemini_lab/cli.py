@@ -17,6 +17,7 @@ gemini-lab plannertune  Booster's planner tunes θ for long flows, one UML boot 
 gemini-lab evaluate     long flows: Booster-tuned θ beside default Fusion and the baselines (UML)
 gemini-lab datapath-loop --datapath NAME   the closed loop for any module_params datapath
                         (gemini, dcvegas, cubic): tuned θ vs its kernel defaults (qemu)
+gemini-lab datapath-signals  GEMINI's α, delay and ECN cuts by hop; DC-Vegas's cut and queue (UML)
 gemini-lab datapath-eval  GEMINI and DC-Vegas beside cubic, bbr, dctcp, reno, vegas on the
                         scaled datacenter, cross-dc and incast scenarios; G6 sweep, held out (UML)
 """
@@ -422,6 +423,20 @@ def cmd_datapath_loop(args: argparse.Namespace) -> None:
         print(f"recorded in {args.record}; run record {result.record}")
 
 
+def cmd_datapath_signals(args: argparse.Namespace) -> None:
+    from gemini_lab import datapath_signals
+
+    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    out = args.out / "datapath-signals"
+    results = run_plan(datapath_signals.signals_plan(), out, backend="uml", progress=_progress)
+    (out / "signals.json").write_text(json.dumps(results, indent=1))
+    text = datapath_signals.render(results, command)
+    print(text)
+    if args.record:
+        args.record.write_text(text)
+        print(f"recorded in {args.record}")
+
+
 def cmd_datapath_eval(args: argparse.Namespace) -> None:
     from gemini_lab import datapath_eval
 
@@ -613,6 +628,9 @@ def main(argv: list[str] | None = None) -> None:
     dpl.add_argument("--port", type=int, default=50173)
     dpl.add_argument("--record", type=Path, help="write the summary here (markdown)")
     dpl.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    dps = sub.add_parser("datapath-signals", help="GEMINI's and DC-Vegas' signals (UML)")
+    dps.add_argument("--record", type=Path, help="write the summary here (markdown)")
+    dps.add_argument("--out", type=Path, default=DEFAULT_OUT)
     dpe = sub.add_parser("datapath-eval", help="GEMINI and DC-Vegas beside the baselines (UML)")
     dpe.add_argument("--flow-seconds", type=float, default=10, help="datacenter flows")
     dpe.add_argument("--wan-seconds", type=float, default=30, help="cross-dc flows")
@@ -678,6 +696,8 @@ def main(argv: list[str] | None = None) -> None:
             return cmd_cubic(args)
         elif args.cmd == "datapath-loop":
             return cmd_datapath_loop(args)
+        elif args.cmd == "datapath-signals":
+            return cmd_datapath_signals(args)
         elif args.cmd == "datapath-eval":
             return cmd_datapath_eval(args)
         elif args.cmd == "determinism":

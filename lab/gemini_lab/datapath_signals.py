@@ -171,3 +171,87 @@ def predicted_cut(cwnd: int, alpha: int) -> int:
     """The window after DC-Vegas's cut w − w·(α/2), in the module's fixed point (cc_cut)."""
     f = min(alpha >> 1, ALPHA_ONE)
     return max(cwnd - ((cwnd * f) >> 10), 2)
+
+
+def render(results: dict, command: str) -> str:
+    """Markdown: each signal check's figures (tests/test_lab_datapath_signals.py asserts them)."""
+    ex = results["experiments"]
+    lines = [
+        "# GEMINI and DC-Vegas react to their signals (UML lab, simulated clock)",
+        "",
+        f"Command: `{command}`",
+        "",
+        "One UML boot; figures read from the modules' own state through sock_diag on the guest "
+        "clock (they do not depend on host speed; a rerun gives the same). Scaled by s = 10. "
+        "Asserted by tests/test_lab_datapath_signals.py.",
+        "",
+        "## GEMINI's α against a known marking fraction (netem marks p % of ECN-capable packets "
+        "CE at random; 20 Mbit/s, 20 ms)",
+        "",
+        "| p | delivered CE-marked (sender) | CE at the receiver | mean α (after 5 s) | α / "
+        "fraction | ECN cuts | delay cuts |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in CE_PERCENTS:
+        r = ex.get(f"gemini/ce-{p}")
+        if not r or "error" in r:
+            lines.append(f"| {p} % | error |")
+            continue
+        alpha, frac, _ = alpha_and_fraction(r, 5.0)
+        got = r["netstat"]["receiver"]
+        rcv = got["InCEPkts"] / max(1, got["InCEPkts"] + got["InECT0Pkts"])
+        d, e = cuts(r)
+        lines.append(
+            f"| {p} % | {frac:.4f} | {rcv:.4f} | {alpha:.4f} | {alpha / frac:.3f} | {e} | {d} |"
+        )
+    lines += [
+        "",
+        "## GEMINI's two signals by hop (T = 50 ms, C = 100 Mbit/s)",
+        "",
+        "| path | goodput Mbit/s | delay cuts | ECN cuts | queue per hop (mean / max pkts) | "
+        "marks |",
+        "|---|---:|---:|---:|---|---:|",
+    ]
+    for label in ("gemini/datacenter", "gemini/cross-dc"):
+        r = ex.get(label)
+        if not r or "error" in r:
+            lines.append(f"| {label} | error |")
+            continue
+        d, e = cuts(r)
+        qs = "; ".join(
+            f"hop {h}: {q['mean_qlen']:.1f} / {q['max_qlen']}" for h, q in r["queues"].items()
+        )
+        marks = sum(q["marked"] for q in r["queues"].values())
+        lines.append(f"| {label[7:]} | {r['throughput_mbps']:.1f} | {d} | {e} | {qs} | {marks} |")
+    r = ex.get("dcvegas/cut")
+    if r and "error" not in r:
+        ev = cut_events(r)
+        exact = [x for x in ev if abs(predicted_cut(x["before"], x["alpha"]) - x["after"]) <= 1]
+        lines += [
+            "",
+            "## DC-Vegas's cut against its α, no ECN (20 Mbit/s, 20 ms, sampled every 2 ms)",
+            "",
+            f"{len(ev)} window reductions seen in Open with no retransmission; {len(exact)} of "
+            "them equal w − w·α/2 (the module's fixed point, ±1 packet) for the α it reported "
+            f"after the round; α ranged {min(x['alpha'] for x in ev) / ALPHA_ONE:.3f}–"
+            f"{max(x['alpha'] for x in ev) / ALPHA_ONE:.3f}. ECN-capable packets received: "
+            f"{r['netstat']['receiver']['InECT0Pkts']}.",
+        ]
+    lines += [
+        "",
+        "## DC-Vegas's queue against K_dcv (datacenter path, RED never marks: no ECT)",
+        "",
+        "| K_dcv | goodput Mbit/s | queue mean / max pkts | marks | drops |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for label, k in (("dcvegas/datacenter", 6), (f"dcvegas/datacenter-k{DCV_K_WIDE}", DCV_K_WIDE)):
+        r = ex.get(label)
+        if not r or "error" in r:
+            lines.append(f"| {k} | error |")
+            continue
+        q = r["queues"]["0"]
+        lines.append(
+            f"| {k} | {r['throughput_mbps']:.1f} | {q['mean_qlen']:.1f} / {q['max_qlen']} | "
+            f"{q['marked']} | {q['drops']} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -18,6 +18,9 @@ gemini-lab evaluate     long flows: Booster-tuned θ beside default Fusion and t
 gemini-lab datapath-loop --datapath NAME   the closed loop for any module_params datapath
                         (gemini, dcvegas, cubic): tuned θ vs its kernel defaults (qemu)
 gemini-lab datapath-signals  GEMINI's α, delay and ECN cuts by hop; DC-Vegas's cut and queue (UML)
+gemini-lab datapath-tune --datapath NAME --scenario S --tuned P ...  Booster's planner tunes
+                        any datapath's θ for long flows (plannertune generalised; UML); with
+                        --heldout, GEMINI default vs tuned on a held-out cross-dc path
 gemini-lab datapath-eval  GEMINI and DC-Vegas beside cubic, bbr, dctcp, reno, vegas on the
                         scaled datacenter, cross-dc and incast scenarios; G6 sweep, held out (UML)
 """
@@ -437,6 +440,41 @@ def cmd_datapath_signals(args: argparse.Namespace) -> None:
         print(f"recorded in {args.record}")
 
 
+def cmd_datapath_tune(args: argparse.Namespace) -> None:
+    from gemini_lab import datapath_eval
+
+    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    extra = tuple((k, int(v)) for k, v in (kv.split("=", 1) for kv in args.extra or []))
+    cfg = plannertune.TuneConfig(
+        scenarios=tuple(args.scenario),
+        sigma=args.sigma,
+        rounds=args.rounds,
+        hosts=args.hosts,
+        explorers=args.explorers,
+        seed=args.seed,
+        datapath=args.datapath,
+        tuned=tuple(args.tuned or ()),
+        time_scale=args.time_scale,
+        module_extra=extra,
+    )
+    out = args.out / f"datapath-tune-{args.datapath}"
+    history = plannertune.tune(cfg, out)
+    text = plannertune.render(history, cfg, command)
+    tuned = plannertune.tuned_theta(history)
+    (out / "tuned.json").write_text(json.dumps(tuned, indent=1))
+    if args.heldout:
+        theta = tuned[cfg.scenarios[0]]
+        held = run_plan(
+            datapath_eval.heldout_plan(theta), out / "heldout", backend="uml", progress=_progress
+        )
+        (out / "heldout.json").write_text(json.dumps(held, indent=1))
+        text += "\n" + datapath_eval.heldout_table(held, theta)
+    print(text)
+    if args.record:
+        args.record.write_text(text)
+        print(f"recorded in {args.record}")
+
+
 def cmd_datapath_eval(args: argparse.Namespace) -> None:
     from gemini_lab import datapath_eval
 
@@ -631,6 +669,20 @@ def main(argv: list[str] | None = None) -> None:
     dps = sub.add_parser("datapath-signals", help="GEMINI's and DC-Vegas' signals (UML)")
     dps.add_argument("--record", type=Path, help="write the summary here (markdown)")
     dps.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    dpt = sub.add_parser("datapath-tune", help="Booster's planner tunes any datapath (UML)")
+    dpt.add_argument("--datapath", required=True)
+    dpt.add_argument("--scenario", action="append", required=True, help="a context each")
+    dpt.add_argument("--tuned", action="append", help="a searched parameter (default: all)")
+    dpt.add_argument("--time-scale", type=int, default=1, help="µs parameters' region × this")
+    dpt.add_argument("--extra", action="append", help="a non-θ module parameter, name=value")
+    dpt.add_argument("--sigma", type=float, default=0.1)
+    dpt.add_argument("--rounds", type=int, default=5)
+    dpt.add_argument("--hosts", type=int, default=4)
+    dpt.add_argument("--explorers", type=int, default=3)
+    dpt.add_argument("--seed", type=int, default=1)
+    dpt.add_argument("--heldout", action="store_true", help="GEMINI on the held-out path")
+    dpt.add_argument("--record", type=Path, help="write the summary here (markdown)")
+    dpt.add_argument("--out", type=Path, default=DEFAULT_OUT)
     dpe = sub.add_parser("datapath-eval", help="GEMINI and DC-Vegas beside the baselines (UML)")
     dpe.add_argument("--flow-seconds", type=float, default=10, help="datacenter flows")
     dpe.add_argument("--wan-seconds", type=float, default=30, help="cross-dc flows")
@@ -698,6 +750,8 @@ def main(argv: list[str] | None = None) -> None:
             return cmd_datapath_loop(args)
         elif args.cmd == "datapath-signals":
             return cmd_datapath_signals(args)
+        elif args.cmd == "datapath-tune":
+            return cmd_datapath_tune(args)
         elif args.cmd == "datapath-eval":
             return cmd_datapath_eval(args)
         elif args.cmd == "determinism":

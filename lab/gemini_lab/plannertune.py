@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from gemini_api.datapaths import Apply, datapath
 from gemini_api.sums import FlowSums
-from gemini_api.theta import load_spec
+from gemini_api.theta import ThetaSpec
 from gemini_booster.domain import ContextKey, Trial
 from gemini_booster.models import Policy
 from gemini_booster.policy.assignment import assign
@@ -63,14 +64,48 @@ class TuneConfig:
     explorers: int = 4  # of them, exploring in every round
     seed: int = 1  # the policy's id: the planner's random draws
     region: Literal["production", "wide"] = "production"  # Θ, or Θ' (the spec's wide bounds)
+    # any datapath of the registry: its spec is the policy's; a module_params one runs as
+    # gemini_lab.datapath_guest's datapath_flow (θ written host-wide for each flow, read back)
+    datapath: str = "fusion"
+    # searched parameters (empty: all of them, over the region); the rest pinned at ``pinned``
+    # (default: the spec's defaults)
+    tuned: tuple[str, ...] = ()
+    pinned: tuple[tuple[str, int], ...] = ()
+    # time-valued (µs) parameters' region multiplied by this (DATAPATHS-SPEC.md 0.3's s)
+    time_scale: int = 1
+    module_extra: tuple[tuple[str, int], ...] = ()  # non-θ module parameters (GEMINI's C)
+
+    def spec(self) -> ThetaSpec:
+        return datapath(self.datapath).spec
+
+    def search_bounds(self) -> dict[str, tuple[int, int]] | None:
+        """None: the whole region; else ``tuned`` over the region (µs ones scaled), the rest
+        pinned."""
+        if not self.tuned and not self.pinned and self.time_scale == 1:
+            return None
+        spec, fixed = self.spec(), dict(self.pinned)
+        region = spec.region_bounds(self.region)
+        out = {}
+        for p in spec.params:
+            k = self.time_scale if p.unit == "µs" else 1
+            lo, hi = region[p.name]
+            if not self.tuned or p.name in self.tuned:
+                out[p.name] = (lo * k, hi * k)
+            else:
+                v = fixed.get(p.name, p.default)
+                out[p.name] = (v, v)
+        return out
 
     def policy(self) -> Policy:
+        bounds = self.search_bounds()
         return Policy(
             id=self.seed,
             name="lab-plannertune",
             revision=1,
             sigma=self.sigma,
-            region=self.region,
+            datapath=self.datapath,
+            region="custom" if bounds else self.region,
+            bounds=bounds,
             exploration_share=self.explorers / self.hosts,
         )
 
@@ -95,13 +130,15 @@ class Tuner:
     """The planner's side of the run: trials, published incumbents and candidates."""
 
     cfg: TuneConfig
-    planner: Planner = field(default_factory=lambda: Planner(load_spec()))
+    planner: Planner = field(init=False)
     state: PolicyState = field(default_factory=PolicyState)
     trials: list[Trial] = field(default_factory=list)
     incumbents: dict[int, str] = field(default_factory=dict)
     candidates: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.spec = self.cfg.spec()
+        self.planner = Planner(self.spec)
         self.policy = self.cfg.policy()
         self.contexts = {i + 1: context_key(n) for i, n in enumerate(self.cfg.scenarios)}
         share = self.policy.exploration_share
@@ -112,7 +149,7 @@ class Tuner:
 
     def plan(self, r: int) -> dict[int, tuple[dict[str, int], dict[str, dict[str, int]]]]:
         """Per context: (incumbent, host → θ) for round ``r``."""
-        spec = load_spec()
+        spec = self.spec
         plans = self.planner.plan(
             self.policy,
             self.trials,
@@ -138,37 +175,45 @@ class Tuner:
     def observe(self, r: int, context_id: int, theta: dict[str, int], sums: FlowSums) -> None:
         """One θ's flows of round ``r`` in one context, as the service stores them."""
         t = T0 + dt.timedelta(hours=r)
-        key = load_spec().key(theta)
+        key = self.spec.key(theta)
         self.trials.append(Trial(context_id, key, sums, 0, 1, t, t))
 
 
 def round_plan(cfg: TuneConfig, r: int, runs: dict[int, dict[str, dict[str, int]]]) -> dict:
     """One boot: every host's flow of every context, path by path."""
     paths = [scenario.load(n) for n in cfg.scenarios]
-    experiments = []
+    dp = datapath(cfg.datapath)
+    experiments: list[dict] = []
     for i, p in enumerate(paths):
         for host, theta in runs[i + 1].items():
-            experiments.append(
-                {
-                    "label": f"{p.name}/{host}",
-                    "kind": "flow",
-                    "path": i,
-                    "cc": "fusion",
-                    "theta": theta,
-                    "duration_s": evaluation.duration_s(p),
-                    "offset_s": evaluation.offset_s(p, r),
-                }
-            )
+            e = {"label": f"{p.name}/{host}", "path": i, "theta": theta}
+            if dp.apply == Apply.PROFILE_TABLE:  # Fusion: per namespace, its flow records
+                e |= {"kind": "flow", "cc": dp.cc, "duration_s": evaluation.duration_s(p),
+                      "offset_s": evaluation.offset_s(p, r)}  # fmt: skip
+            else:  # host-wide module parameters, written for each flow and read back
+                e |= {"kind": "datapath_flow", "datapath": cfg.datapath,
+                      "module_extra": dict(cfg.module_extra), "duration_s": MODULE_FLOW_S,
+                      "omit_s": MODULE_OMIT_S, "sample_s": 1.0, "hops": [],
+                      "port_offset": len(experiments)}  # fmt: skip
+            experiments.append(e)
     return {"paths": [p.to_dict() for p in paths], "experiments": experiments}
 
 
-def measured(flow: dict, asked: dict[str, int]) -> FlowSums | None:
-    """A flow's sums, once its kernel record shows it ran at ``asked``; None for a flow that
+MODULE_FLOW_S, MODULE_OMIT_S = 30, 5  # a module_params datapath's flow (as datapath_eval's WAN)
+
+
+def measured(flow: dict, asked: dict[str, int], spec: ThetaSpec | None = None) -> FlowSums | None:
+    """A flow's sums, once the kernel shows it ran at ``asked`` (Fusion: its flow records; a
+    module_params datapath: its parameters read back before the flow); None for a flow that
     failed (a host whose flow failed reports nothing, as a fleet's host would not)."""
+    spec = spec or datapath("fusion").spec
     if "error" in flow:
         return None
-    ran = [rec["theta"] for rec in flow["records"]]
-    full = {**load_spec().default(), **asked}
+    if "records" in flow:
+        ran = [rec["theta"] for rec in flow["records"]]
+    else:
+        ran = [{n: flow["params_ran"][n] for n in spec.names}]
+    full = {**spec.default(), **asked}
     if not ran or any(t != full for t in ran):
         raise RuntimeError(f"the kernel ran {ran}, not the planned θ {full}")
     return FlowSums.of_flow(flow["throughput_mbps"], flow["queue_delay_ms"])
@@ -193,10 +238,10 @@ def observe_round(
     them); the round's rows, one per host."""
     by_theta: dict[str, tuple[dict[str, int], FlowSums]] = {}
     for host, theta in runs.items():
-        sums = measured(flows[host], theta)
+        sums = measured(flows[host], theta, tuner.spec)
         if sums is None:
             continue
-        key = load_spec().key(theta)
+        key = tuner.spec.key(theta)
         prev = by_theta.get(key)
         by_theta[key] = (theta, sums if prev is None else prev[1] + sums)
     for theta, total in by_theta.values():
@@ -247,14 +292,14 @@ def tuned_theta(history: dict[str, list[dict]]) -> dict[str, dict[str, int]]:
     return {name: rows[-1]["incumbent"] for name, rows in history.items()}
 
 
-def _theta_text(theta: dict[str, int]) -> str:
-    spec = load_spec()
+def _theta_text(theta: dict[str, int], spec: ThetaSpec | None = None) -> str:
+    spec = spec or datapath("fusion").spec
     return ", ".join(f"{spec.param(n).symbol} {theta[n]}" for n in spec.names)
 
 
 def render(history: dict[str, list[dict]], cfg: TuneConfig, command: str) -> str:
     parts = [
-        "# Booster's planner tunes Fusion for long flows (UML lab)",
+        f"# Booster's planner tunes {cfg.datapath} for long flows (UML lab)",
         "",
         f"Command: `{command}` (recorded {dt.date.today().isoformat()}; User-Mode Linux on a "
         "simulated clock). What is the service's and what the lab adds: "
@@ -283,7 +328,7 @@ def render(history: dict[str, list[dict]], cfg: TuneConfig, command: str) -> str
         parts += [
             "",
             f"Tuned θ (the incumbent after round {cfg.rounds - 1}): "
-            f"{_theta_text(rows[-1]['incumbent'])}.",
+            f"{_theta_text(rows[-1]['incumbent'], cfg.spec())}.",
         ]
     return "\n".join(parts) + "\n"
 

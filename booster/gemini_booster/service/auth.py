@@ -67,6 +67,18 @@ GRANTS = {
 Tokens = dict[str, TokenRecord]  # sha256 → what the token may do
 
 
+SHOWN_CHARS = 40  # of an identifier echoed in a refusal
+
+
+def shorten(ident: str, keep: int = SHOWN_CHARS) -> str:
+    """``ident`` quoted for an error message, cut to ``keep`` characters with an ellipsis and
+    its length when longer: a 10 kB host id echoed whole made the refusal itself too large for
+    the client's metadata limit (it saw a transport error, and retried)."""
+    if len(ident) <= keep:
+        return repr(ident)
+    return f"{ident[:keep]!r}… ({len(ident)} characters)"
+
+
 @dataclass(frozen=True)
 class Principal:
     name: str
@@ -82,7 +94,8 @@ class Principal:
         if self.host_id is not None and host_id != self.host_id:
             raise AuthError(
                 "host_mismatch",
-                f"token {self.name!r} speaks for host {self.host_id!r}, not {host_id!r}",
+                f"token {shorten(self.name)} speaks for host {shorten(self.host_id)}, "
+                f"not {shorten(host_id)}",
             )
 
 
@@ -273,8 +286,8 @@ class TokenAuthority:
         if principal.host_id != cert_host:
             raise AuthError(
                 "host_mismatch",
-                f"token {principal.name!r} speaks for host {principal.host_id!r}, the client "
-                f"certificate for {cert_host!r}",
+                f"token {shorten(principal.name)} speaks for host "
+                f"{shorten(principal.host_id)}, the client certificate for {shorten(cert_host)}",
             )
         return principal
 

@@ -37,12 +37,13 @@ from ..models import Policy
 from ..policy.planner import ContextPlan, Planner
 from ..storage import repository as repo
 from ..storage.ingest import ReportRow
+from .auth import shorten
 from .guardrail_task import GuardrailTask
 from .ingest_writer import IngestWriter
 from .leases import LeaseLost
 from .metrics import Metrics, PlannedUtility
 from .plan_cache import CachedPlan, PlanCache, ThetaMessage, theta_message
-from .refit import RefitElsewhere, RefitService
+from .refit import RefitElsewhere, RefitService, replica_name
 from .sync import Follower
 from .validation import InvalidReport, context_key, report_row
 
@@ -92,7 +93,7 @@ class Booster:
             if refits
             else None
         )
-        self.follower = Follower(engine, self)
+        self.follower = Follower(engine, self, replica_name(settings))
         self.metrics.plans.source = self.planned_utilities
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -118,6 +119,8 @@ class Booster:
         """None when this replica serves current data; else why not (for readiness probes)."""
         if not self.follower.ready:
             return "database unreachable; serving the last plans loaded"
+        if not self.follower.writable:
+            return "database cannot write: reports are refused; serving the last plans loaded"
         return None
 
     def on_tokens_changed(self, listener) -> None:
@@ -202,7 +205,7 @@ class Booster:
         creates no state: contexts enter a policy only with data, within its quotas."""
         policy = self.policies.get(req.policy)
         if policy is None:
-            raise InvalidReport([f"policy: unknown policy {req.policy!r}"])
+            raise InvalidReport([f"policy: unknown policy {shorten(req.policy)}"])
         problems: list[str] = []
         if not req.host_id:
             problems.append("host_id: empty")

@@ -120,6 +120,17 @@ ONE_MESSAGE = "one request message per call"
 QUOTA_METADATA = (("gemini-rejection", "quota"),)
 
 
+MAX_DETAILS_CHARS = 1024  # of a refusal's message: it travels as a trailer
+
+
+def bounded(message: str) -> str:
+    """A refusal's message, cut with an ellipsis beyond ``MAX_DETAILS_CHARS`` (whatever part
+    of a request it quotes: a client must see the refusal, not a trailer too large to read)."""
+    if len(message) <= MAX_DETAILS_CHARS:
+        return message
+    return message[: MAX_DETAILS_CHARS - 1] + "…"
+
+
 class ListenError(OSError):
     """A port could not be opened: an operator's error (address in use or malformed)."""
 
@@ -242,6 +253,7 @@ class AgentService:
         t0 = time.perf_counter()
         code = "OK"
         try:
+            await self._check_metadata(context)
             principal = await self._authorize(context)
             return await fn(await self._receive(context), principal, context)
         except grpc.aio.AbortError:
@@ -261,11 +273,26 @@ class AgentService:
         finally:
             self.metrics.grpc_latency.labels(method, code).observe(time.perf_counter() - t0)
 
+    async def _check_metadata(self, context: grpc.aio.ServicerContext) -> None:
+        """RESOURCE_EXHAUSTED for a call whose metadata exceeds ``max_metadata_bytes``, counted
+        as HTTP/2 counts a header list (name + value + 32 per entry). gRPC's own limit holds
+        for clients that respect the server's SETTINGS_MAX_HEADER_LIST_SIZE; a raw HTTP/2
+        client that ignores it got a 200 kB header through, so the service checks again."""
+        size = sum(
+            len(k) + (len(v) if isinstance(v, bytes) else len(v.encode())) + 32
+            for k, v in context.invocation_metadata() or ()
+        )
+        if size > self.limits.max_metadata_bytes:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"metadata of {size} bytes exceeds the limit of {self.limits.max_metadata_bytes}",
+            )
+
     async def _reject(
         self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str, message: str
     ) -> None:
         self.metrics.reports.labels("rejected", reason).inc()
-        await context.abort(code, message)
+        await context.abort(code, bounded(message))
 
     async def _invalid(
         self, context: grpc.aio.ServicerContext, e: InvalidReport, report: bool
@@ -277,7 +304,7 @@ class AgentService:
             code, message = INVALID, str(e)
         if report:
             self.metrics.reports.labels("rejected", e.reason).inc()
-        await context.abort(code, message)
+        await context.abort(code, bounded(message))
 
     async def report(
         self, raw: bytes, principal: Principal, context: grpc.aio.ServicerContext

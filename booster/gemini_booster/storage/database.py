@@ -12,7 +12,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import URL, Engine, create_engine, make_url, text
 
 import gemini_migrations
 
@@ -34,8 +34,39 @@ def start_embedded(data_dir: Path) -> str:
     return f"postgresql+psycopg://postgres@/postgres?host={socket_dir}"
 
 
+# libpq's own bounds on a connection, so that a silent partition (packets dropped, no RST)
+# fails a request within seconds instead of hanging it until each client's deadline: a
+# connection attempt gives up after ``connect_timeout``; an idle connection is probed by TCP
+# keepalives (idle, then every interval, dead after count unanswered); data left unacknowledged
+# for ``tcp_user_timeout`` ms ends the connection. libpq ignores the TCP ones on Unix sockets
+# (the embedded server), where no partition can happen.
+LIBPQ_TIMEOUTS: dict[str, int] = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,
+}
+
+
+def connect_args(engine: Engine) -> dict[str, object]:
+    """The keyword arguments the engine's driver connects with (the URL's, then ours)."""
+    _, kwargs = engine.dialect.create_connect_args(engine.url)
+    return {**kwargs, **getattr(engine, "_gemini_connect_args", {})}
+
+
+def _engine(url: str | URL, **kwargs) -> Engine:
+    """An engine whose connections carry ``LIBPQ_TIMEOUTS`` (parameters the URL sets win)."""
+    query = make_url(url).query if isinstance(url, str) else url.query
+    extra = {k: v for k, v in LIBPQ_TIMEOUTS.items() if k not in query}
+    engine = create_engine(url, connect_args=extra, **kwargs)
+    engine._gemini_connect_args = extra  # type: ignore[attr-defined]
+    return engine
+
+
 def make_engine(url: str, pool_size: int = 8) -> Engine:
-    return create_engine(url, pool_size=pool_size, max_overflow=8, pool_pre_ping=True)
+    return _engine(url, pool_size=pool_size, max_overflow=8, pool_pre_ping=True)
 
 
 def writer_engine(engine: Engine) -> Engine:
@@ -43,8 +74,9 @@ def writer_engine(engine: Engine) -> Engine:
 
     The ping is a round trip per batch; the writer does not need it, because a batch that meets
     a dead connection fails as a whole, its agents retry, and the pool replaces the connection.
+    Its connections have the same timeouts as the main engine's.
     """
-    return create_engine(engine.url, pool_size=1, max_overflow=0, pool_pre_ping=False)
+    return _engine(engine.url, pool_size=1, max_overflow=0, pool_pre_ping=False)
 
 
 def alembic_config(url: str) -> Config:

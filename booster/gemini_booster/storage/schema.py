@@ -280,3 +280,12 @@ class AuditEntry(Base):
     target: Mapped[str] = mapped_column(String(128), nullable=False)
     detail: Mapped[dict] = mapped_column(JSONB, nullable=False)
     note: Mapped[str | None] = mapped_column(Text)
+
+
+class ReplicaHeartbeat(Base):
+    """Each replica's write probe (``service/sync.py``): upserted every few seconds, so a
+    database that answers reads but cannot write makes the replica not ready (migration 0012)."""
+
+    __tablename__ = "replica_heartbeats"
+    replica: Mapped[str] = mapped_column(String(200), primary_key=True)
+    at: Mapped[datetime] = _now()

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from ...models import NAME_PATTERN
 from ...storage import repository as repo
@@ -19,7 +19,21 @@ Role = Literal["agent", "viewer", "operator"]
 router = APIRouter(prefix="/v1", tags=["credentials"], responses=AUTH_ERRORS)
 
 
-HostId = Annotated[str, Field(min_length=1, max_length=repo.MAX_HOST_ID_LEN, pattern=r"^\S+$")]
+
+
+def _printable(host_id: str) -> str:
+    """As the storage layer requires (``repo._check_binding``), so a rotation refuses what a
+    creation refuses, with a 422 rather than the storage layer's ValueError (a 500)."""
+    if not host_id.isprintable():
+        raise ValueError("host id: need printable characters only (no control or format ones)")
+    return host_id
+
+
+HostId = Annotated[
+    str,
+    Field(min_length=1, max_length=repo.MAX_HOST_ID_LEN, pattern=r"^\S+$"),
+    AfterValidator(_printable),
+]
 MAX_GRACE_S = 30 * 86_400
 
 

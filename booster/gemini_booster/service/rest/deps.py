@@ -21,7 +21,16 @@ from ...models import Policy
 from ..auth import AuthError, Principal, TokenAuthority
 from ..core import Booster
 
-AUTH_STATUS = {"missing": 401, "invalid": 401, "forbidden": 403, "unavailable": 503}
+# Every reason an AuthError can carry (``auth.AuthError``): a reason missing here was a 500.
+AUTH_STATUS = {
+    "missing": 401,
+    "invalid": 401,
+    "expired": 401,
+    "forbidden": 403,
+    "unbound": 403,
+    "host_mismatch": 403,
+    "unavailable": 503,
+}
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 

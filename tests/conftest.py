@@ -195,7 +195,10 @@ TIER_OBJECTS = {
     "gemini_lab.abtest.run_abtest": "lab",
     "gemini_lab.cubic.run_cubic": "lab",
     "gemini_lab.loop.run_loop": "lab",
+    "gemini_lab.loop.run_closed_loop": "lab",
     "gemini_lab.tune.run_tune": "lab",
+    "gemini_lab.datapath_eval.run_eval": "lab",
+    "gemini_lab.vm.build_initramfs": "lab",
     "tests.test_helm.tool": "tools",  # helm, kubeconform, promtool … built into var/tools
 }
 

@@ -688,8 +688,8 @@ def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
         "",
         f"## Results endpoint (σ = {result.results.get('sigma')}; one host: no interval)",
         "",
-        "The endpoint counts each arm's flows of its CC: the tuned arm's as the cubic "
-        "policy's trials (cc empty, with the θ that ran), the default arm's as cubic "
+        f"The endpoint counts each arm's flows of its CC: the tuned arm's as the {name} "
+        f"policy's trials (cc empty, with the θ that ran), the default arm's as {cc} "
         "baselines. Its tuned day includes the search, and its intervals are over hosts, so "
         "one host gives none: the comparison above is from the stored reports.",
         "",

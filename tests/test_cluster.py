@@ -17,9 +17,12 @@ What a control plane without kubelets and scheduler can show, and these tests ch
 
 The test plays the kubelet for the migration and `helm test` pods only: it binds each to a
 node and sets its phase through the API (Succeeded, or Failed for the failed-migration case).
-Pod life cycles (readiness, the PDB under eviction, rolling updates) and what the `helm test`
-Pod checks need running containers and are not exercised here. Custom resources are served
-from minimal CRDs (any field accepted): the operators' schemas are not checked.
+On a second control plane with kube-scheduler and kwok (sigs.k8s.io/kwok, fake kubelets that
+take pods through their life cycle without containers): `helm install --wait` with Booster's
+replicas ready, its PodDisruptionBudget allowing one disruption, a rolling update completed,
+and the agents' pods ready on their stages' nodes. Evictions against the PDB, what the
+`helm test` Pod checks and anything a real container does are not exercised. Custom resources
+are served from minimal CRDs (any field accepted): the operators' schemas are not checked.
 
 Skips, naming what to run, without helm (deploy/install-tools.sh) or the control-plane binaries
 (deploy/cluster/build.sh, about 20 min of CPU once; cached by version).
@@ -94,7 +97,11 @@ class Api:
             with urllib.request.urlopen(request, context=self.context, timeout=30) as response:
                 return response.status, json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read() or b"{}")
+            body = error.read()
+            try:
+                return error.code, json.loads(body or b"{}")
+            except json.JSONDecodeError:  # e.g. "404 page not found" before a group is served
+                return error.code, {"message": body.decode(errors="replace")}
 
     def get(self, path: str) -> Doc | None:
         status, doc = self.call("GET", path)
@@ -295,13 +302,21 @@ def crd(group: str, kind: str, plural: str) -> Doc:
     }
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+@contextlib.contextmanager
+def control_plane(kwok: bool) -> Iterator[Cluster]:
+    """A control plane with three labelled nodes: without kwok the test's stand-in kubelet ends
+    the pods that matter; with kwok, kube-scheduler places every pod and kwok's fake kubelets
+    run them (annotated nodes)."""
     need_binaries()
+    if kwok:
+        missing = [n for n in ("kube-scheduler", "kwok") if not (BIN / n).is_file()]
+        if missing:
+            pytest.skip(f"{', '.join(missing)} not built in {BIN}: run deploy/cluster/build.sh")
     with tempfile.TemporaryDirectory(prefix="gemini-cluster-") as tmp:
         state = Path(tmp)
         started = subprocess.run(
-            [str(ROOT / "deploy" / "cluster" / "start.sh"), str(state), str(BIN)],
+            [str(ROOT / "deploy" / "cluster" / "start.sh"), str(state), str(BIN)]
+            + (["kwok"] if kwok else []),
             capture_output=True,
             text=True,
             timeout=300,
@@ -333,12 +348,13 @@ def cluster() -> Iterator[Cluster]:
                 labels = {"kubernetes.io/hostname": name}
                 if stage:
                     labels["gemini.io/rollout-stage"] = stage
+                annotations = {"kwok.x-k8s.io/node": "fake"} if kwok else {}
                 c.api.create(
                     "/api/v1/nodes",
                     {
                         "apiVersion": "v1",
                         "kind": "Node",
-                        "metadata": {"name": name, "labels": labels},
+                        "metadata": {"name": name, "labels": labels, "annotations": annotations},
                     },
                 )
             eventually(
@@ -348,16 +364,31 @@ def cluster() -> Iterator[Cluster]:
                     for g in ("postgresql.cnpg.io", "monitoring.coreos.com", "cert-manager.io")
                 ),
             )
-            kubelet = threading.Thread(target=c.kubelet, daemon=True)
-            kubelet.start()
-            yield c
-            c.stop.set()
-            kubelet.join(timeout=10)
+            if kwok:
+                yield c
+            else:
+                kubelet = threading.Thread(target=c.kubelet, daemon=True)
+                kubelet.start()
+                yield c
+                c.stop.set()
+                kubelet.join(timeout=10)
         finally:
             pids = env.get("GEMINI_CLUSTER_PIDS", "").split()
             for pid in reversed(pids):  # our own control plane, by its recorded process ids
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), 15)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with control_plane(kwok=False) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def kwok_cluster() -> Iterator[Cluster]:
+    with control_plane(kwok=True) as c:
+        yield c
 
 
 def render(c: Cluster, release: str, ns: str, *values: str) -> list[Doc]:
@@ -573,3 +604,48 @@ def test_booster_and_agents_in_namespaces_of_their_own_levels(cluster: Cluster) 
 
     messages = eventually("the agent pods refused", refused)
     assert any('hostPort (container "agent" uses hostPort 9465)' in m for m in messages), messages
+
+
+def test_pods_come_up_with_kwok_readiness_pdb_rolling_update_and_staged_agents(
+    kwok_cluster: Cluster,
+) -> None:
+    """With kube-scheduler and kwok's fake kubelets: the migration Job succeeds, `helm install
+    --wait` sees Booster's replicas ready and its PodDisruptionBudget allowing one disruption;
+    an upgrade that changes the pods rolls them all; the agents' release has a ready pod on
+    each node of its stages."""
+    c = kwok_cluster
+    c.namespace("live", "restricted")
+    values = VALUE_SETS["booster-only"]
+    c.helm("install", "gemini", str(CHART), "-n", "live", *values, "--wait", "--timeout", "120s")
+    deploy_path = "/apis/apps/v1/namespaces/live/deployments/gemini-booster"
+    deploy = c.api.get(deploy_path)
+    assert deploy is not None and deploy["status"].get("readyReplicas") == 2, deploy
+    pdb = c.api.get("/apis/policy/v1/namespaces/live/poddisruptionbudgets/gemini-booster")
+    assert pdb is not None
+    pdb_status = eventually("the PDB observed", lambda: pdb_ready(c))
+    assert pdb_status["disruptionsAllowed"] == 1 and pdb_status["currentHealthy"] == 2
+    c.helm(
+        "upgrade", "gemini", str(CHART), "-n", "live", *values,
+        "--set-string", "booster.podAnnotations.rev=2", "--wait", "--timeout", "120s",
+    )  # fmt: skip
+    deploy = c.api.get(deploy_path)
+    assert deploy is not None
+    status = deploy["status"]
+    assert status["observedGeneration"] == deploy["metadata"]["generation"] == 2
+    assert status.get("updatedReplicas") == status.get("readyReplicas") == 2, status
+    c.namespace("live-agents", "privileged")
+    c.helm(
+        "install", "agents", str(CHART), "-n", "live-agents", *VALUE_SETS["agent-only"],
+        "--wait", "--timeout", "120s",
+    )  # fmt: skip
+    ds = c.api.get("/apis/apps/v1/namespaces/live-agents/daemonsets/agents-gemini-agent")
+    assert ds is not None
+    assert ds["status"]["desiredNumberScheduled"] == ds["status"]["numberReady"] == 2, ds["status"]
+    pods = c.api.items("/api/v1/namespaces/live-agents/pods")
+    assert sorted(p["spec"]["nodeName"] for p in pods) == ["node-canary", "node-early"]
+
+
+def pdb_ready(c: Cluster) -> Doc | None:
+    pdb = c.api.get("/apis/policy/v1/namespaces/live/poddisruptionbudgets/gemini-booster")
+    status = (pdb or {}).get("status", {})
+    return status if status.get("currentHealthy") == 2 else None

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Builds a Kubernetes control plane for the chart's cluster tests (tests/test_cluster.py) from
 # the Go module proxy alone, no binary downloads:
-#   kube-apiserver and kube-controller-manager from k8s.io/kubernetes@$KUBERNETES_VERSION, and
-#   etcd from go.etcd.io/etcd/server/v3@$ETCD_VERSION.
+#   kube-apiserver, kube-controller-manager and kube-scheduler from
+#   k8s.io/kubernetes@$KUBERNETES_VERSION, etcd from go.etcd.io/etcd/server/v3@$ETCD_VERSION, and
+#   kwok (sigs.k8s.io/kwok@$KWOK_VERSION: fake kubelets that take pods through their life cycle
+#   on Node objects) with its "fast" node and pod stages.
 #
 #   deploy/cluster/build.sh        # prints the bin directory; builds only what is missing
 #
 # The binaries are cached by version outside the clone, in
 # ${GEMINI_CACHE:-/var/cache/gemini}/cluster-$KUBERNETES_VERSION-etcd-$ETCD_VERSION/bin, so a
-# machine pays for them once (about 15 min of CPU: 31 min wall at nice 19 on two busy cores).
+# machine pays for them once (about 20 min of CPU; measured here at nice 19 on two busy cores:
+# kube-apiserver and kube-controller-manager 31 min wall, etcd 6, kwok 9, kube-scheduler 1).
 # deploy/cluster/start.sh starts them.
 #
 # The k8s.io/kubernetes module zip carries neither its nested staging/ modules nor vendor/;
@@ -20,6 +23,7 @@ set -euo pipefail
 
 KUBERNETES_VERSION=${KUBERNETES_VERSION:-v1.34.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 CACHE=${GEMINI_CACHE:-/var/cache/gemini}
 DIR=$CACHE/cluster-$KUBERNETES_VERSION-etcd-$ETCD_VERSION
@@ -34,7 +38,7 @@ moddir() { # module@version -> its directory in the module cache
 		python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("Dir") or sys.exit(d.get("Error", "no Dir")))'
 }
 
-if ! have kube-apiserver || ! have kube-controller-manager; then
+if ! have kube-apiserver || ! have kube-controller-manager || ! have kube-scheduler; then
 	src=$DIR/src/kubernetes
 	if [ ! -f "$src/.complete" ]; then
 		echo "fetching k8s.io/kubernetes@$KUBERNETES_VERSION" >&2
@@ -62,7 +66,7 @@ if ! have kube-apiserver || ! have kube-controller-manager; then
 		ldflags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
 		ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 	done
-	for cmd in kube-apiserver kube-controller-manager; do
+	for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
 		have "$cmd" && continue
 		echo "building $cmd $KUBERNETES_VERSION" >&2
 		(cd "$src" && GOFLAGS="-mod=mod -buildvcs=false" "$GO" build -trimpath -ldflags "$ldflags" \
@@ -93,5 +97,21 @@ GO
 		GOFLAGS=-mod=mod "$GO" mod tidy &&
 		GOFLAGS=-mod=mod "$GO" build -trimpath -ldflags "-s -w" -o "$BIN/etcd" .)
 	touch "$BIN/.etcd.complete"
+fi
+if ! have kwok; then
+	echo "building kwok $KWOK_VERSION" >&2
+	GOBIN=$BIN GOFLAGS=-buildvcs=false "$GO" install -ldflags "-s -w" \
+		"sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+	# kwok does nothing without stages: node-initialize and heartbeat (nodes Ready), pod-ready,
+	# pod-complete (pods of Jobs succeed) and pod-delete, from its own kustomize/stage.
+	stages=$(moddir "sigs.k8s.io/kwok@$KWOK_VERSION")/kustomize/stage
+	python3 - "$BIN/kwok-stages.yaml" "$stages"/node/fast/node-initialize.yaml \
+		"$stages"/node/heartbeat/node-heartbeat.yaml "$stages"/pod/fast/pod-ready.yaml \
+		"$stages"/pod/fast/pod-complete.yaml "$stages"/pod/fast/pod-delete.yaml <<'PY'
+import sys
+docs = [open(f).read().strip().lstrip("-").strip() for f in sys.argv[2:]]
+open(sys.argv[1], "w").write("\n---\n".join(docs) + "\n")
+PY
+	touch "$BIN/.kwok.complete"
 fi
 echo "$BIN"

@@ -3,9 +3,11 @@
 # kube-apiserver and kube-controller-manager as built by deploy/cluster/build.sh. No kubelet and
 # no scheduler: Node objects are created by hand (the DaemonSet controller places pods by their
 # labels), and tests/test_cluster.py plays the kubelet's part for the pods whose end matters
-# (binding them and setting their phase through the API).
+# (binding them and setting their phase through the API). With `kwok` also kube-scheduler and
+# kwok, whose fake kubelets take the pods on nodes annotated kwok.x-k8s.io/node=fake through
+# their life cycle (Running, Ready; Jobs' pods Succeeded).
 #
-#   deploy/cluster/start.sh STATE_DIR [BIN_DIR]
+#   deploy/cluster/start.sh STATE_DIR [BIN_DIR [kwok]]
 #
 # Writes STATE_DIR/kubeconfig (a static admin token in system:masters, the CA of a certificate
 # made with openssl), STATE_DIR/env (KUBECONFIG, the server's URL, token and CA file, the PIDs)
@@ -15,6 +17,7 @@ set -euo pipefail
 
 state=${1:?usage: start.sh STATE_DIR [BIN_DIR]}
 bin=${2:-$("$(dirname "$0")/build.sh")}
+mode=${3:-}
 mkdir -p "$state"
 state=$(cd "$state" && pwd)
 pki=$state/pki
@@ -84,6 +87,18 @@ echo $! >>"$state/pids"
 	--controllers '*' --node-monitor-grace-period 1h \
 	>"$state/kube-controller-manager.log" 2>&1 &
 echo $! >>"$state/pids"
+
+if [ "$mode" = kwok ]; then
+	"$bin/kube-scheduler" --kubeconfig "$state/kubeconfig" \
+		--authentication-kubeconfig "$state/kubeconfig" --authorization-kubeconfig "$state/kubeconfig" \
+		--bind-address 127.0.0.1 --secure-port 0 --leader-elect=false \
+		>"$state/kube-scheduler.log" 2>&1 &
+	echo $! >>"$state/pids"
+	"$bin/kwok" --kubeconfig "$state/kubeconfig" --config "$bin/kwok-stages.yaml" \
+		--manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
+		--server-address 127.0.0.1:0 >"$state/kwok.log" 2>&1 &
+	echo $! >>"$state/pids"
+fi
 
 cat >"$state/env" <<ENV
 KUBECONFIG=$state/kubeconfig

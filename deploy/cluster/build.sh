@@ -98,7 +98,7 @@ GO
 		GOFLAGS=-mod=mod "$GO" build -trimpath -ldflags "-s -w" -o "$BIN/etcd" .)
 	touch "$BIN/.etcd.complete"
 fi
-if ! have kwok; then
+if ! have kwok || [ "$(cat "$BIN/.kwok.complete")" != "$KWOK_VERSION" ]; then
 	echo "building kwok $KWOK_VERSION" >&2
 	GOBIN=$BIN GOFLAGS=-buildvcs=false "$GO" install -ldflags "-s -w" \
 		"sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
@@ -112,6 +112,6 @@ import sys
 docs = [open(f).read().strip().lstrip("-").strip() for f in sys.argv[2:]]
 open(sys.argv[1], "w").write("\n---\n".join(docs) + "\n")
 PY
-	touch "$BIN/.kwok.complete"
+	echo "$KWOK_VERSION" >"$BIN/.kwok.complete"
 fi
 echo "$BIN"

@@ -485,6 +485,7 @@ def cmd_datapath_eval(args: argparse.Namespace) -> None:
         flow_s=args.flow_seconds,
         wan_s=args.wan_seconds,
         sweep=not args.no_sweep,
+        only=args.only,
     )
     print(text)
     if args.record:
@@ -687,6 +688,7 @@ def main(argv: list[str] | None = None) -> None:
     dpe.add_argument("--flow-seconds", type=float, default=10, help="datacenter flows")
     dpe.add_argument("--wan-seconds", type=float, default=30, help="cross-dc flows")
     dpe.add_argument("--no-sweep", action="store_true", help="no G6 sweep, no held-out boot")
+    dpe.add_argument("--only", help="only the experiments whose label starts with this")
     dpe.add_argument("--record", type=Path, help="write the summary here (markdown)")
     dpe.add_argument("--out", type=Path, default=DEFAULT_OUT)
     for p in (

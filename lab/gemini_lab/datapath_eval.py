@@ -46,6 +46,15 @@ DC_ARMS = ("gemini", *BASELINES, DCVEGAS, "vegas", "reno")
 WAN_ARMS = ("gemini", *BASELINES)
 MIXED_ARMS = ("gemini", *BASELINES)
 INCAST_ARMS = (DCVEGAS, "dctcp", "reno", "vegas", "cubic")
+# (senders, total bytes): the paper's 1 MB and 4 MB answers (V3); 1 MB over 40 senders is 17
+# packets each, under two initial windows, so no CC acts before the first losses
+INCAST_CASES = ((40, 1_000_000), (40, 4_000_000), (20, 4_000_000))
+
+
+def incast_prefix(n: int, total: int) -> str:
+    return "incast" if (n, total) == INCAST_CASES[0] else f"incast-{n}x{total // 1_000_000}MB"
+
+
 # the G6 sweep (T in µs after scaling, β in 1/100)
 T_SWEEP_US = (30_000, 50_000, 80_000)
 BETA_SWEEP = (10, 20, 30)
@@ -83,7 +92,10 @@ def _arm(label: str) -> dict:
     return {"cc": label}
 
 
-def eval_plan(flow_s: float = 10, wan_s: float = 30, sweep: bool = True) -> dict:
+def eval_plan(
+    flow_s: float = 10, wan_s: float = 30, sweep: bool = True, only: str | None = None
+) -> dict:
+    """The plan; ``only``: just the experiments whose label starts with it."""
     dc, cross, incast = (scenario.load(n) for n in ("datacenter", "cross-dc", "dc-incast"))
     ex: list[dict] = []
 
@@ -119,17 +131,18 @@ def eval_plan(flow_s: float = 10, wan_s: float = 30, sweep: bool = True) -> dict
                 **_arm(a),
             }
         )
-    for a in INCAST_ARMS:
-        ex.append(
-            {
-                "label": f"incast/{a}",
-                "kind": "incast",
-                "path": 2,
-                "cc": a,
-                "flows": 40,
-                "total_bytes": 1_000_000,
-            }
-        )
+    for n, total in INCAST_CASES:
+        for a in INCAST_ARMS:
+            ex.append(
+                {
+                    "label": f"{incast_prefix(n, total)}/{a}",
+                    "kind": "incast",
+                    "path": 2,
+                    "cc": a,
+                    "flows": n,
+                    "total_bytes": total,
+                }
+            )
     if sweep:
         for t in T_SWEEP_US:
             for b in BETA_SWEEP:
@@ -138,6 +151,12 @@ def eval_plan(flow_s: float = 10, wan_s: float = 30, sweep: bool = True) -> dict
                 flow(f"sweep/T{t // 1000}-b{b}", arm, 1, wan_s, [0, 1])
     for i, e in enumerate(ex):
         e["port_offset"] = i
+    if only:
+        ex = [e for e in ex if e["label"].startswith(only)]
+    # both modules loaded first: incast sets its CC per socket, which needs it registered
+    ex = [
+        {"label": f"load/{n}", "kind": "datapath_load", "datapath": n} for n in (GEMINI, DCVEGAS)
+    ] + ex
     return {
         "paths": [dc.to_dict(), cross.to_dict(), incast.to_dict()],
         "experiments": ex,
@@ -251,7 +270,9 @@ def render(results: dict, command: str, heldout: dict | None = None) -> str:
     ]
     for a in MIXED_ARMS:
         r = exps.get(f"mixed/{a}")
-        if not r or "error" in r:
+        if not r:
+            continue
+        if "error" in r:
             lines.append(f"| {a} | error |")
             continue
         x = [f["throughput_mbps"] for f in r["flows"]]
@@ -260,22 +281,27 @@ def render(results: dict, command: str, heldout: dict | None = None) -> str:
         )
     lines += [
         "",
-        "## Incast (dc-incast: 100 Mbit/s, 0.5 ms, 57 packets, RED at 20; 40 senders × 25 KB "
-        "at once)",
+        "## Incast (dc-incast: 100 Mbit/s, 0.5 ms, 57 packets, RED at 20; N senders answer "
+        "a total at once; timeouts = the sender namespace's TcpExt TCPTimeouts)",
         "",
-        "| arm | completed | timeouts | retransmits | FCT mean ms | FCT max ms | marks | drops |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| N × total | arm | completed | timeouts | retransmits | FCT mean ms | FCT max ms | "
+        "marks | drops |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for a in INCAST_ARMS:
-        r = exps.get(f"incast/{a}")
-        if not r or "error" in r:
-            lines.append(f"| {a} | error |")
-            continue
-        lines.append(
-            f"| {a} | {r['completed']}/{r['flows']} | {r['timeouts']} | {r['retransmits']} | "
-            f"{r['fct_ms_mean']:.0f} | {r['fct_ms_max']:.0f} | {r['queue']['marked']} | "
-            f"{r['queue']['drops']} |"
-        )
+    for n, total in INCAST_CASES:
+        for a in INCAST_ARMS:
+            r = exps.get(f"{incast_prefix(n, total)}/{a}")
+            case = f"{n} × {total / 1e6:g} MB"
+            if not r:
+                continue
+            if "error" in r:
+                lines.append(f"| {case} | {a} | error |")
+                continue
+            lines.append(
+                f"| {case} | {a} | {r['completed']}/{r['flows']} | {r['timeouts']} | "
+                f"{r['retransmits']} | {r['fct_ms_mean']:.0f} | {r['fct_ms_max']:.0f} | "
+                f"{r['queue']['marked']} | {r['queue']['drops']} |"
+            )
     sweep = {k: v for k, v in exps.items() if k.startswith("sweep/")}
     if sweep:
         best, theta = best_sweep(results)
@@ -312,7 +338,13 @@ def heldout_table(heldout: dict, theta: dict[str, int]) -> str:
 
 
 def run_eval(
-    out: Path, command: str, *, flow_s: float = 10, wan_s: float = 30, sweep: bool = True
+    out: Path,
+    command: str,
+    *,
+    flow_s: float = 10,
+    wan_s: float = 30,
+    sweep: bool = True,
+    only: str | None = None,
 ) -> tuple[str, dict, dict | None]:
     """Both boots (the plan, then the held-out path with the θ the sweep chose); the record's
     text, and the two results (written as JSON beside it in ``out``)."""
@@ -324,11 +356,14 @@ def run_eval(
         print(f"  {label}: {r.get('elapsed_s')} s {r.get('error', '')[-300:]}", flush=True)
 
     results = run_plan(
-        eval_plan(flow_s, wan_s, sweep), out / "eval", backend="uml", progress=progress
+        eval_plan(flow_s, wan_s, sweep and not only, only),
+        out / "eval",
+        backend="uml",
+        progress=progress,
     )
     (out / "eval.json").write_text(json.dumps(results, indent=1))
     heldout = None
-    if sweep:
+    if sweep and not only:
         _, theta = best_sweep(results)
         heldout = run_plan(
             heldout_plan(theta, wan_s), out / "heldout", backend="uml", progress=progress

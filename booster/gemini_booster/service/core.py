@@ -138,6 +138,7 @@ class Booster:
         generations = repo.policy_generations(self.engine)
         stale = {p for p, (_, gen) in generations.items() if gen != self.plans.generation(p)}
         self.plans_changed(stale)
+        self.plans.reload_overrides(self.engine)
         self.arms.refresh()
 
     def reload_policies(self) -> None:
@@ -168,10 +169,18 @@ class Booster:
 
     def policies_changed(self, policy_ids: set[int]) -> None:
         self.reload_policies()
+        self.plans.reload_overrides(self.engine)  # a datapath change voids the old θ keys
 
     def plans_changed(self, policy_ids: set[int]) -> None:
         for pid in policy_ids:
             self.plans.reload(self.engine, pid)
+
+    def overrides_changed(self, policy_ids: set[int]) -> None:
+        """An operator changed a policy's overrides (here, or on another replica)."""
+        if not policy_ids:
+            self.plans.reload_overrides(self.engine)
+        for pid in policy_ids:
+            self.plans.reload_overrides(self.engine, pid)
 
     def experiments_changed(self, experiment_ids: set[int] | None = None) -> None:
         """An experiment was created or changed (here, or on another replica)."""
@@ -212,7 +221,9 @@ class Booster:
         keys = [context_key(c, f"contexts[{i}]", problems) for i, c in enumerate(req.contexts)]
         if problems:
             raise InvalidReport(problems)
-        default = self._defaults[policy.id]
+        overrides = self.plans.overrides(policy.id)
+        forced = None if overrides is None else overrides.default()
+        default = self._defaults[policy.id] if forced is None else forced
         now = datetime.now(UTC)
         resp = pb.GetParametersResponse(
             target_cc=policy.target_cc, refresh_after_seconds=self._refresh_after(req, now)
@@ -224,7 +235,7 @@ class Booster:
         for msg, key in zip(req.contexts, keys, strict=True):
             resp.parameters.append(self.plans.answer(policy, default, req.host_id, msg, key))
         arm = self.arms.arm(req.host_id, now)
-        if arm is not None:
+        if arm is not None and not (overrides is not None and overrides.killed):
             resp.experiment_arm.CopyFrom(arm)
         return resp
 

@@ -21,7 +21,9 @@ from gemini_api.v1 import booster_pb2 as pb
 from ..domain import ContextKey
 from ..models import Policy
 from ..policy.assignment import assign
+from ..storage import overrides as ovr
 from ..storage import repository as repo
+from ..storage.overrides import OverrideRecord
 from ..storage.repository import PlanRecord
 
 # θ as GetParameters carries it: Fusion's own message, or any other datapath's.
@@ -54,6 +56,59 @@ class CachedPlan:
     candidates: tuple[ThetaMessage, ...]
 
 
+@dataclass(frozen=True)
+class Overrides:
+    """A policy's operator overrides as the read path applies them (``storage/overrides.py``):
+    the kill switch (policy-wide or per context) before a context's pin before the policy's."""
+
+    safe: ThetaMessage  # the datapath's safe default: what the kill switch serves
+    killed: bool = False
+    killed_contexts: frozenset[ContextKey] = frozenset()
+    pin: ThetaMessage | None = None
+    pins: Mapping[ContextKey, ThetaMessage] | None = None
+
+    def theta(self, key: ContextKey) -> ThetaMessage | None:
+        """What ``key`` is served instead of its plan; None: its plan."""
+        if self.killed or key in self.killed_contexts:
+            return self.safe
+        if self.pins and key in self.pins:
+            return self.pins[key]
+        return self.pin
+
+    def default(self) -> ThetaMessage | None:
+        """What a context without an override of its own runs instead of the default θ."""
+        return self.safe if self.killed else self.pin
+
+
+def build_overrides(spec: ThetaSpec, records: Iterable[OverrideRecord]) -> Overrides | None:
+    """A policy's rows as served; rows for another datapath than the policy's (its datapath
+    changed since) are ignored, their θ keys mean nothing in this spec."""
+    killed, killed_contexts = False, set()
+    pin: ThetaMessage | None = None
+    pins: dict[ContextKey, ThetaMessage] = {}
+    any_row = False
+    for r in records:
+        if r.datapath != spec.datapath:
+            continue
+        any_row = True
+        if r.kind == "kill":
+            if r.context is None:
+                killed = True
+            else:
+                killed_contexts.add(r.context)
+        elif r.theta_key is not None:
+            theta = theta_message(spec, spec.from_key(r.theta_key))
+            if r.context is None:
+                pin = theta
+            else:
+                pins[r.context] = theta
+    if not any_row:
+        return None
+    return Overrides(
+        theta_message(spec, spec.default()), killed, frozenset(killed_contexts), pin, pins
+    )
+
+
 class PlanCache:
     def __init__(self, spec: ThetaSpec, spec_of: Callable[[int], ThetaSpec] | None = None):
         """``spec_of(policy_id)``: the θ spec of the datapath the policy tunes (``spec``, for
@@ -62,7 +117,33 @@ class PlanCache:
         self.spec_of = spec_of or (lambda _policy_id: spec)
         self._plans: dict[int, dict[ContextKey, CachedPlan]] = {}
         self._generations: dict[int, int] = {}
+        self._overrides: dict[int, Overrides] = {}
         self._lock = threading.Lock()
+
+    # -- overrides ---------------------------------------------------------------------------
+
+    def reload_overrides(self, engine: Engine, policy_id: int | None = None) -> None:
+        """Take the overrides of one policy (None: of all) from storage."""
+        records = ovr.load(engine, policy_id)
+        by_policy: dict[int, list[OverrideRecord]] = {}
+        for r in records:
+            by_policy.setdefault(r.policy_id, []).append(r)
+        built = {
+            pid: o
+            for pid, rows in by_policy.items()
+            if (o := build_overrides(self.spec_of(pid), rows)) is not None
+        }
+        with self._lock:
+            if policy_id is None:
+                self._overrides = built
+            else:
+                fresh = dict(self._overrides)
+                fresh.pop(policy_id, None)
+                fresh.update(built)
+                self._overrides = fresh
+
+    def overrides(self, policy_id: int) -> Overrides | None:
+        return self._overrides.get(policy_id)
 
     def cached(self, rec: PlanRecord) -> CachedPlan:
         spec = self.spec_of(rec.policy_id)
@@ -130,8 +211,15 @@ class PlanCache:
         self, policy: Policy, default: ThetaMessage, host: str, msg: pb.Context, key: ContextKey
     ) -> pb.ContextParameters:
         """What ``host`` runs in context ``key``: the incumbent, or one of the exploration
-        candidates for the policy's exploring share of hosts; the default θ where no plan is."""
+        candidates for the policy's exploring share of hosts; the default θ where no plan is.
+        An operator's override (kill switch, pin) replaces all of it, with no exploration."""
         plan = self._plans.get(policy.id, {}).get(key)
+        overrides = self._overrides.get(policy.id)
+        forced = None if overrides is None else overrides.theta(key)
+        if forced is not None:
+            return context_answer(
+                msg, forced, plan_version=0 if plan is None else plan.version, exploratory=False
+            )
         if plan is None:
             return context_answer(msg, default)
         theta, explore = assign(

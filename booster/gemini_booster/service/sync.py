@@ -58,6 +58,8 @@ class SyncTarget(Protocol):
 
     def experiments_changed(self, experiment_ids: set[int] | None = None) -> None: ...
 
+    def overrides_changed(self, policy_ids: set[int]) -> None: ...
+
 
 def connect_kwargs() -> dict[str, Any]:
     """The follower's connection: the same libpq timeouts as the engines' (a partition must
@@ -176,3 +178,5 @@ class Follower:
             self.target.tokens_changed()
         elif kind == "experiments":
             self.target.experiments_changed(ids)
+        elif kind == "overrides":
+            self.target.overrides_changed(ids)

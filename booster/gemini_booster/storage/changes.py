@@ -8,7 +8,9 @@ channel, delivered to every listener when (and only if) the transaction commits:
 - ``data:<id>``: reports with new flows for the policy were stored (the owner refits);
 - ``tokens``: a credential was created or revoked;
 - ``experiments:<id>``: an A/B experiment was created, changed or stopped (replicas reload the
-  arms they answer agents with).
+  arms they answer agents with);
+- ``overrides:<id>``: an operator pinned, froze, rolled back or unpinned θ of the policy, or
+  set or released its kill switch (replicas reload the policy's overrides).
 
 A listener that loses its connection may miss notifications, so after reconnecting it must
 resynchronise everything (``Follower`` in ``service/sync.py`` does).
@@ -22,7 +24,7 @@ from typing import Literal
 from sqlalchemy import Connection, text
 
 CHANNEL = "gemini_changes"
-Kind = Literal["policy", "plans", "data", "tokens", "experiments"]
+Kind = Literal["policy", "plans", "data", "tokens", "experiments", "overrides"]
 
 
 def payload(kind: Kind, policy_id: int | None = None) -> str:

@@ -289,3 +289,35 @@ class ReplicaHeartbeat(Base):
     __tablename__ = "replica_heartbeats"
     replica: Mapped[str] = mapped_column(String(200), primary_key=True)
     at: Mapped[datetime] = _now()
+
+
+class ThetaOverride(Base):
+    """What an operator imposes over the optimiser for a policy (``context_id`` NULL) or one
+    of its contexts: a pinned θ (``kind`` 'pin'; ``origin`` says how it was chosen: pin,
+    freeze, rollback) or the kill switch ('kill': the datapath's safe default). Applied on
+    every replica's read path (``service/plan_cache.py``); migration 0012."""
+
+    __tablename__ = "theta_overrides"
+    __table_args__ = (
+        CheckConstraint(
+            "(kind = 'pin' AND theta_key IS NOT NULL) OR (kind = 'kill' AND theta_key IS NULL)",
+            name="theta_overrides_kind_theta",
+        ),
+        Index(
+            "theta_overrides_scope",
+            "policy_id",
+            text("(COALESCE(context_id, 0))"),
+            "kind",
+            unique=True,
+        ),
+    )
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), nullable=False)
+    context_id: Mapped[int | None] = mapped_column(ForeignKey("contexts.id"))
+    kind: Mapped[str] = mapped_column(String(8), nullable=False)
+    datapath: Mapped[str] = mapped_column(String(16), nullable=False)
+    theta_key: Mapped[str | None] = mapped_column(String(96))
+    origin: Mapped[str] = mapped_column(String(16), nullable=False)
+    detail: Mapped[dict] = mapped_column(JSONB, nullable=False, server_default="{}")
+    set_by: Mapped[str] = mapped_column(String(64), nullable=False)
+    set_at: Mapped[datetime] = _now()

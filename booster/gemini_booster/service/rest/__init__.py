@@ -25,7 +25,7 @@ from ... import __version__
 from ...config import Settings
 from ..auth import TokenAuthority
 from ..core import Booster
-from . import credentials, docs, experiments, health, plans, policies
+from . import credentials, docs, experiments, health, overrides, plans, policies
 from .deps import authorize
 from .errors import DATABASE_ERRORS, database_unavailable, validation_failed
 from .limits import RequestLimits, uvicorn_limits
@@ -84,7 +84,7 @@ def create_app(booster: Booster, auth: TokenAuthority, settings: Settings | None
         ).observe(time.perf_counter() - t0)
         return response
 
-    for module in (health, plans, policies, credentials, experiments):
+    for module in (health, plans, policies, overrides, credentials, experiments):
         app.include_router(module.router)
 
     @app.get("/", include_in_schema=False)

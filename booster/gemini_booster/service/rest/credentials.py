@@ -19,8 +19,6 @@ Role = Literal["agent", "viewer", "operator"]
 router = APIRouter(prefix="/v1", tags=["credentials"], responses=AUTH_ERRORS)
 
 
-
-
 def _printable(host_id: str) -> str:
     """As the storage layer requires (``repo._check_binding``), so a rotation refuses what a
     creation refuses, with a 422 rather than the storage layer's ValueError (a 500)."""

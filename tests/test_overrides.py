@@ -1,0 +1,289 @@
+"""The operator's controls over θ (issue #35, item 1): pin, freeze, roll back, kill switch.
+
+Two Booster replicas share one real PostgreSQL: an override set through one replica's REST
+API is what the *other* replica answers at the next GetParameters, refits do not undo it,
+every change is audited with the old and new θ, and removing it restores normal planning.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from gemini_api.theta import load_spec
+from gemini_api.v1 import booster_pb2 as pb
+from gemini_api.v1 import booster_pb2_grpc as pb_grpc
+from gemini_booster import simulation as sim
+from gemini_booster.domain import ContextKey
+from gemini_booster.fleet import SyntheticFleet
+from gemini_booster.service.refit import RefitElsewhere
+from gemini_booster.storage import repository as repo
+
+from .conftest import AGENT, OPERATOR, Running, agent_md, auth, serve
+
+POLICY = "cdn"
+DEADLINE_S = 60.0  # a bound on propagation that takes milliseconds: never a timing assertion
+SPEC = load_spec()
+SAT = ContextKey(*sim.SATELLITE.key).label
+ETH = ContextKey(*sim.ETHERNET.key).label
+HOSTS = [f"host-{i}" for i in range(12)]
+
+
+def until(check, what: str) -> None:
+    t0 = time.monotonic()
+    while not check():
+        assert time.monotonic() - t0 < DEADLINE_S, f"{what}: not within {DEADLINE_S:.0f} s"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def pair(db_url: str) -> Iterator[tuple[Running, Running]]:
+    with serve(db_url, replica_name="replica-a") as a, serve(db_url, replica_name="replica-b") as b:
+        yield a, b
+
+
+def refit(*replicas: Running) -> None:
+    """Refit the policy on whichever replica owns it."""
+    for r in replicas:
+        try:
+            r.booster.refit(r.booster.policies[POLICY])
+            return
+        except RefitElsewhere:
+            continue
+    raise AssertionError("no replica could refit")
+
+
+def planned(a: Running, b: Running) -> None:
+    """The policy, data for both synthetic contexts, and a published plan on both replicas."""
+    r = a.http.post(
+        "/v1/policies", headers=auth(OPERATOR), json={"name": POLICY, "exploration_share": 0.5}
+    )
+    assert r.status_code == 201, r.text
+    until(lambda: POLICY in a.booster.policies and POLICY in b.booster.policies, "policy")
+    fleet = SyntheticFleet(a.grpc_target, AGENT, POLICY, hosts_per_context=2)
+    try:
+        fleet.run_round(0)
+        fleet.run_round(1)
+    finally:
+        fleet.close()
+    refit(a, b)
+    for r in (a, b):
+        until(lambda r=r: len(r.booster.plan_snapshot(r.booster.policies[POLICY].id)) == 2, "plan")
+
+
+def ask(r: Running, host: str) -> pb.GetParametersResponse:
+    stub = pb_grpc.BoosterStub(grpc.insecure_channel(r.grpc_target))
+    req = pb.GetParametersRequest(
+        policy=POLICY, host_id=host, contexts=[c.message() for c in sim.DEFAULT_CONTEXTS]
+    )
+    return stub.GetParameters(req, metadata=agent_md(), timeout=30)
+
+
+def served(r: Running, host: str) -> dict[str, tuple[dict[str, int], bool]]:
+    """context label → (θ, exploratory) as ``host`` is answered by replica ``r``."""
+    out = {}
+    for p in ask(r, host).parameters:
+        key = ContextKey(
+            p.context.src_region,
+            p.context.src_isp,
+            p.context.dst_region,
+            p.context.dst_isp,
+            p.context.hour,
+        )
+        out[key.label] = (SPEC.from_message(p.theta), p.exploratory)
+    return out
+
+
+def everywhere(r: Running, label: str, theta: dict[str, int]) -> bool:
+    """Every host is answered ``theta`` in context ``label``, none of them exploring."""
+    return all(served(r, h)[label] == (theta, False) for h in HOSTS)
+
+
+def a_theta() -> dict[str, int]:
+    """A θ inside Θ' that no refit would pick by chance: the middle of Θ'."""
+    return {p.name: (p.wide[0] + p.wide[1]) // 2 for p in SPEC.params}
+
+
+def incumbent(r: Running, label: str) -> dict[str, int]:
+    pid = r.booster.policies[POLICY].id
+    plans = {ContextKey(*k).label: p for k, p in r.booster.plan_snapshot(pid).items()}
+    return SPEC.from_key(plans[label].incumbent_key)
+
+
+def audit(r: Running, action: str) -> list[dict]:
+    entries = r.http.get("/v1/audit", headers=auth(OPERATOR)).json()
+    return [e for e in entries if e["action"] == action]
+
+
+def test_pin_reaches_the_other_replica_survives_refits_and_unpin_restores(pair) -> None:
+    a, b = pair
+    planned(a, b)
+    theta = a_theta()
+    before = incumbent(b, SAT)
+    r = a.http.post(
+        f"/v1/policies/{POLICY}/pin",
+        headers=auth(OPERATOR),
+        json={"context": SAT, "theta": theta, "reason": "test"},
+    )
+    assert r.status_code == 200, r.text
+    until(lambda: everywhere(b, SAT, theta), "pinned θ on replica b")
+    assert everywhere(a, SAT, theta)
+    # The other context keeps its plan (its incumbent for the exploiting hosts).
+    assert any(served(b, h)[ETH] == (incumbent(b, ETH), False) for h in HOSTS)
+
+    # New data and refits (on whichever replica owns them) do not undo the pin.
+    fleet = SyntheticFleet(b.grpc_target, AGENT, POLICY, hosts_per_context=2)
+    try:
+        fleet.run_round(2)
+    finally:
+        fleet.close()
+    a.booster.mark_dirty({a.booster.policies[POLICY].id})
+    b.booster.mark_dirty({b.booster.policies[POLICY].id})
+    a.booster.refit_dirty()
+    b.booster.refit_dirty()
+    refit(a, b)
+    assert everywhere(a, SAT, theta) and everywhere(b, SAT, theta)
+
+    entry = audit(a, "override.pin")[0]
+    assert entry["actor"] == "bootstrap-operator" and entry["target"] == POLICY
+    change = entry["detail"]["changes"][0]
+    assert change == {"context": SAT, "old": before, "new": theta}
+    listed = a.http.get(f"/v1/policies/{POLICY}/overrides", headers=auth(OPERATOR)).json()
+    assert [(o["context"], o["kind"], o["theta"]) for o in listed["overrides"]] == [
+        (SAT, "pin", theta)
+    ]
+
+    r = b.http.delete(f"/v1/policies/{POLICY}/pin", headers=auth(OPERATOR), params={"context": SAT})
+    assert r.status_code == 200 and r.json()["changed"] == 1, r.text
+    until(
+        lambda: (
+            any(served(a, h)[SAT] == (incumbent(a, SAT), False) for h in HOSTS)
+            and not everywhere(a, SAT, theta)
+        ),
+        "normal planning again on replica a",
+    )
+    unpinned = audit(b, "override.unpin")[0]["detail"]["changes"][0]
+    assert unpinned["old"] == theta and unpinned["new"] is None
+
+
+def test_kill_switch_sends_every_context_to_the_safe_default(pair) -> None:
+    a, b = pair
+    planned(a, b)
+    safe = SPEC.default()
+    r = a.http.put(f"/v1/policies/{POLICY}/kill-switch", headers=auth(OPERATOR), json={})
+    assert r.status_code == 200, r.text
+
+    def all_safe(r: Running) -> bool:
+        for h in HOSTS:
+            resp = ask(r, h)
+            if SPEC.from_message(resp.default_theta) != safe:
+                return False
+            if any(SPEC.from_message(p.theta) != safe or p.exploratory for p in resp.parameters):
+                return False
+        return True
+
+    until(lambda: all_safe(b), "safe default on replica b")
+    a.booster.mark_dirty({a.booster.policies[POLICY].id})
+    b.booster.mark_dirty({b.booster.policies[POLICY].id})
+    refit(a, b)
+    assert all_safe(a) and all_safe(b)
+    entry = audit(a, "override.kill")[0]
+    assert entry["detail"]["changes"][0]["new"] == {"safe_default": safe}
+    listed = b.http.get(f"/v1/policies/{POLICY}/overrides", headers=auth(OPERATOR)).json()
+    assert listed["kill_switch"] is True
+
+    r = b.http.delete(f"/v1/policies/{POLICY}/kill-switch", headers=auth(OPERATOR))
+    assert r.status_code == 200 and r.json()["changed"] == 1, r.text
+    until(lambda: any(served(a, h)[SAT][1] for h in HOSTS), "exploration again on replica a")
+
+
+def test_freeze_and_rollback(pair) -> None:
+    a, b = pair
+    planned(a, b)
+    now_sat, now_eth = incumbent(a, SAT), incumbent(a, ETH)
+    r = a.http.post(f"/v1/policies/{POLICY}/freeze", headers=auth(OPERATOR), json={})
+    assert r.status_code == 200 and r.json()["changed"] == 2, r.text
+    until(lambda: everywhere(b, SAT, now_sat) and everywhere(b, ETH, now_eth), "frozen on b")
+    assert audit(a, "override.freeze")
+
+    # Back to before any plan: the default θ each context was served then.
+    first = a.http.get("/v1/audit", headers=auth(OPERATOR)).json()[-1]["at"]
+    r = a.http.post(f"/v1/policies/{POLICY}/rollback", headers=auth(OPERATOR), json={"at": first})
+    assert r.status_code == 200, r.text
+    default = SPEC.default()
+    until(lambda: everywhere(b, SAT, default), "rolled back on b")
+    # To the first refit's generation: its incumbents again.
+    r = a.http.post(
+        f"/v1/policies/{POLICY}/rollback",
+        headers=auth(OPERATOR),
+        json={"plan_generation": 1, "context": ETH},
+    )
+    assert r.status_code == 200, r.text
+    until(lambda: everywhere(b, ETH, now_eth), "ETH at generation 1 on b")
+    change = audit(a, "override.rollback")[0]["detail"]
+    assert change["plan_generation"] == 1 and change["changes"][0]["new"] == now_eth
+
+    r = a.http.delete(f"/v1/policies/{POLICY}/pin", headers=auth(OPERATOR))
+    assert r.status_code == 200 and r.json()["changed"] == 2, r.text
+
+
+@pytest.fixture
+def one(db_url: str) -> Iterator[Running]:
+    with serve(db_url) as r:
+        r.http.post("/v1/policies", headers=auth(OPERATOR), json={"name": POLICY})
+        r.booster.reload_policies()
+        yield r
+
+
+@pytest.mark.parametrize("role", ["viewer", "agent"])
+def test_only_operators_may_override(one: Running, role: str) -> None:
+    token = repo.create_token(one.engine, f"t-{role}", role, "test")
+    one.booster.tokens_changed()
+    for method, path, body in (
+        ("post", "pin", {"theta": a_theta()}),
+        ("post", "freeze", {}),
+        ("post", "rollback", {"plan_generation": 1}),
+        ("put", "kill-switch", {}),
+    ):
+        r = one.http.request(
+            method, f"/v1/policies/{POLICY}/{path}", headers=auth(token), json=body
+        )
+        assert r.status_code in (401, 403) if role == "agent" else r.status_code == 403, r.text
+    for path in ("pin", "kill-switch"):
+        r = one.http.delete(f"/v1/policies/{POLICY}/{path}", headers=auth(token))
+        assert r.status_code == 403, r.text
+    assert not audit(one, "override.pin") and not audit(one, "override.kill")
+
+
+def test_theta_outside_theta_prime_is_422_naming_the_parameter(one: Running) -> None:
+    p = SPEC.params[1]
+    theta = {**a_theta(), p.name: p.wide[1] + 1}
+    r = one.http.post(f"/v1/policies/{POLICY}/pin", headers=auth(OPERATOR), json={"theta": theta})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert detail[0]["loc"] == ["body", "theta", p.name] and p.name in detail[0]["msg"]
+    r = one.http.post(
+        f"/v1/policies/{POLICY}/pin",
+        headers=auth(OPERATOR),
+        json={"theta": {k: v for k, v in a_theta().items() if k != p.name}},
+    )
+    assert r.status_code == 422 and p.name in r.text
+    r = one.http.post(
+        f"/v1/policies/{POLICY}/pin",
+        headers=auth(OPERATOR),
+        json={"theta": a_theta(), "context": "not a label"},
+    )
+    assert r.status_code == 422 and "context" in r.text
+    r = one.http.post(
+        f"/v1/policies/{POLICY}/pin",
+        headers=auth(OPERATOR),
+        json={"theta": a_theta(), "context": "x/y->z/w@3"},
+    )
+    assert r.status_code == 404 and "no context" in r.text
+    r = one.http.post(f"/v1/policies/{POLICY}/rollback", headers=auth(OPERATOR), json={})
+    assert r.status_code == 422 and "exactly one" in r.text
+    r = one.http.post(f"/v1/policies/{POLICY}/freeze", headers=auth(OPERATOR), json={})
+    assert r.status_code == 409, r.text

@@ -370,3 +370,33 @@ def run_eval(
         )
         (out / "heldout.json").write_text(json.dumps(heldout, indent=1))
     return render(results, command, heldout), results, heldout
+
+
+def _span(values: list[float], digits: int = 0) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.{digits}f}" if lo == hi else f"{lo:.{digits}f}–{hi:.{digits}f}"
+
+
+def incast_runs_table(runs: list[dict]) -> str:
+    """The incast cells over several boots (each a ``--only incast`` results): min–max."""
+    lines = [
+        f"## Incast over {len(runs)} boots (min–max where they differ)",
+        "",
+        "| N × total | arm | completed | timeouts | retransmits | FCT mean ms | FCT max ms |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for n, total in INCAST_CASES:
+        for a in INCAST_ARMS:
+            label = f"{incast_prefix(n, total)}/{a}"
+            rs = [r["experiments"][label] for r in runs if label in r["experiments"]]
+            rs = [r for r in rs if "error" not in r]
+            if not rs:
+                continue
+            lines.append(
+                f"| {n} × {total / 1e6:g} MB | {a} | "
+                f"{_span([r['completed'] for r in rs])}/{n} | "
+                f"{_span([r['timeouts'] for r in rs])} | {_span([r['retransmits'] for r in rs])} | "
+                f"{_span([r['fct_ms_mean'] for r in rs])} | "
+                f"{_span([r['fct_ms_max'] for r in rs])} |"
+            )
+    return "\n".join(lines) + "\n"

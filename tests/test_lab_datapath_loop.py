@@ -10,6 +10,10 @@ Booster's store, never the figures (qemu's emulation on a busy machine): the age
 policy's θ into the module's parameters, every flow ran the datapath's CC, the policy stored
 the flows as trials of the θ that ran, the default arm ran the module's defaults, and the
 defaults are back after the agent's exit.
+
+Run one datapath per pytest process (``-k gemini``, ``-k dcvegas``): run in one process, the
+second run's guest found Booster unreachable (UNAVAILABLE) for its whole boot, each alone
+passes (gemini 4 passed, dcvegas 3 passed; benchmarks/results/datapaths-loop.md).
 """
 
 from __future__ import annotations

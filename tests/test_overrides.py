@@ -7,6 +7,7 @@ every change is audited with the old and new θ, and removing it restores normal
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -287,3 +288,43 @@ def test_theta_outside_theta_prime_is_422_naming_the_parameter(one: Running) -> 
     assert r.status_code == 422 and "exactly one" in r.text
     r = one.http.post(f"/v1/policies/{POLICY}/freeze", headers=auth(OPERATOR), json={})
     assert r.status_code == 409, r.text
+
+
+def test_cli_pins_kills_and_unpins_what_the_replica_serves(
+    one: Running, db_url: str, tmp_path
+) -> None:
+    from .test_cli import booster, one_line_error
+
+    theta = a_theta()
+    done = booster("override", "pin", POLICY, "--theta", json.dumps(theta), db=db_url, tmp=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"policy": POLICY, "changed": 1}
+    # A policy-wide pin: every context, planned or not, and the default θ.
+    until(lambda: everywhere(one, SAT, theta), "policy pin served")
+    assert SPEC.from_message(ask(one, "host-1").default_theta) == theta
+
+    p = SPEC.params[0]
+    bad = booster(
+        "override", "pin", POLICY, "--theta", json.dumps({**theta, p.name: p.wide[1] + 1}),
+        db=db_url, tmp=tmp_path,
+    )  # fmt: skip
+    assert p.name in one_line_error(bad)
+
+    assert booster("override", "kill", POLICY, db=db_url, tmp=tmp_path).returncode == 0
+    until(lambda: everywhere(one, SAT, SPEC.default()), "kill switch served")
+    listed = booster("override", "list", POLICY, db=db_url, tmp=tmp_path)
+    assert json.loads(listed.stdout)["kill_switch"] is True
+    assert booster("override", "release", POLICY, db=db_url, tmp=tmp_path).returncode == 0
+    until(lambda: everywhere(one, SAT, theta), "the pin again once released")
+    assert booster("override", "unpin", POLICY, db=db_url, tmp=tmp_path).returncode == 0
+    until(lambda: served(one, "host-1")[SAT][0] == SPEC.default(), "the default without plan")
+    actions = [e["action"] for e in one.http.get("/v1/audit", headers=auth(OPERATOR)).json()]
+    assert actions[:5] == [
+        "override.unpin",
+        "override.kill_release",
+        "override.kill",
+        "override.pin",
+        "policy.create",
+    ]
+    ctx = booster("override", "freeze", POLICY, "--context", "x/y->z/w@1", db=db_url, tmp=tmp_path)
+    assert "no context" in one_line_error(ctx)

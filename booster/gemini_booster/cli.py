@@ -1,4 +1,4 @@
-"""``booster``: serve, migrate, manage credentials and policies, or run the demo.
+"""``booster``: serve, migrate, manage credentials, policies and θ overrides, or run the demo.
 
 Settings come from GEMINI_BOOSTER_* variables and the TOML file named by GEMINI_BOOSTER_CONFIG;
 see ``gemini_booster.config``.
@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -159,6 +159,63 @@ def cmd_policy(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _theta(text: str) -> dict[str, int]:
+    try:
+        theta = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CliError(f"--theta: not JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(theta, dict) or not all(isinstance(v, int) for v in theta.values()):
+        raise CliError("--theta: expected a JSON object of integers, e.g. '{\"k\": 40}'")
+    return theta
+
+
+def _at(text: str) -> datetime:
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(f"--at: not an ISO 8601 time: {text[:64]!r}") from None
+    if at.tzinfo is None:
+        raise CliError("--at: needs a time zone (e.g. 2026-11-27T14:00:00Z)")
+    return at
+
+
+def cmd_override(settings: Settings, args: argparse.Namespace) -> int:
+    """Pin, freeze, roll back, unpin, kill switch: the same operations as the REST API, audited
+    as the CLI; every replica serves them from its next GetParameters."""
+    from .service import overrides as ops
+    from .storage import repository as repo
+
+    engine = _engine(settings)
+    try:
+        policy = repo.get_policy(engine, args.policy)
+    except NotFound:
+        raise CliError(f"no policy named {args.policy!r}") from None
+    ctx, actor, why = args.context, "cli", getattr(args, "reason", None)
+    try:
+        if args.override_cmd == "pin":
+            n = ops.pin(engine, policy, _theta(args.theta), actor, ctx, why)
+        elif args.override_cmd == "freeze":
+            n = ops.freeze(engine, policy, actor, ctx, why)
+        elif args.override_cmd == "rollback":
+            if (args.at is None) == (args.plan_generation is None):
+                raise CliError("rollback: give exactly one of --at and --plan-generation")
+            at = None if args.at is None else _at(args.at)
+            n = ops.rollback(engine, policy, actor, at, args.plan_generation, ctx, why)
+        elif args.override_cmd == "unpin":
+            n = ops.unpin(engine, policy, actor, ctx)
+        elif args.override_cmd == "kill":
+            n = ops.kill(engine, policy, actor, ctx, why)
+        elif args.override_cmd == "release":
+            n = ops.release(engine, policy, actor, ctx)
+        else:
+            print(json.dumps(ops.listing(engine, policy), default=str))
+            return 0
+    except (ops.UnknownContext, ops.NothingToOverride) as e:
+        raise CliError(str(e)) from None
+    print(json.dumps({"policy": policy.name, "changed": n}))
+    return 0
+
+
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -204,6 +261,31 @@ def parser() -> argparse.ArgumentParser:
     ps = psub.add_parser("show")
     ps.add_argument("name")
     psub.add_parser("list")
+    ovr = sub.add_parser(
+        "override",
+        help="pin, freeze, roll back or unpin θ, or the kill switch, for a policy or a context",
+    )
+    osub = ovr.add_subparsers(dest="override_cmd", required=True)
+    ctx_help = "one context, src_region/src_isp->dst_region/dst_isp@hour (default: the policy)"
+    for name, text in (
+        ("list", "the policy's overrides"),
+        ("pin", "serve --theta to every host, no exploration"),
+        ("freeze", "pin at the current incumbent"),
+        ("rollback", "pin at the incumbent of --at or --plan-generation"),
+        ("unpin", "remove pins: normal planning again"),
+        ("kill", "every host to the datapath's safe default"),
+        ("release", "release the kill switch"),
+    ):
+        o = osub.add_parser(name, help=text)
+        o.add_argument("policy")
+        o.add_argument("--context", help=ctx_help)
+        if name in ("pin", "freeze", "rollback", "kill"):
+            o.add_argument("--reason", help="why, for the audit log")
+        if name == "pin":
+            o.add_argument("--theta", required=True, help="JSON, e.g. '{\"k\": 40, ...}'")
+        if name == "rollback":
+            o.add_argument("--at", help="ISO 8601 time with zone, e.g. 2026-11-27T14:00:00Z")
+            o.add_argument("--plan-generation", type=int)
     demo = sub.add_parser("demo", help="Booster on embedded PostgreSQL plus a synthetic demo fleet")
     demo.add_argument("--rounds", type=int, default=12)
     demo.add_argument("--keep-serving", action="store_true")
@@ -215,6 +297,7 @@ COMMANDS = {
     "migrate": cmd_migrate,
     "token": cmd_token,
     "policy": cmd_policy,
+    "override": cmd_override,
     "demo": cmd_demo,
 }
 

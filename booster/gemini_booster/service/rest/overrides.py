@@ -11,12 +11,14 @@ Overrides are stored in PostgreSQL and applied on every replica's read path (nev
 into plans), so a refit never undoes one and every replica serves it from its next
 GetParameters on. Every change needs the operator role and is audited with old and new θ.
 Contexts are named by their label, ``src_region/src_isp->dst_region/dst_isp@hour`` (as
-``GET /v1/policies/{name}/parameters`` shows them).
+``GET /v1/policies/{name}/parameters`` shows them). The operations are ``service/overrides.py``
+(the CLI's too).
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -24,22 +26,14 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gemini_api.theta import ThetaSpec
-from gemini_api.v1 import booster_pb2 as pb
-
-from ...domain import ContextKey
 from ...models import Policy
-from ...policy.planner import Planner
-from ...storage import overrides as ovr
-from ...storage.overrides import Change
+from .. import overrides as ops
 from ..core import Booster
-from ..plan_cache import ThetaMessage
 from .deps import BoosterDep, PolicyDep, Reader, Writer
 from .errors import AUTH_ERRORS, NOT_FOUND, TOO_LARGE, error
 
 router = APIRouter(prefix="/v1/policies", tags=["overrides"], responses=AUTH_ERRORS)
 
-LABEL = re.compile(r"^(?P<s>[^/]+)/(?P<si>.*)->(?P<d>[^/]+)/(?P<di>.*)@(?P<h>\d{1,2})$")
 ContextLabel = Annotated[
     str,
     Field(
@@ -51,6 +45,7 @@ ContextLabel = Annotated[
 ]
 Reason = Annotated[str, Field(max_length=500, description="why, for the audit log")]
 NO_CONTEXT = error(404, "no policy of that name, or no context of that label")
+NOTHING = error(409, "no published plan to freeze at or roll back")
 
 
 class PinIn(BaseModel):
@@ -113,61 +108,35 @@ class ChangedOut(BaseModel):
     changed: int = Field(description="scopes whose override was set or removed")
 
 
-def parse_label(label: str) -> ContextKey:
-    m = LABEL.match(label)
-    if m is None:
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """The operations' refusals as the API answers them."""
+    try:
+        yield
+    except ops.BadTheta as e:
         raise RequestValidationError(
             [
                 {
-                    "loc": ("body", "context"),
-                    "msg": "not a context label: expected src_region/src_isp->dst_region/"
-                    "dst_isp@hour",
+                    "loc": ("body", "theta", p.split(":", 1)[0]),
+                    "msg": f"{e.args[0].split(':', 1)[0]}: {p}",
                     "type": "value_error",
-                    "input": label[:100],
                 }
+                for p in e.problems
             ]
-        )
-    return ContextKey(m["s"], m["si"], m["d"], m["di"], int(m["h"]))
+        ) from e
+    except ops.BadContextLabel as e:
+        raise RequestValidationError(
+            [{"loc": ("body", "context"), "msg": str(e), "type": "value_error"}]
+        ) from e
+    except ops.UnknownContext as e:
+        raise HTTPException(404, str(e)) from e
+    except ops.NothingToOverride as e:
+        raise HTTPException(409, str(e)) from e
 
 
-def _context(booster: Booster, label: str | None) -> tuple[int | None, ContextKey | None]:
-    if label is None:
-        return None, None
-    key = parse_label(label)
-    cid = ovr.context_id(booster.engine, key)
-    if cid is None:
-        raise HTTPException(404, f"no context {label[:100]!r} has been reported")
-    return cid, key
-
-
-def _served(booster: Booster, policy: Policy, key: ContextKey | None) -> dict[str, int] | None:
-    """The θ the scope runs now (for the audit entry's old value): its override, else its
-    plan's incumbent; None for a whole policy without a policy-wide override."""
-    spec = policy.spec
-    current = booster.plans.overrides(policy.id)
-    if key is None:
-        forced = None if current is None else current.default()
-        return None if forced is None else _as_dict(spec, forced)
-    if current is not None and (forced := current.theta(key)) is not None:
-        return _as_dict(spec, forced)
-    plan = booster.plan_snapshot(policy.id).get(key)
-    return None if plan is None else spec.from_key(plan.incumbent_key)
-
-
-def _as_dict(spec: ThetaSpec, msg: ThetaMessage) -> dict[str, int]:
-    if isinstance(msg, pb.DatapathTheta):
-        return {n: int(msg.values[n]) for n in spec.names}
-    return spec.from_message(msg)
-
-
-def _detail(reason: str | None, **more: Any) -> dict[str, Any]:
-    out = {k: v for k, v in more.items() if v is not None}
-    if reason:
-        out["reason"] = reason
-    return out
-
-
-def _applied(booster: Booster, policy: Policy, changed: int) -> ChangedOut:
+def _apply(booster: Booster, policy: Policy, op: Callable[[], int]) -> ChangedOut:
+    with _refusals():
+        changed = op()
     booster.overrides_changed({policy.id})  # this replica at once; others on the notification
     return ChangedOut(policy=policy.name, changed=changed)
 
@@ -175,193 +144,76 @@ def _applied(booster: Booster, policy: Policy, changed: int) -> ChangedOut:
 @router.get("/{name}/overrides", responses=NOT_FOUND)
 def list_overrides(_: Reader, policy: PolicyDep, booster: BoosterDep) -> OverridesOut:
     """The policy's pins and kill switches as stored (what every replica serves)."""
-    rows = ovr.load(booster.engine, policy.id)
-    spec = policy.spec
-    return OverridesOut(
-        policy=policy.name,
-        kill_switch=any(r.kind == "kill" and r.context is None for r in rows),
-        overrides=[
-            OverrideOut(
-                context=None if r.context is None else r.context.label,
-                kind=r.kind,
-                origin=r.origin,
-                theta=None
-                if r.theta_key is None or r.datapath != spec.datapath
-                else spec.from_key(r.theta_key),
-                detail=r.detail,
-                set_by=r.set_by,
-                set_at=r.set_at,
-            )
-            for r in rows
-        ],
-    )
+    return OverridesOut.model_validate(ops.listing(booster.engine, policy))
 
 
 @router.post("/{name}/pin", responses=NO_CONTEXT | TOO_LARGE)
 def pin(who: Writer, policy: PolicyDep, body: PinIn, booster: BoosterDep) -> ChangedOut:
     """Serve ``theta`` to every host of the policy (or of one context), no exploration."""
-    spec = policy.spec
-    problems = spec.violations(body.theta, spec.limits)
-    if problems:
-        raise RequestValidationError(
-            [
-                {
-                    "loc": ("body", "theta", p.split(":", 1)[0]),
-                    "msg": f"θ outside Θ' of datapath {spec.datapath}: {p}",
-                    "type": "value_error",
-                    "input": body.theta,
-                }
-                for p in problems
-            ]
-        )
-    cid, key = _context(booster, body.context)
-    theta = spec.validate(body.theta, spec.limits)
-    item = Change(cid, body.context, spec.key(theta), _served(booster, policy, key), theta)
-    ovr.set_overrides(
-        booster.engine,
-        policy.id,
-        policy.name,
-        spec.datapath,
-        "pin",
-        "pin",
-        [item],
-        who.name,
-        _detail(body.reason),
+    return _apply(
+        booster,
+        policy,
+        lambda: ops.pin(booster.engine, policy, body.theta, who.name, body.context, body.reason),
     )
-    return _applied(booster, policy, 1)
 
 
-@router.post("/{name}/freeze", responses=NO_CONTEXT | TOO_LARGE | error(409, "nothing to freeze"))
+@router.post("/{name}/freeze", responses=NO_CONTEXT | TOO_LARGE | NOTHING)
 def freeze(who: Writer, policy: PolicyDep, body: FreezeIn, booster: BoosterDep) -> ChangedOut:
     """Pin every planned context (or one) at the incumbent it is served now."""
-    spec = policy.spec
-    cid, key = _context(booster, body.context)
-    snapshot = booster.plan_snapshot(policy.id)
-    keys = [key] if key is not None else sorted(snapshot)
-    planned = [k for k in keys if k in snapshot]
-    if not planned:
-        raise HTTPException(409, "no published plan to freeze at (pin a θ instead)")
-    ids = (
-        {key: cid}
-        if key is not None and cid is not None
-        else ovr.context_ids(booster.engine, planned)
+    return _apply(
+        booster,
+        policy,
+        lambda: ops.freeze(booster.engine, policy, who.name, body.context, body.reason),
     )
-    items = []
-    for k in planned:
-        theta = spec.from_key(snapshot[k].incumbent_key)
-        items.append(
-            Change(
-                ids[k], ContextKey(*k).label, spec.key(theta), _served(booster, policy, k), theta
-            )
-        )
-    ovr.set_overrides(
-        booster.engine,
-        policy.id,
-        policy.name,
-        spec.datapath,
-        "pin",
-        "freeze",
-        items,
-        who.name,
-        _detail(body.reason),
-    )
-    return _applied(booster, policy, len(items))
 
 
-@router.post("/{name}/rollback", responses=NO_CONTEXT | TOO_LARGE | error(409, "nothing then"))
+@router.post("/{name}/rollback", responses=NO_CONTEXT | TOO_LARGE | NOTHING)
 def rollback(who: Writer, policy: PolicyDep, body: RollbackIn, booster: BoosterDep) -> ChangedOut:
     """Pin every planned context (or one) at the incumbent it was served at ``at`` (or after
     plan generation ``plan_generation``); a context without a plan then gets the default θ
     it was served then."""
-    spec = policy.spec
-    cid, key = _context(booster, body.context)
-    snapshot = booster.plan_snapshot(policy.id)
-    keys = [key] if key is not None else sorted(snapshot)
-    ids = (
-        {key: cid}
-        if key is not None and cid is not None
-        else ovr.context_ids(booster.engine, [ContextKey(*k) for k in keys])
+    return _apply(
+        booster,
+        policy,
+        lambda: ops.rollback(
+            booster.engine,
+            policy,
+            who.name,
+            body.at,
+            body.plan_generation,
+            body.context,
+            body.reason,
+        ),
     )
-    if not ids:
-        raise HTTPException(409, "the policy has no planned context to roll back")
-    then = ovr.incumbents_at(
-        booster.engine, policy.id, body.at, body.plan_generation, sorted(ids.values())
-    )
-    default = Planner(spec).clip_default(policy)
-    items = []
-    for k, c in ids.items():
-        theta = spec.from_key(then[c]) if c in then else default
-        items.append(
-            Change(c, ContextKey(*k).label, spec.key(theta), _served(booster, policy, k), theta)
-        )
-    detail = _detail(
-        body.reason,
-        at=None if body.at is None else body.at.isoformat(),
-        plan_generation=body.plan_generation,
-    )
-    ovr.set_overrides(
-        booster.engine,
-        policy.id,
-        policy.name,
-        spec.datapath,
-        "pin",
-        "rollback",
-        items,
-        who.name,
-        detail,
-    )
-    return _applied(booster, policy, len(items))
+
+
+ContextQuery = Annotated[
+    str | None, Query(max_length=600, description="one context's label; else the whole policy")
+]
 
 
 @router.delete("/{name}/pin", responses=NO_CONTEXT)
 def unpin(
-    who: Writer,
-    policy: PolicyDep,
-    booster: BoosterDep,
-    context: Annotated[
-        str | None, Query(max_length=600, description="one context's label; else every pin")
-    ] = None,
+    who: Writer, policy: PolicyDep, booster: BoosterDep, context: ContextQuery = None
 ) -> ChangedOut:
     """Remove the pins (of one context, or every pin of the policy): normal planning again."""
-    cid, key = _context(booster, context)
-    items = [Change(cid, context, None, _served(booster, policy, key), None)]
-    n = ovr.clear_overrides(
-        booster.engine, policy.id, policy.name, "pin", items, who.name, everything=context is None
-    )
-    return _applied(booster, policy, n)
+    return _apply(booster, policy, lambda: ops.unpin(booster.engine, policy, who.name, context))
 
 
 @router.put("/{name}/kill-switch", responses=NO_CONTEXT | TOO_LARGE)
 def kill(who: Writer, policy: PolicyDep, body: KillIn, booster: BoosterDep) -> ChangedOut:
     """Every host of the policy (or of one context) to the datapath's safe default θ, with no
     exploration and no experiment arm, until released."""
-    spec = policy.spec
-    cid, key = _context(booster, body.context)
-    safe = spec.default()
-    item = Change(cid, body.context, None, _served(booster, policy, key), {"safe_default": safe})
-    ovr.set_overrides(
-        booster.engine,
-        policy.id,
-        policy.name,
-        spec.datapath,
-        "kill",
-        "kill",
-        [item],
-        who.name,
-        _detail(body.reason),
+    return _apply(
+        booster,
+        policy,
+        lambda: ops.kill(booster.engine, policy, who.name, body.context, body.reason),
     )
-    return _applied(booster, policy, 1)
 
 
 @router.delete("/{name}/kill-switch", responses=NO_CONTEXT)
 def release(
-    who: Writer,
-    policy: PolicyDep,
-    booster: BoosterDep,
-    context: Annotated[str | None, Query(max_length=600)] = None,
+    who: Writer, policy: PolicyDep, booster: BoosterDep, context: ContextQuery = None
 ) -> ChangedOut:
     """Release the kill switch (of the policy, or of one context)."""
-    cid, key = _context(booster, context)
-    item = Change(cid, context, None, _served(booster, policy, key), None)
-    n = ovr.clear_overrides(booster.engine, policy.id, policy.name, "kill", [item], who.name)
-    return _applied(booster, policy, n)
+    return _apply(booster, policy, lambda: ops.release(booster.engine, policy, who.name, context))

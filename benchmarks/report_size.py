@@ -88,20 +88,24 @@ def prefix_table(directory: Path) -> PrefixTable:
 class HostMinute:
     host_id: str
     flows: list[Flow]
+    ended: dt.datetime = ENDED
 
     def report(self, resolver: ContextResolver, *, dense: bool = False) -> pb.ReportRequest:
         """The report the agent sends for this minute (dense: as agents before v2 did)."""
         agg = Aggregator(resolver, self.host_id, POLICY)
         for f in self.flows:
             agg.add(f)
-        start = int(ENDED.timestamp() * 1000) // INTERVAL_MS * INTERVAL_MS
+        start = int(self.ended.timestamp() * 1000) // INTERVAL_MS * INTERVAL_MS
         req = agg.close_interval(start, start + INTERVAL_MS, dense_sketches=dense)
         assert req is not None
         return req
 
 
-def host_minute(rng: np.random.Generator, host_id: str, theta: dict[str, int]) -> HostMinute:
-    """One host's finished flows in one minute, drawn from the mix in the module's doc."""
+def host_minute(
+    rng: np.random.Generator, host_id: str, theta: dict[str, int], ended: dt.datetime = ENDED
+) -> HostMinute:
+    """One host's finished flows in the minute of ``ended``, drawn from the mix in the module's
+    doc."""
     n = int(np.clip(rng.lognormal(math.log(200), 1.1), 5, 30_000))
     k = min(1 + int(rng.poisson(2.5)), 12)
     places = rng.choice(N_PLACES, size=k, replace=False)
@@ -131,12 +135,12 @@ def host_minute(rng: np.random.Generator, host_id: str, theta: dict[str, int]) -
             stats=FlowStats(int(size[i]), int(duration[i]), int(rtt[i] + queue_us[i]), int(rtt[i])),
             theta={} if cc[i] else theta,
             theta_version=0 if cc[i] else int(version[i]),
-            ended=ENDED,
+            ended=ended,
             cc=str(cc[i]),
         )
         for i in range(n)
     ]
-    return HostMinute(host_id, flows)
+    return HostMinute(host_id, flows, ended)
 
 
 def fleet(seed: int, hosts: int) -> Iterator[HostMinute]:

@@ -2,10 +2,11 @@
 
 A report is accepted atomically: its row, every aggregate, the trial sums it adds and the
 contexts it admits commit together or not at all. Idempotency rests on the unique
-``reports.report_id``: ``INSERT … ON CONFLICT DO NOTHING RETURNING`` names the reports that are
-new, and only those are folded into ``trials``. Concurrent retries of one key meet at that
-unique index, so a report is counted once even when two Booster replicas receive it at the same
-moment.
+``reports (host_id, report_id)``: a report id is the sending host's own key (the host
+authenticated by its token or certificate), so no host can take another's id, and
+``INSERT … ON CONFLICT DO NOTHING RETURNING`` names the reports that are new, and only those are
+folded into ``trials``. Concurrent retries of one key meet at that unique index, so a report is
+counted once even when two Booster replicas receive it at the same moment.
 
 Batching (group commit) is what makes ingestion fast: the per-transaction cost of PostgreSQL is
 paid once for up to ``ingest_batch_max`` reports. ``store_reports`` is that one transaction;
@@ -47,6 +48,7 @@ DEFAULT_CC = registry().default.cc
 _CONTENT_SQLSTATE_CLASSES = ("22", "23", "54", "P0")
 
 Cursor = psycopg.Cursor[Any]
+ReportKey = tuple[str, str]  # (host id, report id)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,11 @@ class ReportRow:
     aggregates: tuple[AggregateRow, ...]
     trial_bucket_hours: int = 1
     target_cc: str = DEFAULT_CC  # the CC whose flows leave cc empty: the policy's datapath's
+
+    @property
+    def key(self) -> ReportKey:
+        """The idempotency key: report ids are unique per host, not across hosts."""
+        return (self.host_id, self.report_id)
 
     def flows_by_cc(self) -> list[tuple[str, FlowSums, int]]:
         """(the CC the flows ran, sums, slow flows) per aggregate: a tuned aggregate's cc is
@@ -247,8 +254,8 @@ INSERT INTO reports (report_id, digest, host_id, policy_id, interval_start, inte
                      aggregate_count)
 SELECT * FROM unnest(%s::text[], %s::bytea[], %s::text[], %s::int[], %s::timestamptz[],
                      %s::timestamptz[], %s::int[])
-ON CONFLICT (report_id) DO NOTHING
-RETURNING report_id, id
+ON CONFLICT (host_id, report_id) DO NOTHING
+RETURNING host_id, report_id, id
 """
 
 _AGGREGATE_COLUMNS = (
@@ -284,7 +291,7 @@ def _upsert_trials(cur: Cursor, deltas: list[dict[str, Any]]) -> None:
     cur.execute(_UPSERT_TRIALS, _columns(deltas, (*key, *TRIAL_SUMS)))
 
 
-def _insert_reports(cur: Cursor, reports: Sequence[ReportRow]) -> dict[str, int]:
+def _insert_reports(cur: Cursor, reports: Sequence[ReportRow]) -> dict[ReportKey, int]:
     """One statement for the whole batch (arrays + unnest), prepared once per connection."""
     cur.execute(
         _INSERT_REPORTS,
@@ -298,7 +305,7 @@ def _insert_reports(cur: Cursor, reports: Sequence[ReportRow]) -> dict[str, int]
             [len(r.aggregates) for r in reports],
         ],
     )
-    return dict(cur.fetchall())
+    return {(host, report): pk for host, report, pk in cur.fetchall()}
 
 
 def _copy_aggregates(cur: Cursor, rows: list[tuple[Any, ...]]) -> None:
@@ -310,14 +317,14 @@ def _copy_aggregates(cur: Cursor, rows: list[tuple[Any, ...]]) -> None:
 
 def _dedupe(reports: Sequence[ReportRow]) -> tuple[list[ReportRow], dict[int, int]]:
     """First occurrence of each key in the batch; map every index to the index it repeats."""
-    first: dict[str, int] = {}
+    first: dict[ReportKey, int] = {}
     unique: list[ReportRow] = []
     alias: dict[int, int] = {}
     for i, r in enumerate(reports):
-        if r.report_id in first:
-            alias[i] = first[r.report_id]
+        if r.key in first:
+            alias[i] = first[r.key]
         else:
-            first[r.report_id] = i
+            first[r.key] = i
             unique.append(r)
     return unique, alias
 
@@ -367,8 +374,8 @@ def _quota_rejections(
     context_ids: ContextIds,
     admissions: Admissions,
     host_day_quota: int,
-) -> dict[str, Rejection]:
-    """Reports that would admit contexts beyond a quota, by report id.
+) -> dict[ReportKey, Rejection]:
+    """Reports that would admit contexts beyond a quota, by key.
 
     Only reports bringing contexts not known admitted pay for the queries. The batch is judged
     in order, each admitted report counting against the next. Counts are read in this
@@ -391,7 +398,7 @@ def _quota_rejections(
     by_host: dict[tuple[int, str], int] = defaultdict(int)
     by_host.update({(p, h): n for p, h, n in cur.fetchall()})
     adding: set[tuple[int, ContextKey]] = set()
-    rejections: dict[str, Rejection] = {}
+    rejections: dict[ReportKey, Rejection] = {}
     for r, _ in pending:
         new = {c for c in admissions.unknown(r) if (r.policy_id, c) not in adding}
         if not new:
@@ -399,7 +406,7 @@ def _quota_rejections(
         host = (r.policy_id, r.host_id)
         message = _quota_message(r, len(new), in_policy[r.policy_id], by_host[host], host_day_quota)
         if message is not None:
-            rejections[r.report_id] = Rejection("quota", message)
+            rejections[r.key] = Rejection("quota", message)
             continue
         in_policy[r.policy_id] += len(new)
         by_host[host] += len(new)
@@ -424,11 +431,11 @@ def _admit(
 
 
 def _aggregate_rows(
-    new: Sequence[ReportRow], pks: dict[str, int], ids: dict[ContextKey, int]
+    new: Sequence[ReportRow], pks: dict[ReportKey, int], ids: dict[ContextKey, int]
 ) -> list[tuple[Any, ...]]:
     return [
         (
-            pks[r.report_id],
+            pks[r.key],
             r.policy_id,
             ids[a.context],
             a.cc,
@@ -448,7 +455,7 @@ def _aggregate_rows(
 def _store(
     conn: Connection,
     unique: Sequence[ReportRow],
-    outcomes: dict[str, IngestOutcome],
+    outcomes: dict[ReportKey, IngestOutcome],
     context_ids: ContextIds,
     admissions: Admissions,
     host_day_quota: int,
@@ -458,30 +465,32 @@ def _store(
     assert driver is not None  # a connection in a transaction has its driver's connection
     cur = driver.cursor()
     refused = _quota_rejections(conn, cur, unique, context_ids, admissions, host_day_quota)
-    for report_id, rejection in refused.items():
-        outcomes[report_id].rejection = rejection
-    accepted = [r for r in unique if r.report_id not in refused]
+    for key, rejection in refused.items():
+        outcomes[key].rejection = rejection
+    accepted = [r for r in unique if r.key not in refused]
     if not accepted:
         return []
     ids = context_ids.resolve(conn, {c for r in accepted for c in r.contexts()})
     new_pk = _insert_reports(cur, accepted)
-    old = [r for r in accepted if r.report_id not in new_pk]
+    old = [r for r in accepted if r.key not in new_pk]
     if old:
-        digests = dict(
-            conn.execute(
-                select(Report.report_id, Report.digest).where(
-                    Report.report_id.in_([r.report_id for r in old])
+        cols = tuple_(Report.host_id, Report.report_id)
+        digests = {
+            (host, report): digest
+            for host, report, digest in conn.execute(
+                select(Report.host_id, Report.report_id, Report.digest).where(
+                    cols.in_([r.key for r in old])
                 )
-            ).all()
-        )
+            )
+        }
         for r in old:
-            o = outcomes[r.report_id]
+            o = outcomes[r.key]
             o.duplicate = True
-            if digests.get(r.report_id) != r.digest:
+            if digests.get(r.key) != r.digest:
                 o.error = ReportConflict(
                     f"report_id {r.report_id!r} was already stored with different content"
                 )
-    new = [r for r in accepted if r.report_id in new_pk]
+    new = [r for r in accepted if r.key in new_pk]
     rows = _aggregate_rows(new, new_pk, ids)
     if rows:
         _copy_aggregates(cur, rows)
@@ -491,7 +500,7 @@ def _store(
     # Other replicas refit on this (delivered at commit, only if it commits).
     changes.notify_cursor(cur, "data", {r.policy_id for r in new})
     for r in new:
-        outcomes[r.report_id].stored = len(r.aggregates)
+        outcomes[r.key].stored = len(r.aggregates)
     return admitted
 
 
@@ -549,7 +558,7 @@ def store_reports(
     database is away (``is_transient``) or one report's content was refused.
     """
     unique, alias = _dedupe(reports)
-    outcomes = {r.report_id: IngestOutcome() for r in unique}
+    outcomes = {r.key: IngestOutcome() for r in unique}
     with engine.connect() as conn:
         try:
             with conn.begin():
@@ -565,8 +574,6 @@ def store_reports(
             raise
     admissions.known.update(admitted)
     return [
-        _repeat(reports[alias[i]], outcomes[r.report_id], r)
-        if i in alias
-        else outcomes[r.report_id]
+        _repeat(reports[alias[i]], outcomes[r.key], r) if i in alias else outcomes[r.key]
         for i, r in enumerate(reports)
     ]

@@ -83,11 +83,15 @@ class Context(Base):
 
 
 class Report(Base):
-    """One agent report, stored once per idempotency key; the digest detects a reused key."""
+    """One agent report, stored once per idempotency key, (host, report id): a host's ids are
+    its own (migration 0013); the digest detects a reused key."""
 
     __tablename__ = "reports"
+    __table_args__ = (
+        UniqueConstraint("host_id", "report_id", name="reports_host_id_report_id_key"),
+    )
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    report_id: Mapped[str] = mapped_column(String(128), unique=True, nullable=False)
+    report_id: Mapped[str] = mapped_column(String(128), nullable=False)
     digest: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
     host_id: Mapped[str] = mapped_column(String(128), nullable=False)
     policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), nullable=False)

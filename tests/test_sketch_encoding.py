@@ -192,8 +192,8 @@ MALFORMED = {
         "bin_counts: a bin without weight",
     ),
     "a bin over the flow count": (
-        lambda s: s.bin_counts.__setitem__(0, 51),
-        "bin_counts: 51 > flow_count 50",
+        lambda s: s.bin_counts.__setitem__(0, 2**64 - 1),
+        f"total weight {2**64 - 1 + 49:g} != flow_count 50",
     ),
     "weight other than the flow count": (
         lambda s: s.bin_counts.__setitem__(0, s.bin_counts[0] + 1),

@@ -8,6 +8,13 @@ room to add up, per-flow values are physically possible, sums of squares and pro
 what Cauchy–Schwarz allows for non-negative values, slow flows can't outnumber flows, size
 buckets add up to the flow count, and an interval lies between an agent's spool horizon and
 Booster's clock.
+
+Cost: every report passes here, so the common case (a well-formed report) takes a fast path per
+check, a few comparisons over the message's fields, and only a report that fails it pays for the
+walk that names each problem. θ and contexts repeat across aggregates and reports (hosts run the
+few θ Booster hands out, to the same destinations), so their checks are remembered per distinct
+message (``_Memo``). Sketches are checked by C-level reductions over their fields, never by a
+Python loop per bucket (gemini_api.sketch.sketch_errors). benchmarks/validation.py measures it.
 """
 
 from __future__ import annotations
@@ -16,7 +23,9 @@ import hashlib
 import math
 import re
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Generic, TypeVar
 
 from google.protobuf import unknown_fields
 from google.protobuf.message import Message
@@ -50,6 +59,35 @@ MAX_REPORT_AGE_MS = 7 * 24 * 3600 * 1000
 # An aggregate's sketches, each absent (an older agent's delay) or one weight per flow.
 SKETCH_FIELDS = ("throughput_sketch", "queue_delay_sketch")
 CC_NAME = re.compile(r"[a-z][a-z0-9_]{0,15}")  # TCP_CA_NAME_MAX is 16 with the NUL
+# Distinct θ and context messages remembered (then forgotten all at once, and learnt again).
+MEMO_SIZE = 65_536
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Memo(Generic[K, V]):
+    """What a check found for each distinct message (by its canonical bytes): its result, and
+    its problems as field paths relative to the message. A bounded dict; concurrent callers at
+    worst compute one entry twice."""
+
+    def __init__(self, size: int = MEMO_SIZE) -> None:
+        self.size = size
+        self.found: dict[K, tuple[V, tuple[str, ...]]] = {}
+
+    def get(self, key: K, check: Callable[[list[str]], V]) -> tuple[V, tuple[str, ...]]:
+        hit = self.found.get(key)
+        if hit is None:
+            problems: list[str] = []
+            hit = (check(problems), tuple(problems))
+            if len(self.found) >= self.size:
+                self.found.clear()
+            self.found[key] = hit
+        return hit
+
+
+_CONTEXTS: _Memo[bytes, ContextKey] = _Memo()
+_THETAS: _Memo[tuple[str, bytes], str | None] = _Memo()
 
 
 class InvalidReport(ValueError):
@@ -99,10 +137,19 @@ def _label(value: str, path: str, problems: list[str]) -> None:
 
 
 def context_key(ctx: pb.Context, path: str, problems: list[str]) -> ContextKey:
+    key, found = _CONTEXTS.get(
+        ctx.SerializeToString(deterministic=True), lambda found: _context_key(ctx, found)
+    )
+    if found:
+        problems += [f"{path}{p}" for p in found]
+    return key
+
+
+def _context_key(ctx: pb.Context, problems: list[str]) -> ContextKey:
     for name in ("src_region", "src_isp", "dst_region", "dst_isp"):
-        _label(getattr(ctx, name), f"{path}.{name}", problems)
+        _label(getattr(ctx, name), f".{name}", problems)
     if ctx.hour > 23:
-        problems.append(f"{path}.hour: {ctx.hour} is not an hour of the day (0..23)")
+        problems.append(f".hour: {ctx.hour} is not an hour of the day (0..23)")
     return ContextKey(ctx.src_region, ctx.src_isp, ctx.dst_region, ctx.dst_isp, ctx.hour)
 
 
@@ -115,6 +162,24 @@ def _moments(a: pb.Aggregate, path: str, problems: list[str]) -> None:
     """Sums over flows of non-negative per-flow values x ≤ MAX: Σx ≤ n·MAX, Σx² ≤ n·MAX²,
     (Σx)²/n ≤ Σx² ≤ (Σx)², and Σxy ≤ √(Σx²·Σy²) (Cauchy–Schwarz)."""
     n = a.flow_count
+    sx, sxx = a.throughput_mbps_sum, a.throughput_mbps_sq_sum
+    sy, syy, sxy = a.queue_delay_ms_sum, a.queue_delay_ms_sq_sum, a.throughput_queue_delay_sum
+    slack, lt, ld = 1 + REL_TOL, MAX_THROUGHPUT_MBPS, MAX_QUEUE_DELAY_MS
+    # The same bounds as below in one expression (NaN fails every comparison); a report that
+    # fails it is walked below, which names each problem.
+    if (
+        1 <= n <= MAX_FLOWS_PER_AGGREGATE
+        and 0 <= sx <= n * lt * slack + 1e-9
+        and 0 <= sxx <= n * lt * lt * slack + 1e-9
+        and sxx * slack + 1e-9 >= sx * sx / n
+        and sxx <= sx * sx * slack + 1e-9
+        and 0 <= sy <= n * ld * slack + 1e-9
+        and 0 <= syy <= n * ld * ld * slack + 1e-9
+        and syy * slack + 1e-9 >= sy * sy / n
+        and syy <= sy * sy * slack + 1e-9
+        and 0 <= sxy <= math.sqrt(sxx * syy) * slack + 1e-9
+    ):
+        return
     stats = {
         "throughput_mbps_sum": a.throughput_mbps_sum,
         "throughput_mbps_sq_sum": a.throughput_mbps_sq_sum,
@@ -164,6 +229,14 @@ def _moments(a: pb.Aggregate, path: str, problems: list[str]) -> None:
 def _counts(a: pb.Aggregate, path: str, problems: list[str]) -> tuple[int, ...]:
     """Flow, slow-flow and size-bucket counts within the flow count and storage's integers."""
     n = a.flow_count
+    buckets = tuple(a.size_bucket_counts)
+    if (
+        1 <= n <= MAX_FLOWS_PER_AGGREGATE
+        and a.theta_version < THETA_VERSION_LIMIT
+        and a.slow_flow_count <= n
+        and (not buckets or (len(buckets) == SIZE_BUCKETS and sum(buckets) == n))
+    ):
+        return buckets  # unsigned counts adding up to n: none above it
     if n == 0:
         problems.append(f"{path}.flow_count: must be at least 1")
     elif n > MAX_FLOWS_PER_AGGREGATE:
@@ -172,7 +245,6 @@ def _counts(a: pb.Aggregate, path: str, problems: list[str]) -> tuple[int, ...]:
         problems.append(f"{path}.theta_version: {a.theta_version} ≥ 2^63")
     if a.slow_flow_count > n:
         problems.append(f"{path}.slow_flow_count: {a.slow_flow_count} > flow_count {n}")
-    buckets = tuple(a.size_bucket_counts)
     over = [i for i, b in enumerate(buckets) if b > n]
     if over:
         i = over[0]
@@ -203,13 +275,27 @@ def _theta_key(
         return ""
     spec = policy.spec
     if datapaths.datapath(policy.datapath).message is datapaths.Message.THETA:
-        theta = _theta_message(a, path, spec, problems)
+        own, other = "theta", "datapath_theta"
     else:
-        theta = _datapath_theta(a, path, spec, problems)
-    if theta is None:
+        own, other = "datapath_theta", "theta"
+    if not _carries_only(a, own, other, path, spec, problems):
         return None
-    problems += [f"{path}.theta.{v}" for v in spec.violations(theta, spec.limits)]
-    return spec.key(theta)
+    msg = getattr(a, own)
+
+    def check(found: list[str]) -> str | None:
+        if own == "theta":
+            theta = _theta_message(msg, spec, found)
+        else:
+            theta = _datapath_theta(msg, spec, found)
+        if theta is None:
+            return None
+        found += [f".theta.{v}" for v in spec.violations(theta, spec.limits)]
+        return spec.key(theta)
+
+    key, found = _THETAS.get((spec.datapath, msg.SerializeToString(deterministic=True)), check)
+    if found:
+        problems += [f"{path}{p}" for p in found]
+    return key
 
 
 def _baseline_problem(a: pb.Aggregate, spec: ThetaSpec, policy: Policy) -> str | None:
@@ -242,25 +328,20 @@ def _carries_only(
     return True
 
 
-def _theta_message(
-    a: pb.Aggregate, path: str, spec: ThetaSpec, problems: list[str]
-) -> dict[str, int] | None:
-    if not _carries_only(a, "theta", "datapath_theta", path, spec, problems):
-        return None
-    missing = [name for name in spec.names if not a.theta.HasField(name)]
+def _theta_message(msg: pb.Theta, spec: ThetaSpec, problems: list[str]) -> dict[str, int] | None:
+    """Fusion's θ; problems relative to the aggregate (``.theta.…``)."""
+    missing = [name for name in spec.names if not msg.HasField(name)]
     if missing:
-        problems += [f"{path}.theta.{name}: missing" for name in missing]
+        problems += [f".theta.{name}: missing" for name in missing]
         return None
-    return spec.from_message(a.theta)
+    return spec.from_message(msg)
 
 
 def _datapath_theta(
-    a: pb.Aggregate, path: str, spec: ThetaSpec, problems: list[str]
+    got: pb.DatapathTheta, spec: ThetaSpec, problems: list[str]
 ) -> dict[str, int] | None:
-    where = f"{path}.datapath_theta"
-    if not _carries_only(a, "datapath_theta", "theta", path, spec, problems):
-        return None
-    got = a.datapath_theta
+    """Another datapath's θ; problems relative to the aggregate (``.datapath_theta.…``)."""
+    where = ".datapath_theta"
     if got.datapath != spec.datapath:
         problems.append(
             f"{where}.datapath: {got.datapath[:32]!r}, the policy tunes {spec.datapath!r}"

@@ -113,7 +113,11 @@ class Peer:
             stdout=subprocess.PIPE,
             text=True,
         )
-        time.sleep(0.2)  # the child has unshared before it reads stdin; the link needs its pid
+        # the link is moved into the child's namespace by pid: wait until it has unshared
+        ours, deadline = os.readlink("/proc/self/ns/net"), time.monotonic() + 30
+        while os.readlink(f"/proc/{self.proc.pid}/ns/net") == ours:
+            assert time.monotonic() < deadline, "the peer never left this namespace"
+            time.sleep(0.01)
         run = lambda *a: subprocess.run(["ip", *a], check=True)  # noqa: E731
         run("link", "add", "v0", "type", "veth", "peer", "name", "v1")
         run("link", "set", "v1", "netns", str(self.proc.pid))

@@ -455,13 +455,12 @@ def test_a_call_whose_message_never_comes_ends_at_the_receive_deadline(
 
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         send = ch.stream_unary(f"{SERVICE}/ReportAggregates")
-        t0 = time.monotonic()
         with pytest.raises(grpc.RpcError) as e:
             send(nothing(), metadata=agent_md(), timeout=60)
         never.set()
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # the server's deadline (1 s), not the client's (60 s): the details say which one fired
     assert "not received within 1 s" in e.value.details()
-    assert time.monotonic() - t0 < 60  # the server's deadline, not the client's
 
 
 def test_a_call_over_the_concurrency_limit_is_refused_at_once_and_may_retry(

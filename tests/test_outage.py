@@ -476,8 +476,13 @@ def test_postgres_stopped_for_30_s_under_load(own_postgres: OwnPostgres) -> None
         ]
         for a in agents:
             a.start()
-        time.sleep(OUTAGE_S * 0.75)  # past the follower's 10 s: not ready by now
-        live, ready = _status(http, "/livez"), _status(http, "/readyz")
+        # Readiness turns false once the follower has missed the database for 10 s: polled
+        # until it does, within the outage; liveness holds meanwhile.
+        ready = _status(http, "/readyz")
+        while ready == 200 and time.monotonic() < t0 + OUTAGE_S:
+            ready = _status(http, "/readyz")
+            time.sleep(0.2)  # a poll interval, not a wait for something to happen
+        live = _status(http, "/livez")
         for a in agents:
             a.join(OUTAGE_S + 30)
         logging.getLogger().removeHandler(handler)
@@ -492,9 +497,13 @@ def test_postgres_stopped_for_30_s_under_load(own_postgres: OwnPostgres) -> None
         print(summary)
         for r in during:
             print(f"  {r.levelname} {r.name}: {r.getMessage()[:160]}")
-        assert answered > 1000, summary
+        # GetParameters kept answering through the outage: many answers per host (a count with
+        # a wide margin on any machine: each host asks every 20 ms for 30 s)
+        assert answered >= 20 * HOSTS, summary
         assert tally.params_same >= 0.99 * answered, summary
-        assert set(tally.reports) == {"UNAVAILABLE"} and tally.reports["UNAVAILABLE"] > 50, summary
+        assert set(tally.reports) == {"UNAVAILABLE"} and tally.reports["UNAVAILABLE"] >= HOSTS, (
+            summary
+        )
         assert not tally.leaks, tally.leaks[:3]
         assert live == 200
         if ready != 404:  # readiness on REST is someone else's route; skip if absent

@@ -61,13 +61,13 @@ screenshots: $(STAMP)  ## re-record the dashboard screenshots in docs/dashboard/
 proto: $(STAMP)  ## regenerate protobuf/gRPC stubs after editing api/gemini_api/v1/*.proto
 	$(BIN)/python scripts/gen_proto.py
 
-kmod:  ## build fusion-kmod/tcp_fusion.ko against the newest Debian kernel in /boot (W=1)
+kmod:  ## build fusion-kmod/tcp_{fusion,gemini,dcvegas}.ko against the newest Debian kernel in /boot (W=1)
 	$(MAKE) -C fusion-kmod KVER=$$(ls /boot/vmlinuz-* | sort | tail -1 | sed 's|/boot/vmlinuz-||') W=1
 
 uml:  ## the User-Mode Linux lab kernel (time travel) under var/uml, rebuilt only when its inputs change
 	lab/uml/build-kernel.sh
 
-kmod-theta: $(STAMP)  ## regenerate fusion-kmod/fusion_theta.h after editing the θ spec
+kmod-theta: $(STAMP)  ## regenerate fusion-kmod/<datapath>_theta.h after editing a module datapath's θ spec
 	$(BIN)/python scripts/gen_kmod_theta.py
 
 lab-check: $(STAMP)  ## the acceptance plans: outcomes in UML, the module in qemu; exit 1 on any failure

@@ -24,6 +24,7 @@ from gemini_booster.service.refit import RefitElsewhere
 from gemini_booster.storage import repository as repo
 
 from .conftest import AGENT, OPERATOR, Running, agent_md, auth, serve
+from .test_dashboard import Page, base_url, browser  # noqa: F401 (a fixture)
 
 POLICY = "cdn"
 DEADLINE_S = 60.0  # a bound on propagation that takes milliseconds: never a timing assertion
@@ -328,3 +329,44 @@ def test_cli_pins_kills_and_unpins_what_the_replica_serves(
     ]
     ctx = booster("override", "freeze", POLICY, "--context", "x/y->z/w@1", db=db_url, tmp=tmp_path)
     assert "no context" in one_line_error(ctx)
+
+
+def test_dashboard_pins_kills_and_unpins_seen_by_the_other_replica(db_url: str, browser) -> None:  # noqa: F811
+    """In headless Chromium: the operator pins θ for a context, switches the kill switch on
+    and off and unpins, from the dashboard of replica a; replica b answers each at the next
+    GetParameters, and the audit log has the old and new θ."""
+    from selenium.webdriver.support.ui import Select
+
+    with (
+        serve(db_url, replica_name="replica-a") as a,
+        serve(db_url, replica_name="replica-b") as b,
+    ):
+        planned(a, b)
+        page = Page(browser, base_url(a))
+        page.sign_in(OPERATOR)
+        page.status_contains("Signed in.")
+        page.wait.until(lambda _: len(page.rows("plans")) == 2)
+        Select(page.el("override-scope")).select_by_value(SAT)
+        theta = a_theta()
+        page.set_field("pin-theta", json.dumps(theta))
+        page.el("pin").click()
+        page.status_contains("Pinned")
+        until(lambda: everywhere(b, SAT, theta), "pinned θ on replica b")
+        page.wait.until(lambda _: [r[0] for r in page.rows("overrides")] == [SAT])
+
+        Select(page.el("override-scope")).select_by_value("")
+        page.el("kill").click()
+        page.status_contains("Kill switch on")
+        safe = SPEC.default()
+        until(lambda: everywhere(b, SAT, safe) and everywhere(b, ETH, safe), "safe on replica b")
+        assert "KILL SWITCH ON" in page.el("kill-state").text
+        page.el("release").click()
+        page.status_contains("Kill switch released")
+        until(lambda: everywhere(b, SAT, theta), "the pin again on replica b")
+
+        Select(page.el("override-scope")).select_by_value(SAT)
+        page.el("unpin").click()
+        page.status_contains("Unpinned")
+        until(lambda: not everywhere(b, SAT, theta), "normal planning on replica b")
+        change = audit(a, "override.pin")[0]["detail"]["changes"][0]
+        assert change["new"] == theta and change["old"] is not None

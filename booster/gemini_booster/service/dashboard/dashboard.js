@@ -435,7 +435,68 @@ function showPlans(plans) {
   const chosen = $("context").value;
   $("context").replaceChildren(...plans.map((p) => new Option(p.label, p.label)));
   if (plans.some((p) => p.label === chosen)) $("context").value = chosen;
+  const scope = $("override-scope").value;
+  $("override-scope").replaceChildren(
+    new Option("whole policy", ""), ...plans.map((p) => new Option(p.label, p.label)));
+  if (plans.some((p) => p.label === scope)) $("override-scope").value = scope;
 }
+
+// --- overrides: pin, freeze, roll back, kill switch -----------------------------------------
+
+const thetaKeys = (theta) => (theta === null ? "safe default"
+  : Object.entries(theta).map(([k, v]) => `${k}=${v}`).join(", "));
+
+function showOverrides(o) {
+  $("kill-state").textContent = o.kill_switch ? "(KILL SWITCH ON: every host at the safe default)" : "";
+  document.body.dataset.killSwitch = o.kill_switch ? "on" : "off";
+  fill("overrides", o.overrides, (row, r) => {
+    cell(row, r.context === null ? "whole policy" : r.context);
+    cell(row, r.kind === "kill" ? "kill switch" : r.origin);
+    cell(row, thetaKeys(r.theta));
+    cell(row, r.set_by);
+    cell(row, utcText(r.set_at));
+  });
+}
+
+function overrideAction(path, method, body, done) {
+  guarded(async () => {
+    const scope = $("override-scope").value;
+    let url = `${policyPath()}/${path}`;
+    const options = { method };
+    if (body === null) {
+      if (scope) url += `?context=${encodeURIComponent(scope)}`;
+    } else {
+      options.body = JSON.stringify(scope ? { ...body, context: scope } : body);
+    }
+    const r = await api(url, options);
+    await loadPolicy(false);
+    say(`${done} (${r.changed} changed, ${scope || "whole policy"}).`, "ok");
+  });
+}
+
+$("freeze").addEventListener("click", () => overrideAction("freeze", "POST", {}, "Frozen"));
+$("pin").addEventListener("click", () => {
+  let theta;
+  try {
+    theta = JSON.parse($("pin-theta").value);
+  } catch (e) {
+    say(`θ: not JSON (${e.message})`, "error");
+    return;
+  }
+  overrideAction("pin", "POST", { theta }, "Pinned");
+});
+$("rollback").addEventListener("click", () => {
+  const at = $("rollback-at").value;
+  if (!at) {
+    say("Roll back: choose the time to go back to.", "error");
+    return;
+  }
+  overrideAction("rollback", "POST", { at: `${at.length === 16 ? `${at}:00` : at}Z` }, "Rolled back");
+});
+$("unpin").addEventListener("click", () => overrideAction("pin", "DELETE", null, "Unpinned"));
+$("kill").addEventListener("click", () => overrideAction("kill-switch", "PUT", {}, "Kill switch on"));
+$("release").addEventListener("click",
+  () => overrideAction("kill-switch", "DELETE", null, "Kill switch released"));
 
 function showComparison(contexts, sigma, preview) {
   $("comparison-sigma").textContent = preview ? `(at σ = ${sigma}, not saved)` : `(at σ = ${sigma})`;
@@ -480,15 +541,16 @@ async function loadContextCharts() {
 async function loadPolicy(refill = true) {
   if (!$("policy").value) return;
   const base = policyPath();
-  const [policy, plans, comparison, theta] = await Promise.all([
+  const [policy, plans, comparison, theta, overrides] = await Promise.all([
     api(base), api(`${base}/parameters`), api(`${base}/comparison?${sigmaQuery()}`),
-    api(`${base}/charts/theta`),
+    api(`${base}/charts/theta`), api(`${base}/overrides`),
   ]);
   spec = Object.fromEntries(theta.params.map((p) => [p.name, p]));  // the policy's datapath's
   showPolicy(policy, refill);
   showPlans(plans);
   showComparison(comparison, previewSigma === null ? policy.sigma : previewSigma, previewSigma !== null);
   showTheta(theta);
+  showOverrides(overrides);
   await loadContextCharts();
 }
 

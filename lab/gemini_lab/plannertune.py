@@ -297,6 +297,23 @@ def _theta_text(theta: dict[str, int], spec: ThetaSpec | None = None) -> str:
     return ", ".join(f"{spec.param(n).symbol} {theta[n]}" for n in spec.names)
 
 
+def _searched(cfg: TuneConfig) -> str:
+    """What the policy searched, in words."""
+    if not cfg.tuned:
+        return (
+            f"all seven parameters in {cfg.region_symbol}. θ in spec units (α, λ in %, l in "
+            "tenths of a percent, δ in % of T^min, n in quarter round trips)."
+        )
+    spec, bounds = cfg.spec(), cfg.search_bounds() or {}
+    tuned = ", ".join(f"{spec.param(n).symbol} ∈ {list(bounds[n])}" for n in cfg.tuned)
+    extra = f"; module parameters {dict(cfg.module_extra)}" if cfg.module_extra else ""
+    return (
+        f"datapath {cfg.datapath}: {tuned} (spec units), the other parameters pinned at the "
+        f"spec's defaults{extra}. The planner starts from the spec's default clamped into the "
+        "bounds."
+    )
+
+
 def render(history: dict[str, list[dict]], cfg: TuneConfig, command: str) -> str:
     parts = [
         f"# Booster's planner tunes {cfg.datapath} for long flows (UML lab)",
@@ -306,8 +323,7 @@ def render(history: dict[str, list[dict]], cfg: TuneConfig, command: str) -> str
         "`lab/gemini_lab/plannertune.py`.",
         "",
         f"σ = {cfg.sigma:g}, {cfg.rounds} rounds, {cfg.hosts} lab hosts per context of which "
-        f"{cfg.explorers} explore, all seven parameters in {cfg.region_symbol}. θ in spec "
-        "units (α, λ in %, l in tenths of a percent, δ in % of T^min, n in quarter round trips).",
+        f"{cfg.explorers} explore, {_searched(cfg)}",
     ]
     for name, rows in history.items():
         parts += [

@@ -192,7 +192,8 @@ def guest_plan(cfg: CubicConfig, toml: str, booster_port: int) -> dict:
     }
     return {
         "paths": [cfg.path.scenario.to_dict()],
-        "experiments": [load] + (check if cfg.check_flows else []) + [fleet],
+        # the check first: `gemini-lab cubic --check-only` runs the plan's first experiment
+        "experiments": (check if cfg.check_flows else []) + [load, fleet],
     }
 
 

@@ -8,19 +8,28 @@ agent's own Aggregator."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import random
 from collections.abc import Callable
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
 from benchmarks import report_size as mix
+from gemini_agent.config import AgentSettings
 from gemini_agent.context import ContextResolver
+from gemini_agent.metrics import AgentMetrics
+from gemini_agent.reporter import Reporter
+from gemini_agent.spool import Spool
 from gemini_api import sketch as sketches
 from gemini_api.aggregate import AggregateBuilder, FlowStats
+from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
+from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 
 QUANTILES = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 BOUND = sketches.COMPACT_READ_ERROR * (1 + 1e-9)  # and the rounding of a bucket's value
@@ -230,3 +239,61 @@ def test_zero_flows_only_is_a_compact_sketch_without_bins() -> None:
     assert msg.key_stride == 5 and msg.zero_count == 7 and not msg.bin_counts
     assert sketches.sketch_errors(msg, 7) == []
     assert sketches.from_proto(msg).get_quantile_value(0.5) == 0
+
+
+# -- an agent upgraded before Booster -------------------------------------------------------------
+
+
+class OldBooster(pb_grpc.BoosterServicer):
+    """Answers as a Booster before the compact sketch: its fields are unknown there (the
+    message its validation gives), dense sketches are stored."""
+
+    def __init__(self) -> None:
+        self.stored: list[pb.ReportRequest] = []
+
+    def ReportAggregates(self, request, context):
+        for i, a in enumerate(request.aggregates):
+            if a.throughput_sketch.key_stride:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"aggregates[{i}].throughput_sketch: unknown field number 5; "
+                    f"aggregates[{i}].throughput_sketch: relative_accuracy 0.0 != 0.01",
+                )
+        self.stored.append(request)
+        return pb.ReportResponse(aggregates_stored=len(request.aggregates))
+
+
+def test_an_older_booster_gets_the_report_with_dense_sketches(resolver, tmp_path: Path) -> None:
+    old = OldBooster()
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    pb_grpc.add_BoosterServicer_to_server(old, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        ended = dt.datetime.now(dt.UTC)
+        minute = mix.host_minute(np.random.default_rng(3), "host-a", load_spec().default(), ended)
+        report = minute.report(resolver)
+        settings = AgentSettings(
+            host_id="host-a",
+            policy=mix.POLICY,
+            booster_address=f"127.0.0.1:{port}",
+            token="t",
+            spool_dir=tmp_path / "spool",
+        )
+        reporter = Reporter(settings, Spool(settings.spool_dir, 1 << 20), AgentMetrics())
+        reporter.submit(report)
+        assert reporter.drain() == 1 and len(reporter.spool) == 0
+    finally:
+        server.stop(0)
+    [got] = old.stored
+    assert got.report_id == report.report_id and len(got.aggregates) == len(report.aggregates)
+    for a, sent in zip(got.aggregates, report.aggregates, strict=True):
+        for msg, compact in (
+            (a.throughput_sketch, sent.throughput_sketch),
+            (a.queue_delay_sketch, sent.queue_delay_sketch),
+        ):
+            assert not msg.key_stride and msg.relative_accuracy == sketches.RELATIVE_ACCURACY
+            assert sketches.sketch_errors(msg, a.flow_count) == []
+            dense, back = sketches.from_proto(msg), sketches.from_proto(compact)
+            for q in QUANTILES:
+                assert dense.get_quantile_value(q) == back.get_quantile_value(q)

@@ -3,7 +3,10 @@ agent token, and exponential backoff with full jitter while Booster is away.
 
 A report is set aside (never sent again) only when Booster judged the report itself and no
 retry can change the answer: INVALID_ARGUMENT, ALREADY_EXISTS (its id was used for other
-content), and RESOURCE_EXHAUSTED marked as a quota rejection. Everything else may pass: Booster
+content), and RESOURCE_EXHAUSTED marked as a quota rejection. One INVALID_ARGUMENT is answered
+instead: a Booster older than the compact sketch refuses its fields as unknown, and the report
+goes again at once with the same flows in dense sketches (``dense_sketches``), so an agent
+upgraded before Booster loses nothing. Everything else may pass: Booster
 or its database away, a policy not created yet (NOT_FOUND), a token being rotated, a message
 limit or overload (plain RESOURCE_EXHAUSTED); the report stays spooled and is retried with
 backoff, since dropping it would lose flows for good.
@@ -24,6 +27,7 @@ from gemini_agent.config import AgentSettings
 from gemini_agent.credentials import AgentToken, FileIdentity, file_identity
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.spool import Spool
+from gemini_api import sketch as sketches
 from gemini_api.service_config import channel_options
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
@@ -34,6 +38,25 @@ PERMANENT = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS}
 # Trailing metadata that marks a RESOURCE_EXHAUSTED as a refused quota (not overload).
 REJECTION_KEY = "gemini-rejection"
 QUOTA = "quota"
+
+
+# What a Booster before the compact sketch says of its fields (validation.unknown_field_paths).
+OLD_BOOSTER = "_sketch: unknown field number"
+
+
+def dense_sketches(report: pb.ReportRequest) -> pb.ReportRequest | None:
+    """``report`` with its compact sketches written dense, as agents before them sent them
+    (the same flows; each bin's weight on the middle key of its stride); None when it has no
+    compact sketch."""
+    out = pb.ReportRequest()
+    out.CopyFrom(report)
+    changed = False
+    for a in out.aggregates:
+        for msg in (a.throughput_sketch, a.queue_delay_sketch):
+            if msg.key_stride:
+                msg.CopyFrom(sketches.to_proto(sketches.from_proto(msg)))
+                changed = True
+    return out if changed else None
 
 
 def _is_quota(metadata: Iterable[tuple[str, str | bytes]] | None) -> bool:
@@ -171,6 +194,24 @@ class Reporter:
         self.next_attempt = 0.0
         return self.drain()
 
+    def _send(self, report: pb.ReportRequest) -> None:
+        try:
+            self.booster.current().ReportAggregates(
+                report, metadata=self.token.metadata(), timeout=self.settings.rpc_deadline_s
+            )
+        except grpc.RpcError as err:
+            dense = None
+            if err.code() == grpc.StatusCode.INVALID_ARGUMENT and OLD_BOOSTER in (
+                err.details() or ""
+            ):
+                dense = dense_sketches(report)
+            if dense is None:
+                raise
+            log.warning("Booster predates compact sketches: report sent with dense ones")
+            self.booster.current().ReportAggregates(
+                dense, metadata=self.token.metadata(), timeout=self.settings.rpc_deadline_s
+            )
+
     def drain(self) -> int:
         """Send what the spool holds, oldest first; stop at the first transient failure."""
         if time.monotonic() < self.next_attempt:
@@ -178,11 +219,7 @@ class Reporter:
         sent = 0
         for path, payload in self.spool.pending():
             try:
-                self.booster.current().ReportAggregates(
-                    pb.ReportRequest.FromString(payload),
-                    metadata=self.token.metadata(),
-                    timeout=self.settings.rpc_deadline_s,
-                )
+                self._send(pb.ReportRequest.FromString(payload))
             except grpc.RpcError as err:
                 code = err.code()
                 reason = set_aside_reason(err)

@@ -367,10 +367,11 @@ def aggregate_row(
     ctx = context_key(a.context, f"{path}.context", problems)
     buckets = _counts(a, path, problems)
     _moments(a, path, problems)
-    for name in SKETCH_FIELDS:
-        problems += [
-            f"{path}.{name}: {e}" for e in sketches.sketch_errors(getattr(a, name), a.flow_count)
-        ]
+    n, tpt, delay = a.flow_count, a.throughput_sketch, a.queue_delay_sketch
+    for name, msg in zip(SKETCH_FIELDS, (tpt, delay), strict=True):
+        found = sketches.sketch_errors(msg, n)
+        if found:
+            problems += [f"{path}.{name}: {e}" for e in found]
     if len(problems) > start or theta_key is None:
         return None
     return AggregateRow(
@@ -381,8 +382,8 @@ def aggregate_row(
         sums=FlowSums.of_message(a),
         slow_flows=a.slow_flow_count,
         size_buckets=buckets or (0,) * SIZE_BUCKETS,
-        sketch=a.throughput_sketch.SerializeToString(deterministic=True),
-        delay_sketch=a.queue_delay_sketch.SerializeToString(deterministic=True),
+        sketch=tpt.SerializeToString(deterministic=True),
+        delay_sketch=delay.SerializeToString(deterministic=True),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from urllib.parse import quote, unquote
 
 import grpc
 import pytest
@@ -370,3 +371,25 @@ def test_dashboard_pins_kills_and_unpins_seen_by_the_other_replica(db_url: str, 
         until(lambda: not everywhere(b, SAT, theta), "normal planning on replica b")
         change = audit(a, "override.pin")[0]["detail"]["changes"][0]
         assert change["new"] == theta and change["old"] is not None
+
+        # The audit view shows old and new θ; a deep link reopens the same policy and context.
+        page.el("refresh").click()
+
+        def shown(text: str) -> object:
+            """A scope's θ as the audit view shows it: '<context>: <JSON>'."""
+            scope, _, value = text.partition(": ")
+            return json.loads(value) if scope == SAT else None
+
+        page.wait.until(
+            lambda _: any(
+                r[2] == "override.pin" and shown(r[5]) == theta for r in page.rows("audit")
+            )
+        )
+        row = next(r for r in page.rows("audit") if r[2] == "override.pin")
+        assert shown(row[4]) == change["old"]
+        link = f"?policy={POLICY}&context={quote(ETH)}"
+        page = Page(browser, base_url(b), link)  # another replica: sign in there
+        page.sign_in(OPERATOR)
+        page.wait.until(lambda _: page.el("context").get_attribute("value") == ETH)
+        assert page.el("policy").get_attribute("value") == POLICY
+        assert ETH in unquote(browser.current_url)

@@ -102,9 +102,10 @@ def update_policy(engine: Engine, name: str, change: PolicyUpdate, actor: str) -
             .where(PolicyRow.id == row["id"])
             .values(**values, revision=row["revision"] + 1, updated_at=func.now())
         )
-        audit(
-            conn, actor, "policy.update", name, change.model_dump(mode="json", exclude_unset=True)
-        )
+        new = change.model_dump(mode="json", exclude_unset=True)
+        before = _policy(row).model_dump(mode="json")
+        # The new values as before, and what they replaced (``old``), for the audit view.
+        audit(conn, actor, "policy.update", name, new | {"old": {k: before.get(k) for k in new}})
         changes.notify(conn, "policy", [row["id"]])
         return _policy(_select_policy(conn, PolicyRow.id == row["id"]))
 

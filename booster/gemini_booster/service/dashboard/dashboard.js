@@ -432,13 +432,45 @@ function showPlans(plans) {
     cell(row, `v${p.plan_version}`, true);
     cell(row, String(p.exploration_candidates), true);
   });
-  const chosen = $("context").value;
+  const chosen = $("context").value || linked.get("context");
   $("context").replaceChildren(...plans.map((p) => new Option(p.label, p.label)));
   if (plans.some((p) => p.label === chosen)) $("context").value = chosen;
   const scope = $("override-scope").value;
   $("override-scope").replaceChildren(
     new Option("whole policy", ""), ...plans.map((p) => new Option(p.label, p.label)));
   if (plans.some((p) => p.label === scope)) $("override-scope").value = scope;
+}
+
+// --- audit log: old and new values --------------------------------------------------------------
+
+const AUDIT_ROWS = 50;
+const compact = (v) => (v === null || v === undefined ? "–"
+  : typeof v === "object" ? JSON.stringify(v) : String(v));
+
+function auditValues(e) {
+  const d = e.detail || {};
+  if (Array.isArray(d.changes)) {  // overrides: per scope, old and new θ
+    const scope = (c) => (c.context === null ? "" : `${c.context}: `);
+    return [d.changes.map((c) => scope(c) + compact(c.old)).join("; "),
+            d.changes.map((c) => scope(c) + compact(c.new)).join("; ")];
+  }
+  if (d.old && typeof d.old === "object") {  // policy.update: the new fields and what they replaced
+    const { old, ...fresh } = d;
+    return [compact(old), compact(fresh)];
+  }
+  return ["–", compact(d)];
+}
+
+function showAudit(entries) {
+  fill("audit", entries.slice(0, AUDIT_ROWS), (row, e) => {
+    cell(row, utcText(e.at));
+    cell(row, e.actor);
+    cell(row, e.action);
+    cell(row, e.target);
+    const [old, fresh] = auditValues(e);
+    cell(row, old);
+    cell(row, fresh);
+  });
 }
 
 // --- overrides: pin, freeze, roll back, kill switch -----------------------------------------
@@ -551,18 +583,32 @@ async function loadPolicy(refill = true) {
   showComparison(comparison, previewSigma === null ? policy.sigma : previewSigma, previewSigma !== null);
   showTheta(theta);
   showOverrides(overrides);
+  rememberView();
   await loadContextCharts();
+}
+
+// --- deep links: the policy and context shown are in the URL (?policy=…&context=…) ----------
+
+const linked = new URLSearchParams(location.search);
+
+function rememberView() {
+  const q = new URLSearchParams(location.search);
+  for (const [key, id] of [["policy", "policy"], ["context", "context"]]) {
+    if ($(id).value) q.set(key, $(id).value); else q.delete(key);
+  }
+  history.replaceState(null, "", `${location.pathname}?${q}`);
 }
 
 async function loadPolicies(refill = true) {
   const policies = await api("/v1/policies");
-  const chosen = $("policy").value;
+  const chosen = $("policy").value || linked.get("policy");
   $("policy").replaceChildren(...policies.map((p) => new Option(p.name, p.name)));
   if (policies.some((p) => p.name === chosen)) $("policy").value = chosen;
   $("main").hidden = false;
   $("token-help").hidden = true;
   $("sign-out").hidden = false;
-  await Promise.all([loadPolicy(refill), loadExperiments()]);
+  await Promise.all([loadPolicy(refill), loadExperiments(),
+                     api(`/v1/audit?limit=${AUDIT_ROWS}`).then(showAudit)]);
   $("updated").dateTime = new Date().toISOString();
   $("updated").textContent = new Date().toISOString().slice(11, 19) + " UTC";
   if (!policies.length) say("No policies yet: create one through POST /v1/policies.", "");
@@ -631,7 +677,10 @@ $("policy").addEventListener("change", () => {
   previewSigma = null;
   guarded(loadPolicy);
 });
-$("context").addEventListener("change", () => guarded(loadContextCharts));
+$("context").addEventListener("change", () => {
+  rememberView();
+  guarded(loadContextCharts);
+});
 $("experiment").addEventListener("change", () => guarded(loadExperiments));
 $("metric").addEventListener("change", showExperimentMetric);
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -12,6 +14,9 @@ import psycopg
 import pytest
 from sqlalchemy import make_url, text
 
+from benchmarks import report_size as mix
+from gemini_agent.context import ContextResolver
+from gemini_api import sketch as sketches
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
@@ -327,3 +332,34 @@ def test_operator_token_may_not_report(svc: Running) -> None:
         svc.stub().ReportAggregates(report(), metadata=agent_md(OPERATOR))
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert counts(svc.engine)["reports"] == 0
+
+
+def test_old_agents_dense_sketches_are_stored_beside_compact_ones(svc, tmp_path: Path) -> None:
+    """A rollout: an agent before the compact sketch sends dense ones, an upgraded agent compact
+    ones (both from the agent's own builder, over realistic flows). Both reports are stored with
+    every flow, and every stored sketch reads back with one weight per flow."""
+    repo.create_policy(svc.engine, PolicyCreate(name=mix.POLICY), actor="test")
+    svc.booster.reload_policies()
+    resolver = ContextResolver(mix.SOURCE, mix.prefix_table(tmp_path))
+    ended = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
+    theta = load_spec().default()
+    minutes = [
+        mix.host_minute(np.random.default_rng(seed), host, theta, ended)
+        for seed, host in ((1, "host-old"), (2, "host-new"))
+    ]
+    old, new = minutes[0].report(resolver, dense=True), minutes[1].report(resolver)
+    assert all(a.throughput_sketch.counts for a in old.aggregates)
+    assert all(a.throughput_sketch.key_stride for a in new.aggregates)
+    for req in (old, new):
+        resp = svc.stub().ReportAggregates(req, metadata=agent_md())
+        assert not resp.duplicate and resp.aggregates_stored == len(req.aggregates)
+    flows = sum(a.flow_count for r in (old, new) for a in r.aggregates)
+    assert counts(svc.engine)["reports"] == 2 and flow_total(svc.engine) == flows
+    with svc.engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT flow_count, sketch, delay_sketch FROM report_aggregates")
+        ).all()
+    assert len(rows) == len(old.aggregates) + len(new.aggregates)
+    for n, *raw in rows:
+        for sketch in raw:
+            assert sketches.from_proto(pb.QuantileSketch.FromString(sketch)).count == n

@@ -393,3 +393,53 @@ def test_dashboard_pins_kills_and_unpins_seen_by_the_other_replica(db_url: str, 
         page.wait.until(lambda _: page.el("context").get_attribute("value") == ETH)
         assert page.el("policy").get_attribute("value") == POLICY
         assert ETH in unquote(browser.current_url)
+
+
+def test_policy_update_is_audited_with_old_and_new(one: Running) -> None:
+    r = one.http.patch(f"/v1/policies/{POLICY}", headers=auth(OPERATOR), json={"sigma": 3})
+    assert r.status_code == 200, r.text
+    entry = audit(one, "policy.update")[0]
+    assert entry["detail"]["sigma"] == 3 and entry["detail"]["old"] == {"sigma": 1.0}
+
+
+def test_csv_exports_parse_and_match_the_json(one: Running) -> None:
+    """Issue #35 item 3: trials and comparison as CSV, the same rows as the JSON answer."""
+    import csv
+    import io
+
+    from gemini_booster.service.rest.csvout import flatten
+
+    fleet = SyntheticFleet(one.grpc_target, AGENT, POLICY, hosts_per_context=2)
+    try:
+        fleet.run_round(0)
+    finally:
+        fleet.close()
+    for path in ("trials", "comparison"):
+        url = f"/v1/policies/{POLICY}/{path}"
+        as_json = one.http.get(url, headers=auth(OPERATOR)).json()
+        r = one.http.get(url, headers=auth(OPERATOR), params={"format": "csv"})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv"), r.text
+        rows = list(csv.DictReader(io.StringIO(r.text)))
+        if path == "trials":
+            assert rows and len(rows) == len(as_json)
+            expected = [flatten(t) for t in as_json]
+        else:
+            expected = [
+                flatten({"row": kind, "label": c["label"], **item})
+                for c in as_json
+                for kind in ("arm", "versus")
+                for item in c["arms" if kind == "arm" else "versus"]
+            ]
+        assert len(rows) == len(expected)
+        for got, want in zip(rows, expected, strict=True):
+            for k, v in want.items():
+                if isinstance(v, float):
+                    assert float(got[k]) == pytest.approx(v), k
+                elif v is None:
+                    assert got[k] == "", k
+                else:
+                    assert got[k] == str(v), k
+    r = one.http.get(
+        f"/v1/policies/{POLICY}/trials", headers=auth(OPERATOR), params={"format": "x"}
+    )
+    assert r.status_code == 422

@@ -19,12 +19,16 @@ from ...domain import ContextKey, merge_buckets
 from ...models import Sigma
 from ...storage import repository as repo
 from ..comparison import ContextComparison, compare
+from .csvout import CSV_MEDIA, Format, csv_response
 from .deps import BoosterDep, PolicyDep, Reader
 from .errors import AUTH_ERRORS, NOT_FOUND
 
 SigmaQuery = Annotated[Sigma | None, Query(description="recompute eq. 9 with this σ")]
 
 router = APIRouter(prefix="/v1", tags=["plans"], responses=AUTH_ERRORS)
+CSV: dict[int | str, dict[str, Any]] = {
+    200: {"content": {CSV_MEDIA: {}}, "description": "the rows as JSON, or CSV (format=csv)"}
+}
 
 
 class ContextPlanOut(BaseModel):
@@ -90,14 +94,16 @@ def parameters(policy: PolicyDep, booster: BoosterDep) -> list[ContextPlanOut]:
     return out
 
 
-@router.get("/policies/{name}/trials", responses=NOT_FOUND)
+@router.get("/policies/{name}/trials", responses=NOT_FOUND | CSV, response_model=list[TrialOut])
 def trials(
     policy: PolicyDep,
     booster: BoosterDep,
     sigma: SigmaQuery = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 500,
-) -> list[TrialOut]:
-    """Every Fusion trial of the policy, best first at ``sigma`` (the policy's by default)."""
+    format: Format = "json",
+) -> Any:
+    """Every Fusion trial of the policy, best first at ``sigma`` (the policy's by default);
+    ``format=csv``: the same rows as CSV."""
     s = policy.sigma if sigma is None else sigma
     found = merge_buckets(repo.load_trials(booster.engine, policy.id))
     contexts = repo.load_contexts(booster.engine, {t.context_id for t in found})
@@ -117,15 +123,23 @@ def trials(
                 slow_flow_share=t.slow_flow_share,
             )
         )
-    return sorted(rows, key=lambda r: -r.utility)[:limit]
+    best = sorted(rows, key=lambda r: -r.utility)[:limit]
+    if format == "csv":
+        return csv_response((r.model_dump() for r in best), f"{policy.name}-trials.csv")
+    return best
 
 
-@router.get("/policies/{name}/comparison", responses=NOT_FOUND)
+@router.get(
+    "/policies/{name}/comparison",
+    responses=NOT_FOUND | CSV,
+    response_model=list[ContextComparison],
+)
 def comparison(
-    policy: PolicyDep, booster: BoosterDep, sigma: SigmaQuery = None
-) -> list[ContextComparison]:
+    policy: PolicyDep, booster: BoosterDep, sigma: SigmaQuery = None, format: Format = "json"
+) -> Any:
     """Fusion against the other CCs the agents saw, per context with baseline flows, over the
-    policy's history window."""
+    policy's history window; ``format=csv``: one row per context and arm, then one per
+    context and pair (``row`` says which), with the same values."""
     history = timedelta(hours=policy.history_hours)
     fusion = repo.load_trials(booster.engine, policy.id, history)
     baselines = repo.load_baselines(booster.engine, policy.id, history)
@@ -138,9 +152,18 @@ def comparison(
         if c is not None:
             incumbents[c] = plan.incumbent_key
     table = compare(policy, fusion, baselines, incumbents, sigma)
-    return [
+    out = [
         ContextComparison(
             context=contexts[c].as_dict(), label=contexts[c].label, arms=arms, versus=pairs
         )
         for c, (arms, pairs) in table.items()
     ]
+    if format == "csv":
+        rows = [
+            {"row": kind, "label": c.label, **item.model_dump()}
+            for c in out
+            for kind, items in (("arm", c.arms), ("versus", c.versus))
+            for item in items
+        ]
+        return csv_response(rows, f"{policy.name}-comparison.csv")
+    return out

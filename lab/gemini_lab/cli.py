@@ -458,17 +458,24 @@ def cmd_datapath_tune(args: argparse.Namespace) -> None:
         module_extra=extra,
     )
     out = args.out / f"datapath-tune-{args.datapath}"
-    history = plannertune.tune(cfg, out)
-    text = plannertune.render(history, cfg, command)
-    tuned = plannertune.tuned_theta(history)
-    (out / "tuned.json").write_text(json.dumps(tuned, indent=1))
-    if args.heldout:
+    if args.heldout_only:  # a finished tuning's tuned.json: only the held-out boot
+        tuned = json.loads(args.heldout_only.read_text())
+        text = f"Command: `{command}`\n"
+    else:
+        history = plannertune.tune(cfg, out)
+        text = plannertune.render(history, cfg, command)
+        tuned = plannertune.tuned_theta(history)
+        (out / "tuned.json").write_text(json.dumps(tuned, indent=1))
+    if args.heldout or args.heldout_only:
         theta = tuned[cfg.scenarios[0]]
         held = run_plan(
-            datapath_eval.heldout_plan(theta), out / "heldout", backend="uml", progress=_progress
+            datapath_eval.heldout_plan(theta, name=args.datapath),
+            out / "heldout",
+            backend="uml",
+            progress=_progress,
         )
         (out / "heldout.json").write_text(json.dumps(held, indent=1))
-        text += "\n" + datapath_eval.heldout_table(held, theta)
+        text += "\n" + datapath_eval.heldout_table(held, theta, args.datapath)
     print(text)
     if args.record:
         args.record.write_text(text)
@@ -681,7 +688,8 @@ def main(argv: list[str] | None = None) -> None:
     dpt.add_argument("--hosts", type=int, default=4)
     dpt.add_argument("--explorers", type=int, default=3)
     dpt.add_argument("--seed", type=int, default=1)
-    dpt.add_argument("--heldout", action="store_true", help="GEMINI on the held-out path")
+    dpt.add_argument("--heldout", action="store_true", help="default vs tuned, held out")
+    dpt.add_argument("--heldout-only", type=Path, help="a tuned.json: only the held-out boot")
     dpt.add_argument("--record", type=Path, help="write the summary here (markdown)")
     dpt.add_argument("--out", type=Path, default=DEFAULT_OUT)
     dpe = sub.add_parser("datapath-eval", help="GEMINI and DC-Vegas beside the baselines (UML)")

@@ -166,25 +166,51 @@ def eval_plan(
     }
 
 
-def heldout_plan(tuned: dict[str, int], wan_s: float = 30) -> dict:
-    """GEMINI at the scaled defaults and tuned, and the baselines, on the held-out path."""
-    arms = {"gemini": _arm(GEMINI), "gemini-tuned": {**_arm(GEMINI), "theta": tuned}}
-    arms.update({b: _arm(b) for b in ("dctcp", "cubic")})
-    ex = [
-        {
-            "label": f"heldout/{k}",
-            "kind": "datapath_flow",
-            "path": 0,
-            "duration_s": wan_s,
-            "omit_s": 5,
-            "sample_s": 0.2,
-            "hops": [0, 1],
-            "port_offset": 200 + i,
-            **a,
-        }
-        for i, (k, a) in enumerate(arms.items())
+DC_HELDOUT = Scenario(
+    name="datacenter-heldout",
+    description="held out: 100 Mbit/s, 5 ms, 200 packets of buffer, RED marking at 40 packets",
+    rtt_ms=5,
+    rate_mbit=100,
+    queue_packets=200,
+    ecn_threshold_packets=40,
+    burst_packets=2,
+    receiver_cc="dctcp",
+)
+
+
+def heldout_plan(tuned: dict[str, int], wan_s: float = 30, name: str = GEMINI) -> dict:
+    """The datapath at its (scaled) defaults and tuned, beside baselines, where no setting was
+    chosen: GEMINI on a second cross-datacenter path (HELDOUT), DC-Vegas on a second
+    datacenter path (DC_HELDOUT) and in the 40 × 4 MB incast."""
+    arms = {name: _arm(name), f"{name}-tuned": {**_arm(name), "theta": tuned}}
+    baselines = ("dctcp", "cubic") if name == GEMINI else ("dctcp", "reno", "vegas")
+    arms.update({b: _arm(b) for b in baselines})
+    path = HELDOUT if name == GEMINI else DC_HELDOUT
+    hops = [0, 1] if path.hops else [0]
+    ex: list[dict] = [
+        {"label": f"load/{name}", "kind": "datapath_load", "datapath": name},
+        *(
+            {
+                "label": f"heldout/{k}",
+                "kind": "datapath_flow",
+                "path": 0,
+                "duration_s": wan_s,
+                "omit_s": 5,
+                "sample_s": 0.2,
+                "hops": hops,
+                "port_offset": 200 + i,
+                **a,
+            }
+            for i, (k, a) in enumerate(arms.items())
+        ),
     ]
-    return {"paths": [HELDOUT.to_dict()], "experiments": ex}
+    paths = [path.to_dict()]
+    if name != GEMINI:  # DC-Vegas: the incast too, its θ written host-wide for it
+        paths.append(scenario.load("dc-incast").to_dict())
+        for k, a in arms.items():
+            ex.append({"label": f"heldout-incast/{k}", "kind": "datapath_incast", "path": 1,
+                       "flows": 40, "total_bytes": 4_000_000, **a})  # fmt: skip
+    return {"paths": paths, "experiments": ex}
 
 
 # --- figures ----------------------------------------------------------------------------------
@@ -323,19 +349,42 @@ def render(results: dict, command: str, heldout: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def heldout_table(heldout: dict, theta: dict[str, int]) -> str:
-    """GEMINI at the defaults and tuned (``theta``), dctcp and cubic on the held-out path."""
+def heldout_table(heldout: dict, theta: dict[str, int], name: str = GEMINI) -> str:
+    """The held-out boot's figures (heldout_plan)."""
     h = heldout["experiments"]
+    path = HELDOUT if name == GEMINI else DC_HELDOUT
+    hops = ("0", "1") if path.hops else ("0",)
+    cap = min(x.rate_mbit for x in path.hops) if path.hops else path.rate_mbit or 0
+    queues = " | ".join(f"hop {x} queue" for x in hops)
     lines = [
-        "## Held out: a cross-datacenter path no setting was chosen on (DC hop 100 Mbit/s "
-        "marking at 50 packets; WAN 60 Mbit/s, 5000 packets; 60 ms)",
+        f"## Held out: {path.description}",
         "",
-        "| arm | goodput Mbit/s | of WAN capacity | queueing ms | DC hop queue | "
-        "WAN hop queue | retransmits | utility |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| arm | goodput Mbit/s | of capacity | queueing ms | {queues} | retransmits | utility |",
+        "|---|---:|---:|---:|" + "---:|" * len(hops) + "---:|---:|",
     ]
-    lines += [_row(k[8:], {**v, "_cap": 60 * GOODPUT}, ("0", "1")) for k, v in h.items()]
-    changed = {k: v for k, v in theta.items() if scaled_theta(GEMINI).get(k) != v}
+    lines += [
+        _row(k[8:], {**v, "_cap": cap * GOODPUT}, hops)
+        for k, v in h.items()
+        if k.startswith("heldout/")
+    ]
+    inc = {k: v for k, v in h.items() if k.startswith("heldout-incast/")}
+    if inc:
+        lines += [
+            "",
+            "Incast, 40 × 4 MB on dc-incast, the same θ:",
+            "",
+            "| arm | completed | timeouts | retransmits | FCT mean ms | FCT max ms |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for k, r in inc.items():
+            if "error" in r:
+                lines.append(f"| {k[15:]} | error |")
+                continue
+            lines.append(
+                f"| {k[15:]} | {r['completed']}/{r['flows']} | {r['timeouts']} | "
+                f"{r['retransmits']} | {r['fct_ms_mean']:.0f} | {r['fct_ms_max']:.0f} |"
+            )
+    changed = {k: v for k, v in theta.items() if scaled_theta(name).get(k) != v}
     lines += ["", f"Tuned θ (spec units; off the scaled defaults): {changed or 'none'}."]
     return "\n".join(lines) + "\n"
 

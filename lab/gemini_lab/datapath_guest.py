@@ -313,3 +313,24 @@ def qdisc_of(ns: str, dev: str) -> dict:
         if q.get("handle") == "10:":
             return dict(q)
     return {}
+
+
+def exp_datapath_incast(e: dict, out: Path) -> dict:
+    """gemini_lab.ecn's incast with the datapath's θ written first (put back after), or a
+    kernel CC's."""
+    from gemini_lab.ecn import exp_incast
+
+    name = e.get("datapath")
+    if name is None:
+        return exp_incast(e, out)
+    loaded = load_module(name)
+    if loaded["rc"] != 0:
+        return {"insmod": loaded}
+    extra = e.get("module_extra", {})
+    before = read_params(name, tuple(extra))
+    try:
+        write_params(name, {**e.get("theta", {}), **extra})
+        ran = read_params(name, tuple(extra))
+        return {**exp_incast({**e, "cc": datapath(name).cc}, out), "params_ran": ran}
+    finally:
+        write_params(name, before)

@@ -24,7 +24,12 @@ from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
 from gemini_api.theta import load_spec
 from gemini_lab import fleet
 from gemini_lab.cubic_guest import exp_cubic_check
-from gemini_lab.datapath_guest import exp_datapath_flow, exp_datapath_load, exp_datapath_pair
+from gemini_lab.datapath_guest import (
+    exp_datapath_flow,
+    exp_datapath_incast,
+    exp_datapath_load,
+    exp_datapath_pair,
+)
 from gemini_lab.ecn import exp_ecn, exp_incast
 from gemini_lab.experiment import (
     BASE_PORT,
@@ -594,6 +599,7 @@ EXPERIMENTS = {
     "datapath_flow": exp_datapath_flow,
     "datapath_load": exp_datapath_load,
     "datapath_pair": exp_datapath_pair,
+    "datapath_incast": exp_datapath_incast,
     "shortflows": lambda e, out: exp_shortflows(e, out, SCHEDULES),
 }
 

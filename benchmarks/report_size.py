@@ -19,12 +19,13 @@ The fleet (seeded; each seed is ``--hosts`` hosts, one report per host-minute):
 
 Seeds 0–4 are the ones the compact encoding's stride, layout and span were chosen on; seeds
 1000–1004 were printed beside them while choosing (so not held out from the choice); seeds
-2000–2004 were first run for the record, after it. Each set is printed separately. For each report the sizes are:
-old (dense v1 sketches, what agents sent before), new (compact v2, what they send now), and
-for comparison the same bins in DDSketch's own protobuf (``ddsketch.pb``: a sparse ``binCounts``
-map, and its contiguous store, whichever is smaller per sketch). The worst relative error of
-p10/p50/p90/p99 of throughput and queueing delay read back from the compact sketches, against
-the exact per-aggregate quantiles, is printed with the bound it must stay within.
+2000–2004 were first run for the record, after it. Each set is printed separately. For each
+report the sizes are: old (dense v1 sketches, what agents sent before), new (compact v2, what
+they send now), and for comparison the same bins in DDSketch's own protobuf (``ddsketch.pb``: a
+sparse ``binCounts`` map, and its contiguous store, whichever is smaller per sketch). The
+worst relative error of p10/p50/p90/p99 of throughput and queueing delay read back from the
+compact sketches, against the exact per-aggregate quantiles, is printed with the bound it must
+stay within.
 
     python -m benchmarks.report_size [--hosts 400] [--write]
 """

@@ -443,3 +443,38 @@ def test_csv_exports_parse_and_match_the_json(one: Running) -> None:
         f"/v1/policies/{POLICY}/trials", headers=auth(OPERATOR), params={"format": "x"}
     )
     assert r.status_code == 422
+
+
+def test_dashboard_creates_and_stops_an_experiment_with_its_verdict(one: Running, browser) -> None:  # noqa: F811
+    """Issue #35 item 2 (part): declared from the dashboard by pasting the JSON definition,
+    its overall verdict on the page, stopped from the dashboard, both audited."""
+    from datetime import UTC, datetime, timedelta
+
+    from .test_dashboard import Page, base_url
+
+    hosts = {"eu": [f"eu-{i:02d}" for i in range(10)]}
+    definition = {
+        "name": "fusion-vs-cubic",
+        "arms": [
+            {"name": "control", "cc": "cubic"},
+            {"name": "fusion", "cc": "fusion", "params": "fixed", "theta": SPEC.default()},
+        ],
+        "population": {"regions": hosts},
+        "start": (datetime.now(UTC) - timedelta(days=1)).isoformat(),
+        "end": (datetime.now(UTC) + timedelta(days=3)).isoformat(),
+        "sigma": 1.0,
+    }
+    page = Page(browser, base_url(one))
+    page.sign_in(OPERATOR)
+    page.status_contains("Signed in.")
+    page.el("experiment-create-box").click()
+    page.el("experiment-json").send_keys(json.dumps(definition))
+    page.el("experiment-create").click()
+    assert "fusion-vs-cubic (running, 10 hosts)" in page.status_contains("Created experiment")
+    page.wait.until(lambda _: page.el("experiment-verdict").text.startswith("Overall:"))
+    page.el("experiment-stop").click()
+    page.status_contains("Stopped experiment")
+    e = one.http.get("/v1/experiments/fusion-vs-cubic", headers=auth(OPERATOR)).json()
+    assert e["status"] == "stopped", e
+    actions = [a["action"] for a in one.http.get("/v1/audit", headers=auth(OPERATOR)).json()]
+    assert actions[:2] == ["experiment.stop", "experiment.create"]

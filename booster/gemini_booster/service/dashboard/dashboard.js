@@ -402,6 +402,32 @@ async function loadExperiments() {
     `; ${e.hosts} hosts, σ = ${results.sigma}` +
     (e.crossover_day ? `, crossover on ${e.crossover_day}` : "") + `; ${e.status}.`;
   showExperimentMetric();
+  showVerdict();
+}
+
+// The overall verdict the API computes (every day together): per arm, its difference to the
+// control on the chosen metric with its interval, and which way the interval points.
+function showVerdict() {
+  if (!results) {
+    $("experiment-verdict").textContent = "";
+    return;
+  }
+  const metric = $("metric").value;
+  const label = $("metric").selectedOptions[0].textContent;
+  const digits = metric === "slow_flow_share" ? 4 : 2;
+  const diffs = results.overall.differences;
+  if (!diffs.length) {
+    $("experiment-verdict").textContent = "Overall: no data from the arms yet.";
+    return;
+  }
+  $("experiment-verdict").textContent = "Overall: " + diffs.map((v) => {
+    const m = v[metric];
+    const [mean, interval] = estimateText(m, digits);
+    const way = m.low === null ? "not enough hosts for an interval"
+      : m.low > 0 ? "higher than control" : m.high < 0 ? "lower than control"
+      : "no significant difference";
+    return `${v.arm} − ${v.control}: Δ ${label} ${mean} ${interval} (${Math.round(100 * results.level)} %, ${way})`;
+  }).join("; ") + ".";
 }
 
 // --- policies ------------------------------------------------------------------------------------
@@ -682,7 +708,37 @@ $("context").addEventListener("change", () => {
   guarded(loadContextCharts);
 });
 $("experiment").addEventListener("change", () => guarded(loadExperiments));
-$("metric").addEventListener("change", showExperimentMetric);
+$("metric").addEventListener("change", () => {
+  showExperimentMetric();
+  showVerdict();
+});
+
+$("experiment-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  let body;
+  try {
+    body = JSON.parse($("experiment-json").value);
+  } catch (e) {
+    say(`experiment: not JSON (${e.message})`, "error");
+    return;
+  }
+  guarded(async () => {
+    const e = await api("/v1/experiments", { method: "POST", body: JSON.stringify(body) });
+    await loadExperiments();
+    $("experiment").value = e.name;
+    await loadExperiments();
+    say(`Created experiment ${e.name} (${e.status}, ${e.hosts} hosts).`, "ok");
+  });
+});
+
+$("experiment-stop").addEventListener("click", () => guarded(async () => {
+  const name = $("experiment").value;
+  if (!name) return;
+  const e = await api(`/v1/experiments/${encodeURIComponent(name)}/stop`,
+    { method: "POST", body: JSON.stringify({ reason: "stopped from the dashboard" }) });
+  await loadExperiments();
+  say(`Stopped experiment ${e.name} (${e.status}).`, "ok");
+}));
 
 $("preview").addEventListener("click", () => guarded(async () => {
   const sigma = $("sigma").value;

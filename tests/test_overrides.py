@@ -478,3 +478,14 @@ def test_dashboard_creates_and_stops_an_experiment_with_its_verdict(one: Running
     assert e["status"] == "stopped", e
     actions = [a["action"] for a in one.http.get("/v1/audit", headers=auth(OPERATOR)).json()]
     assert actions[:2] == ["experiment.stop", "experiment.create"]
+
+
+def test_the_openapi_experiment_example_works_when_pasted(one: Running) -> None:
+    """Issue #35 item 2: the example body /docs shows for POST /v1/experiments is accepted."""
+    doc = one.http.get("/openapi.json").json()
+    content = doc["paths"]["/v1/experiments"]["post"]["requestBody"]["content"]
+    examples = content["application/json"]["examples"]
+    for example in examples.values():
+        r = one.http.post("/v1/experiments", headers=auth(OPERATOR), json=example["value"])
+        assert r.status_code == 201, r.text
+        assert r.json()["hosts"] == 20

@@ -472,6 +472,12 @@ def test_dashboard_creates_and_stops_an_experiment_with_its_verdict(one: Running
     page.el("experiment-create").click()
     assert "fusion-vs-cubic (running, 10 hosts)" in page.status_contains("Created experiment")
     page.wait.until(lambda _: page.el("experiment-verdict").text.startswith("Overall:"))
+    assert "experiment=fusion-vs-cubic" in browser.current_url
+    # A deep link reopens the experiment, and a σ preview (same tab: still signed in).
+    page = Page(browser, base_url(one), f"?policy={POLICY}&experiment=fusion-vs-cubic&sigma=10")
+    page.wait.until(lambda _: page.el("experiment").get_attribute("value") == "fusion-vs-cubic")
+    page.wait.until(lambda _: page.el("comparison-sigma").text == "(at σ = 10, not saved)")
+    assert page.el("experiment-verdict").text.startswith("Overall:")
     page.el("experiment-stop").click()
     page.status_contains("Stopped experiment")
     e = one.http.get("/v1/experiments/fusion-vs-cubic", headers=auth(OPERATOR)).json()

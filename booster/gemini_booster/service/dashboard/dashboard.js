@@ -386,7 +386,7 @@ function showExperimentMetric() {
 
 async function loadExperiments() {
   const list = await api("/v1/experiments");
-  const chosen = $("experiment").value;
+  const chosen = $("experiment").value || linked.get("experiment");
   $("experiment").replaceChildren(...list.map((e) => new Option(`${e.name} (${e.status})`, e.name)));
   if (list.some((e) => e.name === chosen)) $("experiment").value = chosen;
   $("no-experiments").hidden = list.length > 0;
@@ -432,7 +432,8 @@ function showVerdict() {
 
 // --- policies ------------------------------------------------------------------------------------
 
-let previewSigma = null;  // σ being previewed (not saved), or null: the policy's own
+// σ being previewed (not saved), or null: the policy's own (a deep link may carry one)
+let previewSigma = new URLSearchParams(location.search).get("sigma");
 
 function showPolicy(p, refill) {
   const settings = $("settings");
@@ -619,9 +620,10 @@ const linked = new URLSearchParams(location.search);
 
 function rememberView() {
   const q = new URLSearchParams(location.search);
-  for (const [key, id] of [["policy", "policy"], ["context", "context"]]) {
+  for (const [key, id] of [["policy", "policy"], ["context", "context"], ["experiment", "experiment"]]) {
     if ($(id).value) q.set(key, $(id).value); else q.delete(key);
   }
+  if (previewSigma === null) q.delete("sigma"); else q.set("sigma", previewSigma);
   history.replaceState(null, "", `${location.pathname}?${q}`);
 }
 
@@ -707,7 +709,10 @@ $("context").addEventListener("change", () => {
   rememberView();
   guarded(loadContextCharts);
 });
-$("experiment").addEventListener("change", () => guarded(loadExperiments));
+$("experiment").addEventListener("change", () => guarded(async () => {
+  await loadExperiments();
+  rememberView();
+}));
 $("metric").addEventListener("change", () => {
   showExperimentMetric();
   showVerdict();
@@ -727,6 +732,7 @@ $("experiment-form").addEventListener("submit", (ev) => {
     await loadExperiments();
     $("experiment").value = e.name;
     await loadExperiments();
+    rememberView();
     say(`Created experiment ${e.name} (${e.status}, ${e.hosts} hosts).`, "ok");
   });
 });
@@ -747,6 +753,7 @@ $("preview").addEventListener("click", () => guarded(async () => {
     api(`${policyPath()}/comparison?${sigmaQuery()}`), loadContextCharts(),
   ]);
   showComparison(comparison, sigma, true);
+  rememberView();
   say(`Comparison at σ = ${sigma} shown; the policy is unchanged.`, "");
 }));
 

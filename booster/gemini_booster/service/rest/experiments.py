@@ -15,6 +15,8 @@ from fastapi import APIRouter, Body, HTTPException, Path, Query
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
+from gemini_api.datapaths import registry
+
 from ...experiments import assignment as assign
 from ...experiments import service
 from ...experiments.domain import (
@@ -256,17 +258,19 @@ class DecisionOut(BaseModel):
         return cls(**vars(d))
 
 
-# A definition that works when pasted (into /docs' "Try it out", the dashboard, or curl): cubic
-# as control against Fusion at its spec default, 20 named hosts of two regions, for a week.
+# A definition that works when pasted (into /docs' "Try it out", the dashboard, or curl): bbr
+# as control against the default datapath at its spec default, 20 named hosts of two regions,
+# for a week. Built from the registry, as every name of a datapath here is.
+_EXAMPLE_CC = registry().default.cc
 CREATE_EXAMPLES = {
-    "fusion-vs-cubic": {
-        "summary": "Fusion at its default θ against cubic on 20 hosts, for a week",
+    f"{_EXAMPLE_CC}-vs-bbr": {
+        "summary": f"{_EXAMPLE_CC} at its default θ against bbr on 20 hosts, for a week",
         "value": {
-            "name": "fusion-vs-cubic",
-            "description": "does Fusion at its default θ beat cubic on our EU and US hosts?",
+            "name": f"{_EXAMPLE_CC}-vs-bbr",
+            "description": f"does {_EXAMPLE_CC} at its default θ beat bbr on our EU and US hosts?",
             "arms": [
-                {"name": "control", "cc": "cubic"},
-                {"name": "fusion", "cc": "fusion", "params": "kernel_default"},
+                {"name": "control", "cc": "bbr"},
+                {"name": "tuned", "cc": _EXAMPLE_CC, "params": "kernel_default"},
             ],
             "population": {
                 "regions": {

@@ -171,3 +171,27 @@ def test_the_agent_writes_reports_and_restores_a_new_datapaths_theta(
     assert params.read() == tuned and agent.metrics.theta_refused._value.get() == 1
     agent.refresh_theta()  # the policy tunes another datapath: the module's values come back
     assert params.read() == loaded and agent.aggregator.datapath_theta is None
+
+
+def test_a_policy_arm_ending_reports_its_flows_under_its_own_policy(tmp_path, monkeypatch) -> None:
+    """When the arm (a policy of the datapath) ends and the host goes back to its own policy
+    (Fusion's), the flows that ran the arm's θ are reported under the arm's policy, not under
+    the host's, which would refuse them whole (its datapath's flows carry no datapath θ)."""
+    name = NEW[0]
+    spec = registry().get(name).spec
+    arm = pb.ExperimentArm(cc=name, params=pb.ExperimentArm.POLICY, policy="dc")
+    in_arm = pb.GetParametersResponse.FromString(_answer(name, _tuned(spec)))
+    in_arm.experiment_arm.CopyFrom(arm)
+    agent = _agent(
+        tmp_path, [], {name: _module_dir(tmp_path / "p", spec, spec.default())}, monkeypatch
+    )
+    sent: list[pb.ReportRequest] = []
+    monkeypatch.setattr(agent.reporter, "submit", sent.append)
+    assert agent.follow_arm(in_arm) and agent.aggregator.policy == "dc"
+    agent.aggregator.datapath_theta = pb.DatapathTheta(datapath=name, values=_tuned(spec))
+    stats = FlowStats(2_000_000, 1_000_000, 50_000, 40_000)
+    agent.aggregator.add(Flow("192.0.2.1", stats, {}, 0, dt.datetime.now(dt.UTC), cc=name))
+    assert agent.follow_arm(pb.GetParametersResponse(target_cc=registry().default.cc))
+    [report] = sent
+    assert report.policy == "dc" and report.aggregates[0].datapath_theta.datapath == name
+    assert agent.aggregator.policy == "default"

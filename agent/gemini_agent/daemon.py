@@ -150,10 +150,14 @@ class Agent:
         return None
 
     def follow_arm(self, resp: pb.GetParametersResponse) -> bool:
-        """Take the answer's arm; True when the policy to ask under changed with it."""
+        """Take the answer's arm; True when the policy to ask under changed with it. The
+        flows so far are reported under the policy they ran for before it changes: a report
+        under the new policy holding the old one's θ (another datapath's) is refused whole."""
         arm = resp.experiment_arm if resp.HasField("experiment_arm") else None
         before = self.policy
         self.arm = arm
+        if self.policy != before:
+            self.close_interval()  # the aggregator still reports under the policy before
         self.aggregator.policy = self.policy
         return self.policy != before
 
@@ -198,7 +202,10 @@ class Agent:
         over = arm.until_unix_ms <= time.time() * 1000
         if over or (unknown_policy and self.policy != self.s.policy):
             log.warning("arm %r is over or its policy is gone: restoring the host", arm.arm)
+            before = self.policy
             self.arm = None
+            if self.policy != before:
+                self.close_interval()  # the flows so far ran for the arm's policy
             self.aggregator.policy = self.policy
             if self.s.apply_to_kernel:
                 self.arms.apply(None)

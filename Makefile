@@ -76,7 +76,7 @@ lab-check: $(STAMP)  ## the acceptance plans: outcomes in UML, the module in qem
 lab-6.12: $(STAMP)  ## the module's lab tests booted on Debian 13's 6.12 under qemu (fusion-kmod/build-in-trixie.sh setup first)
 	fusion-kmod/build-in-trixie.sh build
 	GEMINI_LAB_KERNEL_ROOT=$(CURDIR)/var/trixie/kernel GEMINI_LAB_FUSION_KO=$(CURDIR)/var/trixie/out/tcp_fusion.ko \
-	  $(BIN)/python -m pytest -q tests/test_lab_fusion.py -k "not outcomes and not warning_free"
+	  $(BIN)/python -m pytest -q tests/test_lab_fusion.py -k "not outcomes and not warning_free" $(PYTEST_ARGS)
 
 lab-bench: $(STAMP)  ## Fusion vs cubic/bbr/vegas/reno on Table IV, CPU cost; writes benchmarks/results/
 	$(BIN)/gemini-lab bench

@@ -256,9 +256,7 @@ def _counts(a: pb.Aggregate, path: str, problems: list[str]) -> tuple[int, ...]:
     return buckets
 
 
-def _theta_key(
-    a: pb.Aggregate, path: str, spec: ThetaSpec, policy: Policy, problems: list[str]
-) -> str | None:
+def _theta_key(a: pb.Aggregate, path: str, policy: Policy, problems: list[str]) -> str | None:
     """The tuned flows' θ, checked against Θ' (the kernel's limits); a baseline's is ''.
     θ comes in the field its datapath's ``message`` names (api/gemini_api/datapaths.py):
     ``theta`` for Fusion, ``datapath_theta`` for any other.
@@ -269,7 +267,7 @@ def _theta_key(
     They are stored, and the planner leaves θ outside the region out of its model
     (``policy.history``) for as long as they are outside it."""
     if a.cc:
-        problem = _baseline_problem(a, spec, policy)
+        problem = _baseline_problem(a, policy)
         if problem:
             problems.append(f"{path}.{problem}")
         return ""
@@ -298,7 +296,7 @@ def _theta_key(
     return key
 
 
-def _baseline_problem(a: pb.Aggregate, spec: ThetaSpec, policy: Policy) -> str | None:
+def _baseline_problem(a: pb.Aggregate, policy: Policy) -> str | None:
     """What is wrong with a baseline aggregate (``cc`` set: flows not run under a θ the agent
     set), if anything. The policy's own CC is a baseline only for a host-wide datapath (CUBIC
     at the kernel's defaults, e.g. an experiment's default arm); Fusion's flow records always
@@ -361,7 +359,7 @@ def aggregate_row(
     a: pb.Aggregate, path: str, spec: ThetaSpec, policy: Policy, problems: list[str]
 ) -> AggregateRow | None:
     start = len(problems)
-    theta_key = _theta_key(a, path, spec, policy, problems)
+    theta_key = _theta_key(a, path, policy, problems)
     if not a.HasField("context"):
         problems.append(f"{path}.context: missing")
     ctx = context_key(a.context, f"{path}.context", problems)

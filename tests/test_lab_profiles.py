@@ -296,6 +296,17 @@ GUEST_PARTS = {
 }
 
 
+def _unload(module: str, seconds: float = 30.0) -> dict:
+    """rmmod, polled until a deadline: sockets the parts closed may still hold the module
+    for a moment while they are torn down."""
+    deadline = time.monotonic() + seconds
+    while True:
+        r = subprocess.run(["rmmod", module], capture_output=True, text=True)
+        if r.returncode == 0 or time.monotonic() > deadline:
+            return {"rc": r.returncode, "err": r.stderr.strip()}
+        time.sleep(0.1)
+
+
 def guest_main(out: Path, module: Path) -> None:
     results: dict = {"kernel": os.uname().release}
     load = subprocess.run(["insmod", str(module)], capture_output=True, text=True)
@@ -307,9 +318,7 @@ def guest_main(out: Path, module: Path) -> None:
             except Exception:
                 results[name] = {"error": traceback.format_exc()}
             (out / "results.json").write_text(json.dumps(results, indent=1))
-        time.sleep(1)
-        unload = subprocess.run(["rmmod", "tcp_fusion"], capture_output=True, text=True)
-        results["rmmod"] = {"rc": unload.returncode, "err": unload.stderr.strip()}
+        results["rmmod"] = _unload("tcp_fusion")
     (out / "results.json").write_text(json.dumps(results, indent=1))
 
 

@@ -44,11 +44,14 @@ def _settings() -> AgentSettings:
 
 def _run(settings: AgentSettings) -> None:
     from gemini_agent.daemon import Agent  # grpc and the kernel sources only when running
+    from gemini_agent.dryrun import banner
 
     try:
         agent = Agent(settings)
     except (ValueError, OSError) as exc:  # the destination table, the spool directory
         raise UsageError(str(exc)) from None
+    for line in banner(settings, agent_version()):  # once the configuration holds
+        print(line, file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: agent.stopped.set())
     signal.signal(signal.SIGINT, lambda *_: agent.stopped.set())
     agent.run()

@@ -37,6 +37,7 @@ from gemini_agent.config import AgentSettings
 from gemini_agent.congestion import ArmApplier, NetKernel
 from gemini_agent.context import ContextResolver, MmdbTable, Place, PrefixTable
 from gemini_agent.datapath import ModuleParams, datapath_message, host_theta
+from gemini_agent.dryrun import DryRun, would_write
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.reporter import Reporter
 from gemini_agent.sources import FusionRecordSource, SockDiagSource, Source
@@ -120,6 +121,7 @@ class Agent:
         # The last GetParameters failed: the first report that gets through after it shows
         # Booster is back, and θ is asked for then, not at the interval's end.
         self.booster_silent = False
+        self.dry_run = DryRun()  # apply_to_kernel false: what would be written, printed
 
     def ranked_places(self) -> list[Place]:
         """Every place of the destination table, the busiest first."""
@@ -339,6 +341,8 @@ class Agent:
             arm_plan = self.apply_arm()
             self.apply_host_theta(resp)
             self.apply_fusion(resp, plan, arm_plan, rank)
+        else:
+            self.dry_run.show(would_write(self, resp, plan, rank))
 
     def count_kernel_drops(self) -> None:
         """The module's own counts of records it could not deliver, as counters."""

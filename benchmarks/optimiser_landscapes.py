@@ -34,6 +34,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import numpy as np
 
@@ -99,15 +100,29 @@ class Surface:
         return self.peak - sum(map(max, self.drop_low, self.drop_high))
 
 
+class UtilitySurface(Protocol):
+    """What a method's flows are drawn from: a ``Surface`` or a composite of them."""
+
+    @property
+    def peak(self) -> float: ...
+
+    @property
+    def optimum(self) -> tuple[float, ...]: ...
+
+    def utility(self, x: np.ndarray) -> np.ndarray: ...
+
+    def delay(self, x: np.ndarray) -> np.ndarray: ...
+
+
 @dataclass(frozen=True)
 class Landscape:
     name: str
     dims: tuple[str, ...]
     contexts: dict[int, ContextKey]
-    surfaces: dict[int, Surface]
-    drifted: dict[int, Surface] = field(default_factory=dict)  # from DRIFT_ROUND on
+    surfaces: Mapping[int, UtilitySurface]
+    drifted: Mapping[int, UtilitySurface] = field(default_factory=dict)  # from DRIFT_ROUND on
 
-    def surface(self, context_id: int, round_index: int) -> Surface:
+    def surface(self, context_id: int, round_index: int) -> UtilitySurface:
         if round_index >= DRIFT_ROUND and context_id in self.drifted:
             return self.drifted[context_id]
         return self.surfaces[context_id]
@@ -317,7 +332,7 @@ def flow_factors(seed: int, landscape: str, round_index: int, context_id: int, h
     return np.maximum(m, MIN_NOISE_FACTOR)
 
 
-def run_flows(surface: Surface, x: np.ndarray, factors: np.ndarray) -> tuple[FlowSums, int]:
+def run_flows(surface: UtilitySurface, x: np.ndarray, factors: np.ndarray) -> tuple[FlowSums, int]:
     """Flows of one θ: throughput and delay both scaled by the flow's factor, so one flow's
     utility x − σ·d is the θ's expected utility times the factor (relative std FLOW_NOISE).
     Returns the sums and the number of slow flows."""

@@ -34,6 +34,20 @@ included); a change of path found by ``history.py`` lifts that protection. Hosts
 exploration role (``assignment.py``), and a published candidate not yet run keeps its slot
 while the acquisition still rates it, so that a refit moves few hosts.
 
+**Transfer.** In ``contextual`` mode a context that has run fewer than ``n_initial_points``
+distinct θ (too few for a view of its own: the point where ``independent`` mode leaves its
+initial design) may also take as incumbent a θ it has never run: the best, by its own
+posterior mean, of the θ the *fleet* has measured (the fit set's θ and the other contexts'
+published incumbents). It replaces the context's own choice (or, with no
+data of its own, the default θ it would run) only when the posterior says it is better with
+``TRANSFER_Z`` standard deviations of the difference, covariance included: the same test as a
+challenger's, at a stricter bar because no flow of this context has confirmed it. Where the
+context kernel finds contexts unalike, the posterior at a θ the context never ran is wide and
+nothing moves; a tail context whose hosts never explore gets what the fleet learned. Once its
+hosts run the θ, its own flows are data like any other, and once it has run
+``n_initial_points`` θ its own trials decide alone: a transferred θ that does worse here
+is unseated by the ordinary switching rule (``tests/test_longtail_planner.py``).
+
 **Exploration cost.** The acquisition's picks are limited to θ the model expects to lose at
 most ``EXPLORE_MAX_LOSS`` of the incumbent's utility (|utility| when it is negative): its
 scores elsewhere are set aside, unless fewer than ``N_CANDIDATES`` searched points qualify,
@@ -91,6 +105,8 @@ EXPLORE_MAX_LOSS = 0.05  # explorers' θ: expected utility ≥ incumbent's − t
 # against no cap, shared24 fleet regret 4.74 -> 3.89 % (lower in 20 of 20 seeds) and worst
 # context @30 2.60 -> 2.46 %; lab fleet regret 3.96 -> 3.83 % over 80 seeds; drift @30
 # 1.99 -> 1.57 %, recovery 7.5 -> 7 rounds)
+TRANSFER_Z = 2.0  # a θ this context never ran must beat its incumbent by this many std
+# (one-sided ≈ 98 % under the posterior; SWITCH_Z's 1.0 is for θ the context's own flows measured)
 KEEP_SCORE_SHARE = 0.1  # an unrun candidate keeps its slot above this share of the best score
 HEDGE_ETA = 1.0
 RECOVERY_HOURS = 6.0  # after a detected change of path, a context re-explores with EI this long
@@ -379,6 +395,7 @@ class _Refit:
         self.base: Training | None = None
         self.y_mean, self.y_std = 0.0, 1.0
         self.recovering: set[int] = set()
+        self.fleet: tuple[list[str], np.ndarray] | None = None  # _fleet_thetas
         # contextual: each context's own level and spread (context_scales); other modes fit
         # utilities as they are (standard is context-blind, independent scales per context)
         self.scales: dict[int, Scale] = {}
@@ -557,12 +574,31 @@ class _Refit:
         self, context_id: int, model: _Model, eligible: list[Observation]
     ) -> tuple[dict[str, int], float, np.ndarray, dict[str, int] | None]:
         """(θ, its posterior loss, the best observed points as search anchors, the challenger:
-        the best θ by posterior mean when it is not yet better with confidence)."""
+        the best θ by posterior mean when it is not yet better with confidence); in
+        ``contextual`` mode, a θ the fleet measured when it beats that choice with confidence
+        (``_transferred``)."""
+        if self.mode == "contextual":
+            theta, own_loss, anchors, challenger = self._own_incumbent(context_id, model, eligible)
+            moved = self._transferred(context_id, model, theta)
+            if moved is None:
+                return theta, own_loss, anchors, challenger
+            x = self.space.encode([moved])
+            return moved, float(model.posterior(x)[0][0]), np.vstack([x, anchors]), challenger
         if not eligible:
             X = self.space.sample_points(acquisition.POOL_RANDOM, self.rng)
             loss, _ = model.posterior(X)
             best = int(np.argmin(loss))
             return self.space.decode(X[best : best + 1])[0], float(loss[best]), X[:0], None
+        return self._own_incumbent(context_id, model, eligible)
+
+    def _own_incumbent(
+        self, context_id: int, model: _Model, eligible: list[Observation]
+    ) -> tuple[dict[str, int], float, np.ndarray, dict[str, int] | None]:
+        """``_incumbent`` among the θ this context ran (the default θ when it ran none)."""
+        if not eligible:
+            default = self.planner.clip_default(self.policy)
+            x = self.space.encode([default])
+            return default, float(model.posterior(x)[0][0]), x[:0], None
         uniq = {o.theta_key: o for o in eligible}
         keys = list(uniq)
         X = self.space.encode([uniq[k].theta for k in keys])
@@ -578,6 +614,44 @@ class _Refit:
             if mu[1] - mu[0] < SWITCH_Z * sd_diff:  # not better with confidence: keep it
                 challenger, best = uniq[keys[best]].theta, p
         return uniq[keys[best]].theta, float(loss[best]), X[order[:ANCHORS]], challenger
+
+    def _transferred(
+        self, context_id: int, model: _Model, incumbent: dict[str, int]
+    ) -> dict[str, int] | None:
+        """The fleet-measured θ this context never ran that its posterior rates best, when it
+        beats ``incumbent`` by TRANSFER_Z std of the difference; otherwise None."""
+        own = self.by_context.get(context_id, [])
+        keys, X = self._fleet_thetas()
+        if not keys or not self._cold(own):  # enough θ of its own: its own trials decide
+            return None
+        run = {o.theta_key for o in own}
+        new = [i for i, k in enumerate(keys) if k not in run]
+        if not new:
+            return None
+        loss, _ = model.posterior(X[new])
+        best = new[int(np.argmin(loss))]
+        mu, cov = model.joint(np.vstack([X[best], self.space.encode([incumbent])[0]]))
+        sd_diff = float(np.sqrt(max(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1], 1e-12)))
+        if mu[1] - mu[0] < TRANSFER_Z * sd_diff:
+            return None
+        return self.planner.spec.from_key(keys[best])
+
+    def _fleet_thetas(self) -> tuple[list[str], np.ndarray]:
+        """The θ the fleet measured that a context may take without running them first: the
+        fit set's (each context's most-measured) and the published incumbents, inside the
+        region; computed once per refit."""
+        if self.fleet is None:
+            spec = self.planner.spec
+            thetas = {o.theta_key: o.theta for o in self.fit_points}
+            for key in self.incumbents.values():
+                if key not in thetas:
+                    theta = spec.from_key(key)
+                    if not spec.violations(theta, self.bounds):
+                        thetas[key] = theta
+            keys = sorted(thetas)
+            X = self.space.encode([thetas[k] for k in keys]) if keys else np.empty((0, 0))
+            self.fleet = (keys, X)
+        return self.fleet
 
     def _current_candidates(self, context_id: int) -> np.ndarray:
         keys = self.candidates.get(context_id, ())

@@ -14,7 +14,7 @@ rule on its flows' means: the best-measured θ replaces the incumbent only when 
 
 Figures, % below the context's optimum utility, each the median over seeds:
   - regret @k, traffic-weighted: the incumbent after k rounds, weighted by the context's hosts;
-  - tail @30: hosts-weighted over contexts with 1–2 hosts; busiest 10 @30: over the 10 with
+  - tail @30: hosts-weighted over contexts with 1–2 hosts; busiest 5 @30: over the 5 with
     the most hosts;
   - at default @30: contexts whose incumbent is still the default θ;
   - fleet regret: flow-weighted regret of every θ hosts ran, exploration included.
@@ -60,7 +60,7 @@ from .optimiser_methods import BoosterMethod, HostRun, Method, RoundPlan, TpeMet
 
 CHECKPOINTS = (10, 20, 30)
 TAIL_HOSTS = 2  # a context with at most this many hosts is in the tail
-BUSIEST = 10
+BUSIEST = 5
 METHOD_NAMES = ("contextual", "independent", "tpe")
 ROTATES = "now" in inspect.signature(assignment.assign).parameters  # planners before rotation
 

@@ -361,7 +361,8 @@ def timing(sizes: Sequence[int]) -> list[str]:
         "| ---: | ---: | ---: | ---: | ---: |",
     ]
     runs = [(n, t, 1) for n in sizes for t in (len(contexts), TIMING_TARGETS)]
-    runs.insert(1, (sizes[0], TIMING_TARGETS, None))
+    if len(sizes) > 1:  # one row with the default threads, beside the smallest's
+        runs.insert(1, (sizes[0], TIMING_TARGETS, None))
     cache: dict[int, list] = {}
     for n, targets, threads in runs:
         trials = cache.setdefault(n, timing_trials(landscape, n, np.random.default_rng(n)))
@@ -502,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--landscapes", nargs="*", default=list(LANDSCAPES), choices=list(LANDSCAPES))
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--timing", action="store_true", help="refit time at 1k/10k/100k trials")
+    ap.add_argument("--timing-sizes", type=int, nargs="+", help="trials per timed refit")
     ap.add_argument("--quick", action="store_true", help="1 seed, 12 rounds, 1k/10k timing")
     ap.add_argument("--label", default="", help="appended to method names (another planner)")
     ap.add_argument("--save-json", type=Path, help="also keep every seed's figures here")
@@ -543,7 +545,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         *report(merge(parts), args.rounds),
     ]
     if args.timing:
-        lines += timing(TIMING_SIZES[:2] if args.quick else TIMING_SIZES)
+        sizes = args.timing_sizes or (TIMING_SIZES[:2] if args.quick else TIMING_SIZES)
+        lines += timing(sizes)
     for path in args.include:
         lines += included(path.read_text())
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)

@@ -7,6 +7,7 @@ listeners, and no credential that is not created on purpose.
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 
 from pydantic import Field, SecretStr, model_validator
@@ -18,6 +19,32 @@ from pydantic_settings import (
 )
 
 CONFIG_FILE_ENV = "GEMINI_BOOSTER_CONFIG"
+
+
+class ConfigFileError(ValueError):
+    """The settings file named by GEMINI_BOOSTER_CONFIG (or ``booster --config``) cannot be
+    used. Never ignored: a mistyped path must not leave Booster on its defaults (the embedded
+    database) while an operator believes it acts on the fleet's."""
+
+
+def config_file_source(settings_cls: type[BaseSettings]) -> PydanticBaseSettingsSource | None:
+    """The TOML source of the file named by GEMINI_BOOSTER_CONFIG; None when none is named.
+    Raises ConfigFileError naming the file when it is missing, unreadable or not TOML."""
+    path = os.environ.get(CONFIG_FILE_ENV)
+    if not path:
+        return None
+    named = f"(named by {CONFIG_FILE_ENV} or --config)"
+    if not Path(path).is_file():
+        why = "is a directory" if Path(path).is_dir() else "does not exist"
+        raise ConfigFileError(f"settings file {path} {why} {named}")
+    try:
+        return TomlConfigSettingsSource(settings_cls, toml_file=path)
+    except OSError as e:
+        raise ConfigFileError(
+            f"settings file {path} cannot be read {named}: {e.strerror}"
+        ) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigFileError(f"settings file {path} is not TOML {named}: {e}") from None
 
 
 class Settings(BaseSettings):
@@ -82,6 +109,20 @@ class Settings(BaseSettings):
         le=100_000,
         description="contexts planned per refit; contexts with new data first, the rest next",
     )
+    fold_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description="how often a policy's refit owner folds the aggregates stored since into "
+        "the trial sums (a report is folded within about this long of being stored)",
+    )
+    raw_retention_days: int = Field(
+        default=15,
+        ge=1,
+        le=3650,
+        description="days raw aggregates (and their sketches, for percentiles) are kept, in "
+        "daily partitions dropped once folded; trial sums are kept whatever this is",
+    )
     guardrail_interval_s: float = Field(
         default=300.0,
         ge=0,
@@ -144,7 +185,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        path = os.environ.get(CONFIG_FILE_ENV)
-        if path:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        from_file = config_file_source(settings_cls)
+        if from_file is not None:
+            sources.append(from_file)
         return tuple(sources)

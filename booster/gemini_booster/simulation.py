@@ -83,6 +83,29 @@ def best_utility(ctx: SyntheticContext) -> float:
     return ctx.peak_mbps
 
 
+def baseline_theta() -> dict[str, int]:
+    """The θ whose outcome a baseline CC's flows follow here: the spec's default. A synthetic
+    choice, stated: an untuned CC does as well as Fusion before tuning, so an A/B experiment
+    of the tuned policy against it measures what tuning gained."""
+    return load_spec().default()
+
+
+def baseline_aggregate(
+    ctx: SyntheticContext,
+    cc: str,
+    flows: int,
+    rng: np.random.Generator,
+    sigma: float = 1.0,
+    noise_mbps: float = 8.0,
+) -> pb.Aggregate:
+    """Flows of another CC (``cc``, e.g. an experiment's "cubic" control arm) in ``ctx``: no θ,
+    the outcome of ``baseline_theta``."""
+    agg = make_aggregate(ctx, baseline_theta(), sigma, flows, rng, noise_mbps)
+    agg.ClearField("theta")
+    agg.cc = cc
+    return agg
+
+
 def make_aggregate(
     ctx: SyntheticContext,
     theta: Mapping[str, int],

@@ -11,6 +11,7 @@ same sums from their flows; it is re-exported here as part of Booster's domain.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,6 +30,8 @@ __all__ = [
 ]
 
 CONTEXT_FIELDS = ("src_region", "src_isp", "dst_region", "dst_isp", "hour")
+# ContextKey.label read back: src_region/src_isp->dst_region/dst_isp@hour
+_LABEL = re.compile(r"^(?P<sr>[^/]*)/(?P<si>.*)->(?P<dr>[^/]*)/(?P<di>.*)@(?P<h>\d+)$")
 
 
 class ContextKey(NamedTuple):
@@ -44,6 +47,13 @@ class ContextKey(NamedTuple):
     @property
     def label(self) -> str:
         return f"{self.src_region}/{self.src_isp}->{self.dst_region}/{self.dst_isp}@{self.hour}"
+
+    @classmethod
+    def from_label(cls, label: str) -> ContextKey | None:
+        """The key whose ``label`` this is (the dashboard and REST name contexts by label);
+        None when ``label`` is not one."""
+        m = _LABEL.match(label)
+        return None if m is None else cls(m["sr"], m["si"], m["dr"], m["di"], int(m["h"]))
 
     def as_dict(self) -> dict[str, str | int]:
         return self._asdict()

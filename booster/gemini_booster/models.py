@@ -10,6 +10,7 @@ the whole policy (``PolicyFields``) and a partial change (``PolicyUpdate``).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -224,6 +225,13 @@ class Policy(PolicyFields):
     @property
     def target_cc(self) -> str:
         return datapath(self.datapath).cc
+
+    @property
+    def history_window(self) -> timedelta:
+        """The one history rule: what the model fits on (its refits), the trials and the
+        comparison served over REST, and the dashboard's charts all cover the time buckets
+        that began within ``history_hours`` of now; older flows have aged out."""
+        return timedelta(hours=self.history_hours)
 
     @field_validator("bounds", mode="before")
     @classmethod

@@ -11,5 +11,10 @@ confidence intervals, and a guardrail that stops a harmful arm.
   intervals that treat hosts, the unit of randomisation, as independent, not flows.
 - ``guardrail``: which arms to stop, from the difference to control.
 
-Storage is ``storage/experiments.py``; the REST routes are ``service/rest/experiments.py``.
+The package is the experiments' domain: its modules import neither storage nor the service
+layer. Storage is ``storage/experiments.py``; the service over it (results, guardrail
+enforcement, the agents' arm cache) is ``service/experiments.py`` and ``service/arm_cache.py``;
+the REST routes are ``service/rest/experiments.py``. ``cache`` and ``service`` here are only
+re-export names for callers not yet moved (``service/core.py``, ``service/guardrail_task.py``),
+to be deleted once they import from the service layer (``tests/test_layers.py`` lists them).
 """

@@ -429,6 +429,15 @@ class Experiment:
         of ``at``, which could lie beyond year 9999."""
         return [d for d in self.days() if self.day_start(d) <= at]
 
+    def days_run(self, at: datetime) -> list[date]:
+        """The days the experiment ran by ``at``: those begun by then and before a stop (a day
+        that begins at or after the stop, or a stop before the start, leaves no day to show:
+        no empty days after a stop)."""
+        stop = self.stopped_at
+        if stop is not None and stop <= self.start:
+            return []
+        return [d for d in self.days_begun(at) if stop is None or self.day_start(d) < stop]
+
     def live_at(self, at: datetime) -> bool:
         return self.status(at) == "running"
 

@@ -272,7 +272,9 @@ def _parallel(
     return {m: parallel_difference(ra[m], rc[m]) for m in METRICS}, hosts
 
 
-def _difference(name: str, control: str, method: Method, hosts: int, ratios: dict) -> Difference:
+def _difference(
+    name: str, control: str, method: Method, hosts: int, ratios: dict[str, Ratios]
+) -> Difference:
     return Difference(
         name, control, method, hosts, {m: Estimate.of(r) for m, r in ratios.items()}, ratios
     )

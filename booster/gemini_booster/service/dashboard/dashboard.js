@@ -129,6 +129,22 @@ const hourAxis = {
 const dayAxis = {
   label: "day (UTC)", incrs: DAY_INCRS, values: (u, ticks) => ticks.map((t) => isoOf(t).slice(5, 10)),
 };
+const CALENDAR_DAY_S = 86400;
+// Compressed experiment days (a rehearsal's, ``day_seconds`` < 86400) are not calendar dates:
+// their axis counts days from the start (day 0 holds it) and shows each tick's UTC time.
+function compressedDayAxis(seconds, firstStart) {
+  return {
+    label: `experiment day (${seconds} s each, UTC)`,
+    incrs: [1, 2, 5, 10, 20, 50, 100].map((k) => k * seconds),
+    values: (u, ticks) => ticks.map((t) => `day ${Math.round((t - firstStart) / seconds)}\n${isoOf(t).slice(11, 19)}`),
+  };
+}
+// How a day is named in tables and text: its date with calendar days; else its index and the
+// stretch of time it was.
+function dayText(d) {
+  if (!results || results.day_seconds === CALENDAR_DAY_S) return d.day;
+  return `day ${d.index} (${d.start.slice(11, 19)}–${d.end.slice(11, 19)})`;
+}
 
 function line(label, colour, extra = {}) {
   return { label, stroke: colour, width: 2, points: { show: true, size: 6 }, spanGaps: false, ...extra };
@@ -310,6 +326,7 @@ function showTheta(d) {
 
 let results = null;  // the selected experiment's /results, redrawn when the metric changes
 let crossover = null;  // its crossover day (YYYY-MM-DD), or null
+let crossoverAt = null;  // the crossover's first instant (ISO), or null
 
 // A uPlot hook drawing a dashed vertical line, labelled, at x = ``ts`` (the crossover).
 function markAt(ts, text) {
@@ -342,7 +359,9 @@ function showExperimentMetric() {
   const metric = $("metric").value;
   const digits = metric === "slow_flow_share" ? 4 : 2;
   const days = results.days;
-  const x = days.map((d) => Date.parse(`${d.day}T00:00:00Z`) / 1000);
+  const x = days.map((d) => Date.parse(d.start) / 1000);  // each day's real first instant
+  const axis = results.day_seconds === CALENDAR_DAY_S ? dayAxis
+    : compressedDayAxis(results.day_seconds, x.length ? x[0] - days[0].index * results.day_seconds : 0);
   const arms = [...new Set(days.flatMap((d) => d.arms.map((a) => a.arm)))];
   const pairs = [...new Set(days.flatMap((d) => d.differences.map((v) => `${v.arm} − ${v.control}`)))];
   const pick = (list, key, name, part) => list.map((d) => {
@@ -354,7 +373,7 @@ function showExperimentMetric() {
   const chartOf = (id, names, key, match, label, scales = {}) => {
     const series = { day: days.map((d) => d.day) };
     const columns = [x];
-    const lines = [{ label: "day (UTC)" }];
+    const lines = [{ label: axis.label }];
     const bands = [];
     names.forEach((n, i) => {
       for (const part of ["mean", "low", "high"]) {
@@ -364,22 +383,24 @@ function showExperimentMetric() {
       }
       lines.push(...withInterval(n, ARM_COLOURS[i % ARM_COLOURS.length], lines.length, bands));
     });
-    const hooks = crossover ? { draw: [markAt(Date.parse(`${crossover}T00:00:00Z`) / 1000, "crossover")] } : {};
-    plot(id, series, { series: lines, bands, scales, hooks, axes: [{ ...dayAxis }, { label }] },
+    const hooks = crossoverAt ? { draw: [markAt(Date.parse(crossoverAt) / 1000, "crossover")] } : {};
+    plot(id, series, { series: lines, bands, scales, hooks, axes: [{ ...axis }, { label }] },
       names.length ? columns : [[]]);
     $(id).dataset.crossover = crossover || "";
+    $(id).dataset.x = JSON.stringify(x);  // each day's first instant (Unix s), as plotted
+    $(id).dataset.axis = axis.label;
   };
   const label = $("metric").selectedOptions[0].textContent;
   chartOf("days-chart", arms, "arms", (a) => a.arm, label);
   chartOf("difference-chart", pairs, "differences", (v) => `${v.arm} − ${v.control}`, `Δ ${label}`, withZero);
   fill("days-table", days.flatMap((d) => d.arms.map((a) => ({ d, a }))), (row, { d, a }) => {
     const [mean, interval] = estimateText(a[metric], digits);
-    for (const [t, n] of [[d.day], [String(d.period), 1], [a.arm], [String(a.hosts), 1],
+    for (const [t, n] of [[dayText(d)], [String(d.period), 1], [a.arm], [String(a.hosts), 1],
                           [String(a.flows), 1], [mean, 1], [interval, 1]]) cell(row, t, Boolean(n));
   });
   fill("difference-table", days.flatMap((d) => d.differences.map((v) => ({ d, v }))), (row, { d, v }) => {
     const [mean, interval] = estimateText(v[metric], digits);
-    for (const [t, n] of [[d.day], [`${v.arm} − ${v.control}`], [v.method], [String(v.hosts), 1],
+    for (const [t, n] of [[dayText(d)], [`${v.arm} − ${v.control}`], [v.method], [String(v.hosts), 1],
                           [mean, 1], [interval, 1]]) cell(row, t, Boolean(n));
   });
 }
@@ -396,11 +417,15 @@ async function loadExperiments() {
     return;
   }
   crossover = e.crossover_day;
+  crossoverAt = e.crossover_at;
   results = await api(`/v1/experiments/${encodeURIComponent(e.name)}/results`);
+  const when = !e.crossover_day ? ""
+    : e.day_seconds === CALENDAR_DAY_S ? `, crossover on ${e.crossover_day}`
+    : `, crossover at ${e.crossover_at.slice(11, 19)} UTC (days of ${e.day_seconds} s)`;
   $("experiment-summary").textContent = `${e.description || e.name}: arms ` +
     e.arms.map((a) => (a.name === e.control ? `${a.name} (control, ${a.cc})` : `${a.name} (${a.cc})`)).join(", ") +
     `; ${e.hosts} hosts, σ = ${results.sigma}` +
-    (e.crossover_day ? `, crossover on ${e.crossover_day}` : "") + `; ${e.status}.`;
+    when + `; ${e.status}.`;
   showExperimentMetric();
   showVerdict();
 }

@@ -1,44 +1,17 @@
-"""What the dashboard's charts draw, read-only: per context, utility per time bucket (a round)
-with the incumbent of that round marked; the θ in use across hosts, by flows; throughput and
-queueing-delay percentiles from the agents' quantile sketches; all over the policy's history
-window. Also the history of a context's incumbent, for auditing when hosts were moved to
-another θ.
-
-Utilities are eq. 9 over stored running sums (``FlowSums.utility``), so a chart at another σ is
-exact, as for the trials endpoint. A round's incumbent is the one in force at the round's start
-(``incumbent_history``: the last change published at or before it): the θ the context's
-exploiting hosts were told to run as the round began, so its flows in the round are the
-incumbent's own; a change published during a round shows as a change (``changes``) at its
-instant and marks the next round. Sketches and hosts exist only in the raw aggregates, which
-are read from the policy's newest reports only (``MAX_RECENT_REPORTS``): flows come from the
-trials' sums over the whole window.
-"""
+"""The dashboard's chart data over REST, read-only: a context's rounds and incumbent history,
+the θ in use, and throughput and delay percentiles. What each chart means and how it is computed
+is ``service/charts.py``; this router maps it onto HTTP (an unknown context label is a 404)."""
 
 from __future__ import annotations
 
-import bisect
-import re
-from collections import defaultdict
-from datetime import datetime, timedelta
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
-from ddsketch import DDSketch
 from fastapi import APIRouter, HTTPException, Query
-from pydantic import BaseModel, Field
-from sqlalchemy import Connection, Engine, func, select
 
-from gemini_api import sketch as sketches
-from gemini_api.datapaths import load_datapath
-from gemini_api.theta import ThetaSpec
-from gemini_api.v1 import booster_pb2 as pb
-
-from ...domain import SUM_FIELDS, ContextKey, FlowSums
-from ...models import Policy
-from ...storage import repository as repo
-from ...storage.schema import Context, Report, ReportAggregate
-from ...storage.schema import Trial as TrialRow
-from ..comparison import baseline_label
-from ..core import Booster
+from .. import charts
+from ..charts import IncumbentsOut, PercentilesOut, RoundsOut, ThetaDistributionOut
 from .deps import BoosterDep, PolicyDep
 from .errors import AUTH_ERRORS, NOT_FOUND, error
 from .plans import SigmaQuery
@@ -46,230 +19,17 @@ from .plans import SigmaQuery
 router = APIRouter(prefix="/v1/policies/{name}/charts", tags=["charts"], responses=AUTH_ERRORS)
 
 NO_CONTEXT = error(404, "no policy of that name, or no such context")
-# ContextKey.label: src_region/src_isp->dst_region/dst_isp@hour
-LABEL = re.compile(r"^(?P<sr>[^/]*)/(?P<si>.*)->(?P<dr>[^/]*)/(?P<di>.*)@(?P<h>\d+)$")
 ContextQuery = Annotated[
     str, Query(max_length=300, description="a context's label, as /parameters gives it")
 ]
-# Throughput and delay percentiles drawn (Fig. 9 of the paper shows the median and tails).
-QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
-# Raw aggregates (the only place sketches and hosts are kept) are read from the policy's newest
-# reports only, found backwards along the reports' primary key: a bound on one request's work
-# whatever the size of the table (reports have no index by time).
-MAX_RECENT_REPORTS = 20_000
-INCUMBENT_ARM = "incumbent"  # the tuned arm is named after the policy's datapath
 
 
-class RoundOut(BaseModel):
-    """One time bucket of a context: all its Fusion flows, and those of the incumbent in force
-    at the bucket's start among them."""
-
-    bucket: datetime
-    flows: int
-    thetas: int = Field(description="distinct θ that ran in the bucket")
-    utility: float
-    utility_stderr: float
-    incumbent_theta: dict[str, int] | None = Field(
-        description="the incumbent published at or before the bucket's start; null: none yet"
-    )
-    incumbent_published_at: datetime | None
-    incumbent_flows: int
-    incumbent_utility: float | None
-    incumbent_utility_stderr: float | None
-
-
-class IncumbentOut(BaseModel):
-    theta: dict[str, int]
-    natural: dict[str, float]
-    predicted_utility: float | None
-
-
-class IncumbentChangeOut(BaseModel):
-    """A refit published this θ as the context's incumbent, replacing the previous one."""
-
-    published_at: datetime
-    datapath: str = Field(description="whose θ (the policy's target CC may have changed)")
-    theta: dict[str, int]
-    natural: dict[str, float]
-    predicted_utility: float | None = Field(description="the planner's, at ``sigma``")
-    sigma: float = Field(description="the policy's σ at that refit")
-    plan_generation: int | None = Field(
-        description="the refit that chose it (the policy's plan generation it published); "
-        "null: the plan in force when the history began (migration 0009)"
-    )
-    refit_owner: str | None = Field(description="the replica that ran that refit")
-
-
-class RoundsOut(BaseModel):
-    label: str
-    sigma: float
-    bucket_hours: int
-    incumbent: IncumbentOut | None = Field(description="today's published incumbent, if planned")
-    incumbent_history_stored: bool = Field(
-        True, description="true: each round is marked with the incumbent of its own time"
-    )
-    changes: list[IncumbentChangeOut] = Field(
-        description="incumbent changes published at or after the first round's start"
-    )
-    rounds: list[RoundOut]
-
-
-class IncumbentsOut(BaseModel):
-    label: str
-    changes: list[IncumbentChangeOut] = Field(description="oldest first, one per change")
-
-
-class ValueShare(BaseModel):
-    value: float
-    flows: int
-    hosts: int
-
-
-class ParamDistribution(BaseModel):
-    name: str
-    symbol: str
-    unit: str
-    values: list[ValueShare] = Field(description="each value in use, ascending")
-
-
-class ThetaInUse(BaseModel):
-    theta: dict[str, int]
-    natural: dict[str, float]
-    flows: int = Field(description="over the window, from the trials' sums")
-    hosts: int = Field(description="hosts that reported it in the newest reports")
-
-
-class ThetaDistributionOut(BaseModel):
-    datapath: str = Field(description="whose θ: the policy's datapath (fusion, cubic, ...)")
-    hours: float = Field(description="the window of flows: the policy's history_hours")
-    flows: int
-    hosts: int = Field(description="hosts in the newest reports (``reports``) that ran Fusion")
-    reports: int = Field(description="newest reports of the window read for hosts")
-    thetas: list[ThetaInUse] = Field(description="most flows first")
-    params: list[ParamDistribution]
-
-
-class ArmPercentiles(BaseModel):
-    arm: str
-    flows: int
-    sketched_flows: int = Field(description="flows whose aggregates carried a throughput sketch")
-    throughput_mbps: list[float | None] = Field(description="at each of ``quantiles``")
-    delay_sketched_flows: int = Field(
-        description="flows whose aggregates carried a queueing-delay sketch (older agents "
-        "send none)"
-    )
-    queue_delay_ms: list[float | None] = Field(
-        description="at each of ``quantiles``, from the delay-sketched flows"
-    )
-    mean_queue_delay_ms: float = Field(description="of all flows, from the sums")
-    queue_delay_sd_ms: float
-
-
-class PercentilesOut(BaseModel):
-    label: str
-    hours: float
-    quantiles: list[float]
-    reports: int = Field(description="newest reports of the window read")
-    truncated: bool = Field(description="the window held more reports than were read")
-    arms: list[ArmPercentiles]
-
-
-def _context_id(engine: Engine, label: str) -> int:
-    """The stored context with ``label``; 404 when there is none."""
-    m = LABEL.match(label)
-    if m is None:
-        raise HTTPException(404, f"context {label!r} is not a context label")
-    key = (m["sr"], m["si"], m["dr"], m["di"], int(m["h"]))
-    q = select(Context.id).where(
-        Context.src_region == key[0],
-        Context.src_isp == key[1],
-        Context.dst_region == key[2],
-        Context.dst_isp == key[3],
-        Context.hour == key[4],
-    )
-    with engine.connect() as conn:
-        found = conn.execute(q).scalar_one_or_none()
-    if found is None:
-        raise HTTPException(404, f"context {label!r} not found")
-    return int(found)
-
-
-def _window(policy: Policy) -> timedelta:
-    return timedelta(hours=policy.history_hours)
-
-
-def _incumbent_key(booster: Booster, policy: Policy, label: str) -> tuple[str, float | None]:
-    for key, plan in booster.plan_snapshot(policy.id).items():
-        if ContextKey(*key).label == label:
-            return plan.incumbent_key, plan.incumbent_utility
-    return "", None
-
-
-def _bucket_sums(
-    engine: Engine, policy: Policy, context_id: int
-) -> dict[datetime, dict[str, FlowSums]]:
-    """bucket → θ key → Fusion flow sums, for one context over the history window."""
-    q = (
-        select(TrialRow.bucket, TrialRow.theta_key, *(getattr(TrialRow, f) for f in SUM_FIELDS))
-        .where(
-            TrialRow.policy_id == policy.id,
-            TrialRow.context_id == context_id,
-            TrialRow.cc == "",
-            TrialRow.bucket >= func.now() - _window(policy),
-        )
-        .order_by(TrialRow.bucket)
-    )
-    out: dict[datetime, dict[str, FlowSums]] = defaultdict(dict)
-    with engine.connect() as conn:
-        for bucket, key, n, *sums in conn.execute(q):
-            out[bucket][key] = FlowSums(int(n), *map(float, sums))
-    return out
-
-
-def _change(rec: repo.IncumbentRecord) -> IncumbentChangeOut:
-    spec = load_datapath(rec.datapath)
-    theta = spec.from_key(rec.theta_key)
-    return IncumbentChangeOut(
-        published_at=rec.published_at,
-        datapath=rec.datapath,
-        theta=theta,
-        natural=spec.natural(theta),
-        predicted_utility=rec.predicted_utility,
-        sigma=rec.sigma,
-        plan_generation=rec.plan_generation,
-        refit_owner=rec.refit_owner,
-    )
-
-
-def _in_force(history: list[repo.IncumbentRecord], at: datetime) -> repo.IncumbentRecord | None:
-    """The incumbent published last at or before ``at`` (``history`` oldest first)."""
-    i = bisect.bisect_right([h.published_at for h in history], at)
-    return history[i - 1] if i else None
-
-
-def _round(
-    bucket: datetime,
-    by_theta: dict[str, FlowSums],
-    incumbent: repo.IncumbentRecord | None,
-    s: float,
-) -> RoundOut:
-    u = FlowSums.total(by_theta.values()).utility(s)
-    inc = None if incumbent is None else by_theta.get(incumbent.theta_key)
-    iu = None if inc is None else inc.utility(s)
-    return RoundOut(
-        bucket=bucket,
-        flows=u.flows,
-        thetas=len(by_theta),
-        utility=u.mean,
-        utility_stderr=u.stderr,
-        incumbent_theta=None
-        if incumbent is None
-        else load_datapath(incumbent.datapath).from_key(incumbent.theta_key),
-        incumbent_published_at=None if incumbent is None else incumbent.published_at,
-        incumbent_flows=0 if iu is None else iu.flows,
-        incumbent_utility=None if iu is None else iu.mean,
-        incumbent_utility_stderr=None if iu is None else iu.stderr,
-    )
+@contextmanager
+def _context_found() -> Iterator[None]:
+    try:
+        yield
+    except charts.UnknownContext as e:
+        raise HTTPException(404, str(e)) from e
 
 
 @router.get("/rounds", responses=NO_CONTEXT)
@@ -279,26 +39,8 @@ def rounds(
     """Utility per round (time bucket) of one context: all its Fusion flows, and those of the
     incumbent in force at the round's start; the incumbent changes published since the first
     round began."""
-    s = policy.sigma if sigma is None else sigma
-    context_id = _context_id(booster.engine, context)
-    buckets = _bucket_sums(booster.engine, policy, context_id)
-    history = repo.incumbent_history(booster.engine, policy.id, context_id)
-    key, predicted = _incumbent_key(booster, policy, context)
-    incumbent = None
-    if key:
-        theta = policy.spec.from_key(key)
-        incumbent = IncumbentOut(
-            theta=theta, natural=policy.spec.natural(theta), predicted_utility=predicted
-        )
-    first = min(buckets, default=None)
-    return RoundsOut(
-        label=context,
-        sigma=s,
-        bucket_hours=policy.trial_bucket_hours,
-        incumbent=incumbent,
-        changes=[_change(h) for h in history if first is not None and h.published_at >= first],
-        rounds=[_round(b, by_theta, _in_force(history, b), s) for b, by_theta in buckets.items()],
-    )
+    with _context_found():
+        return charts.rounds(booster, policy, context, sigma)
 
 
 @router.get("/incumbents", responses=NO_CONTEXT)
@@ -306,79 +48,8 @@ def incumbents(policy: PolicyDep, booster: BoosterDep, context: ContextQuery) ->
     """Every change of one context's incumbent, oldest first: when each θ was published, what
     the planner predicted for it, and the refit that chose it. One row per change (not per
     refit), kept for the policy's life."""
-    context_id = _context_id(booster.engine, context)
-    history = repo.incumbent_history(booster.engine, policy.id, context_id)
-    return IncumbentsOut(label=context, changes=[_change(h) for h in history])
-
-
-def _recent_reports(policy: Policy, limit: int = MAX_RECENT_REPORTS):
-    """The newest ``limit`` reports of ``policy`` within its history window, as a subquery of
-    id and host."""
-    return (
-        select(Report.id, Report.host_id)
-        .where(
-            Report.policy_id == policy.id,
-            Report.interval_end >= func.now() - _window(policy),
-        )
-        .order_by(Report.id.desc())
-        .limit(limit)
-        .subquery()
-    )
-
-
-def _count_recent_reports(conn: Connection, policy: Policy) -> tuple[int, bool]:
-    """How many reports ``_recent_reports`` reads, and whether the window held more."""
-    more = _recent_reports(policy, MAX_RECENT_REPORTS + 1)
-    n = conn.execute(select(func.count()).select_from(more)).scalar_one()
-    return min(n, MAX_RECENT_REPORTS), n > MAX_RECENT_REPORTS
-
-
-def _theta_flows(engine: Engine, policy: Policy) -> dict[str, int]:
-    """θ key → Fusion flows over the history window, from the trials' sums."""
-    q = (
-        select(TrialRow.theta_key, func.sum(TrialRow.flow_count))
-        .where(
-            TrialRow.policy_id == policy.id,
-            TrialRow.cc == "",
-            TrialRow.bucket >= func.now() - _window(policy),
-        )
-        .group_by(TrialRow.theta_key)
-    )
-    with engine.connect() as conn:
-        return {key: int(n) for key, n in conn.execute(q)}
-
-
-def _theta_hosts(engine: Engine, policy: Policy) -> tuple[dict[str, int], int, int]:
-    """θ key → hosts that reported Fusion flows under it in the newest reports; the hosts in
-    all, and how many reports were read."""
-    recent = _recent_reports(policy)
-    fusion = (
-        select(ReportAggregate.theta_key, recent.c.host_id)
-        .join(recent, recent.c.id == ReportAggregate.report_pk)
-        .where(ReportAggregate.cc == "")
-        .subquery()
-    )
-    per_theta = select(fusion.c.theta_key, func.count(func.distinct(fusion.c.host_id))).group_by(
-        fusion.c.theta_key
-    )
-    with engine.connect() as conn:
-        hosts = {key: int(n) for key, n in conn.execute(per_theta)}
-        total = conn.execute(select(func.count(func.distinct(fusion.c.host_id)))).scalar_one()
-        reports, _ = _count_recent_reports(conn, policy)
-    return hosts, int(total), reports
-
-
-def _param_distributions(spec: ThetaSpec, thetas: list[ThetaInUse]) -> list[ParamDistribution]:
-    out = []
-    for p in spec.params:
-        flows: dict[float, int] = defaultdict(int)
-        hosts: dict[float, int] = defaultdict(int)
-        for t in thetas:
-            flows[t.natural[p.name]] += t.flows
-            hosts[t.natural[p.name]] += t.hosts  # a host running two θ counts under both
-        values = [ValueShare(value=v, flows=flows[v], hosts=hosts[v]) for v in sorted(flows)]
-        out.append(ParamDistribution(name=p.name, symbol=p.symbol, unit=p.unit, values=values))
-    return out
+    with _context_found():
+        return charts.incumbents(booster, policy, context)
 
 
 @router.get("/theta", responses=NOT_FOUND)
@@ -386,65 +57,7 @@ def theta_distribution(policy: PolicyDep, booster: BoosterDep) -> ThetaDistribut
     """The θ the policy's flows ran under over the history window (in its datapath's spec): per
     θ and, per parameter, per value, the flows, and the hosts that reported it in the newest
     reports."""
-    flows = _theta_flows(booster.engine, policy)
-    hosts, total_hosts, reports = _theta_hosts(booster.engine, policy)
-    thetas = []
-    for key in flows.keys() | hosts.keys():
-        theta = policy.spec.from_key(key)
-        thetas.append(
-            ThetaInUse(
-                theta=theta,
-                natural=policy.spec.natural(theta),
-                flows=flows.get(key, 0),
-                hosts=hosts.get(key, 0),
-            )
-        )
-    thetas.sort(key=lambda t: (-t.flows, sorted(t.theta.items())))
-    return ThetaDistributionOut(
-        datapath=policy.spec.datapath,
-        hours=policy.history_hours,
-        flows=sum(t.flows for t in thetas),
-        hosts=total_hosts,
-        reports=reports,
-        thetas=thetas,
-        params=_param_distributions(policy.spec, thetas),
-    )
-
-
-def _quantiles(sketch: DDSketch) -> list[float | None]:
-    return [sketch.get_quantile_value(q) if sketch.count else None for q in QUANTILES]
-
-
-class _Arm:
-    """One arm's merged throughput and queueing-delay sketches, and its flow sums."""
-
-    def __init__(self) -> None:
-        self.sketch = sketches.new_sketch()
-        self.delay_sketch = sketches.new_sketch()
-        self.sums = FlowSums()
-
-    def add(self, sums: FlowSums, raw_sketch: bytes, raw_delay_sketch: bytes) -> None:
-        """Sketches were checked at ingest (``sketch_errors``), so stored bytes parse; b''
-        is an aggregate sent without that sketch."""
-        self.sums = self.sums + sums
-        for sketch, raw in ((self.sketch, raw_sketch), (self.delay_sketch, raw_delay_sketch)):
-            if raw:
-                sketch.merge(sketches.from_proto(pb.QuantileSketch.FromString(raw)))
-
-    def out(self, arm: str) -> ArmPercentiles:
-        n = self.sums.flow_count
-        mean = self.sums.mean_delay
-        var = max(self.sums.delay_sq_sum / n - mean * mean, 0.0) if n else 0.0
-        return ArmPercentiles(
-            arm=arm,
-            flows=n,
-            sketched_flows=round(self.sketch.count),
-            throughput_mbps=_quantiles(self.sketch),
-            delay_sketched_flows=round(self.delay_sketch.count),
-            queue_delay_ms=_quantiles(self.delay_sketch),
-            mean_queue_delay_ms=mean,
-            queue_delay_sd_ms=var**0.5,
-        )
+    return charts.theta_distribution(booster, policy)
 
 
 @router.get("/percentiles", responses=NO_CONTEXT)
@@ -453,36 +66,5 @@ def percentiles(policy: PolicyDep, booster: BoosterDep, context: ContextQuery) -
     window, merged from the agents' sketches per arm: all Fusion flows, today's incumbent θ,
     each other CC seen. Flows sent without a sketch (older agents send no delay sketch) are
     counted in ``flows`` and left out of that sketch's percentiles."""
-    context_id = _context_id(booster.engine, context)
-    incumbent, _ = _incumbent_key(booster, policy, context)
-    recent = _recent_reports(policy)
-    q = (
-        select(
-            ReportAggregate.cc,
-            ReportAggregate.theta_key,
-            ReportAggregate.sketch,
-            ReportAggregate.delay_sketch,
-            *(getattr(ReportAggregate, f) for f in SUM_FIELDS),
-        )
-        .join(recent, recent.c.id == ReportAggregate.report_pk)
-        .where(ReportAggregate.context_id == context_id)
-    )
-    with booster.engine.connect() as conn:
-        reports, truncated = _count_recent_reports(conn, policy)
-        rows = conn.execute(q).all()
-    arms: dict[str, _Arm] = defaultdict(_Arm)
-    for cc, key, raw, raw_delay, n, *sums in rows:
-        flow_sums = FlowSums(int(n), *map(float, sums))
-        tuned = [policy.datapath] + ([INCUMBENT_ARM] if key == incumbent else [])
-        for name in [baseline_label(cc, policy)] if cc else tuned:
-            arms[name].add(flow_sums, raw, raw_delay)
-    ours = [policy.datapath, INCUMBENT_ARM]
-    order = [*ours, *sorted(set(arms) - set(ours))]
-    return PercentilesOut(
-        label=context,
-        hours=policy.history_hours,
-        quantiles=list(QUANTILES),
-        reports=reports,
-        truncated=truncated,
-        arms=[arms[a].out(a) for a in order if a in arms],
-    )
+    with _context_found():
+        return charts.percentiles(booster, policy, context)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from ...models import NAME_PATTERN
-from ...storage import repository as repo
+from .. import credentials as ops
 from .deps import AuthorityDep, BoosterDep, Reader, Writer
 from .errors import AUTH_ERRORS, TOO_LARGE, error
 
@@ -20,7 +20,7 @@ router = APIRouter(prefix="/v1", tags=["credentials"], responses=AUTH_ERRORS)
 
 
 def _printable(host_id: str) -> str:
-    """As the storage layer requires (``repo._check_binding``), so a rotation refuses what a
+    """As the storage layer requires (``create_token`` refuses them), so a rotation refuses what a
     creation refuses, with a 422 rather than the storage layer's ValueError (a 500)."""
     if not host_id.isprintable():
         raise ValueError("host id: need printable characters only (no control or format ones)")
@@ -29,7 +29,7 @@ def _printable(host_id: str) -> str:
 
 HostId = Annotated[
     str,
-    Field(min_length=1, max_length=repo.MAX_HOST_ID_LEN, pattern=r"^\S+$"),
+    Field(min_length=1, max_length=ops.MAX_HOST_ID_LEN, pattern=r"^\S+$"),
     AfterValidator(_printable),
 ]
 MAX_GRACE_S = 30 * 86_400
@@ -86,10 +86,10 @@ def create_token(
     who: Writer, body: TokenCreate, booster: BoosterDep, authority: AuthorityDep
 ) -> TokenOut:
     try:
-        token = repo.create_token(
+        token = ops.create_token(
             booster.engine, body.name, body.role, who.name, host_id=body.host_id
         )
-    except repo.Conflict as e:
+    except ops.Conflict as e:
         raise HTTPException(409, str(e)) from e
     authority.invalidate()
     return TokenOut(name=body.name, role=body.role, host_id=body.host_id, token=token)
@@ -106,12 +106,12 @@ def rotate_token(
     """A new token for the host; its other tokens expire after ``grace_s``, so the host
     switches without a refused call."""
     try:
-        r = repo.rotate_token(
+        r = ops.rotate_token(
             booster.engine, body.host_id, who.name, timedelta(seconds=body.grace_s)
         )
-    except repo.NotFound as e:
+    except ops.NotFound as e:
         raise HTTPException(404, str(e)) from e
-    except repo.Conflict as e:
+    except ops.Conflict as e:
         raise HTTPException(409, str(e)) from e
     authority.invalidate()
     return RotationOut(
@@ -131,8 +131,8 @@ def rotate_token(
 )
 def revoke_token(who: Writer, name: str, booster: BoosterDep, authority: AuthorityDep) -> None:
     try:
-        repo.revoke_token(booster.engine, name, who.name)
-    except repo.NotFound as e:
+        ops.revoke_token(booster.engine, name, who.name)
+    except ops.NotFound as e:
         raise HTTPException(404, str(e)) from e
     authority.invalidate()
 
@@ -142,4 +142,4 @@ def audit_log(
     _: Reader, booster: BoosterDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> list[dict[str, Any]]:
     """The newest entries first."""
-    return repo.audit_entries(booster.engine, limit)
+    return ops.audit_entries(booster.engine, limit)

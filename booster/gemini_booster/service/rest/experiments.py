@@ -9,7 +9,7 @@ restores them to their own defaults.
 from __future__ import annotations
 
 from datetime import UTC, date, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, HTTPException, Path, Query
 from fastapi.exceptions import RequestValidationError
@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from gemini_api.datapaths import registry
 
 from ...experiments import assignment as assign
-from ...experiments import service
 from ...experiments.domain import (
+    DAY,
     MAX_HOSTS,
     ArmSpec,
     Experiment,
@@ -32,8 +32,8 @@ from ...experiments.domain import (
 from ...experiments.guardrail import Decision
 from ...experiments.statistics import LEVEL, ArmResult, Difference, Estimate, Period, Results
 from ...models import Sigma
-from ...storage import experiments as store
-from ...storage import repository as repo
+from .. import experiments as ops
+from .csvout import CSV_MEDIA, Format, csv_response
 from .deps import BoosterDep, Reader, Writer
 from .errors import AUTH_ERRORS, TOO_LARGE, error
 
@@ -227,7 +227,14 @@ class PeriodOut(BaseModel):
 
 
 class DayOut(PeriodOut):
+    """One experiment day. ``day`` is its label (a date: the calendar date with 86,400 s days,
+    the start's date + ``index`` days with compressed ones); ``index``, ``start`` and ``end``
+    say which stretch of time it really was, whatever the day's length."""
+
     day: date
+    index: int = Field(description="0 for the day holding the experiment's start")
+    start: datetime = Field(description="the day's first instant")
+    end: datetime = Field(description="the next day's first instant")
     period: int
 
 
@@ -235,15 +242,48 @@ class ResultsOut(BaseModel):
     experiment: str
     sigma: float
     level: float = Field(description="of every interval (two-sided)")
-    days: list[DayOut]
+    day_seconds: int = Field(description="an experiment day, in seconds (86400: UTC days)")
+    days: list[DayOut] = Field(
+        description="each day the experiment ran so far (none after a stop), in order"
+    )
     overall: PeriodOut
 
     @classmethod
-    def of(cls, name: str, r: Results) -> ResultsOut:
-        days = [DayOut(day=d.day, period=d.period, **dict(PeriodOut.of(d))) for d in r.days]
+    def of(cls, e: Experiment, r: Results) -> ResultsOut:
+        first = e.calendar.first
+        days = [
+            DayOut(
+                day=d.day,
+                index=(d.day - first).days,
+                start=e.day_start(d.day),
+                end=e.day_start(d.day + DAY),
+                period=d.period,
+                **dict(PeriodOut.of(d)),
+            )
+            for d in r.days
+        ]
         return cls(
-            experiment=name, sigma=r.sigma, level=LEVEL, days=days, overall=PeriodOut.of(r.overall)
+            experiment=e.name,
+            sigma=r.sigma,
+            level=LEVEL,
+            day_seconds=e.day_seconds,
+            days=days,
+            overall=PeriodOut.of(r.overall),
         )
+
+    def csv_rows(self) -> list[dict[str, Any]]:
+        """The same values as a table: per day, one row per arm (``row`` arm) then one per
+        difference to control (``row`` difference); then the overall rows (``day`` overall)."""
+        periods: list[tuple[dict[str, Any], PeriodOut]] = [
+            (d.model_dump(include={"day", "index", "start", "end", "period"}), d) for d in self.days
+        ]
+        periods.append(({"day": "overall"}, self.overall))
+        return [
+            {"row": kind, **where, **item.model_dump()}
+            for where, p in periods
+            for kind, items in (("arm", p.arms), ("difference", p.differences))
+            for item in items
+        ]
 
 
 class DecisionOut(BaseModel):
@@ -308,8 +348,8 @@ def _check_policies(body: ExperimentCreate, booster: BoosterDep) -> None:
 
 def _found(booster: BoosterDep, name: str) -> Experiment:
     try:
-        return store.get_experiment(booster.engine, name)
-    except repo.NotFound as e:
+        return ops.get_experiment(booster.engine, name)
+    except ops.NotFound as e:
         raise HTTPException(404, str(e)) from e
 
 
@@ -326,8 +366,8 @@ def create_experiment(
 ) -> ExperimentOut:
     _check_policies(body, booster)
     try:
-        created = store.create_experiment(booster.engine, body, who.name)
-    except repo.Conflict as e:
+        created = ops.create_experiment(booster.engine, body, who.name)
+    except ops.Conflict as e:
         raise HTTPException(409, str(e)) from e
     booster.experiments_changed({created.id})
     return ExperimentOut.of(created)
@@ -335,7 +375,7 @@ def create_experiment(
 
 @router.get("/experiments")
 def list_experiments(_: Reader, booster: BoosterDep) -> list[ExperimentOut]:
-    return [ExperimentOut.of(e) for e in store.list_experiments(booster.engine)]
+    return [ExperimentOut.of(e) for e in ops.list_experiments(booster.engine)]
 
 
 @router.get("/experiments/{name}", responses=NO_EXPERIMENT)
@@ -353,10 +393,10 @@ def stop_experiment(
     """Stop now: every host of the experiment is restored to its own defaults."""
     reason = (body or StopIn()).reason
     try:
-        stopped = store.stop_experiment(booster.engine, name, who.name, reason)
-    except repo.NotFound as e:
+        stopped = ops.stop_experiment(booster.engine, name, who.name, reason)
+    except ops.NotFound as e:
         raise HTTPException(404, str(e)) from e
-    except repo.Conflict as e:
+    except ops.Conflict as e:
         raise HTTPException(409, str(e)) from e
     booster.experiments_changed({stopped.id})
     return ExperimentOut.of(stopped)
@@ -380,7 +420,7 @@ def stop_arm(
     if arm not in experiment.arm_names:
         raise HTTPException(404, f"experiment {name!r} has no arm {arm!r}")
     reason = (body or StopIn()).reason
-    if not store.stop_arm(booster.engine, name, arm, who.name, reason, {}):
+    if not ops.stop_arm(booster.engine, name, arm, who.name, reason):
         raise HTTPException(409, f"arm {arm!r} is already stopped, or {name!r} is not running")
     booster.experiments_changed({experiment.id})
     return ExperimentOut.of(_found(booster, name))
@@ -398,10 +438,10 @@ def join_hosts(
     """Add hosts: each goes to the arm its region is furthest below its share in (a host that
     left comes back to its own); no other host's arm changes."""
     try:
-        joined = store.join_hosts(booster.engine, name, body, who.name)
-    except repo.NotFound as e:
+        joined = ops.join_hosts(booster.engine, name, body, who.name)
+    except ops.NotFound as e:
         raise HTTPException(404, str(e)) from e
-    except repo.Conflict as e:
+    except ops.Conflict as e:
         raise HTTPException(409, str(e)) from e
     booster.experiments_changed({joined.id})
     return ExperimentOut.of(joined)
@@ -412,8 +452,8 @@ def leave_hosts(who: Writer, name: ExperimentName, body: LeaveIn, booster: Boost
     """Hosts leave now and are restored to their own defaults; their flows so far still
     count for their arm, and no other host's arm changes."""
     try:
-        left = store.leave_hosts(booster.engine, name, body.hosts, who.name)
-    except repo.NotFound as e:
+        left = ops.leave_hosts(booster.engine, name, body.hosts, who.name)
+    except ops.NotFound as e:
         raise HTTPException(404, str(e)) from e
     booster.experiments_changed()
     return LeftOut(left=left)
@@ -424,13 +464,18 @@ def run_guardrail(who: Writer, name: ExperimentName, booster: BoosterDep) -> lis
     """Apply the guardrail now: arms below control by more than its margin, with its
     confidence, are stopped (audited). Empty without a guardrail or when not running."""
     _found(booster, name)
-    decisions = service.enforce_guardrail(booster.engine, name, who.name)
+    decisions = ops.enforce_guardrail(booster.engine, name, who.name)
     if any(d.stop for d in decisions):
         booster.experiments_changed()
     return [DecisionOut.of(d) for d in decisions]
 
 
-@router.get("/experiments/{name}/results", responses=NO_EXPERIMENT)
+@router.get(
+    "/experiments/{name}/results",
+    responses=NO_EXPERIMENT
+    | {200: {"content": {CSV_MEDIA: {}}, "description": "JSON, or CSV (format=csv)"}},
+    response_model=ResultsOut,
+)
 def experiment_results(
     _: Reader,
     name: ExperimentName,
@@ -442,25 +487,30 @@ def experiment_results(
         date | None,
         Query(description="this experiment day only, by its label (overall: every day)"),
     ] = None,
-) -> ResultsOut:
+    format: Format = "json",
+) -> Any:
     """Per day and per arm, and over the whole experiment: flows, hosts, mean utility,
     throughput, queueing delay and slow-flow share with 95 % intervals over hosts, and each
-    arm's difference to control (within host after a crossover)."""
+    arm's difference to control (within host after a crossover). ``format=csv``: the same
+    values as a table (``ResultsOut.csv_rows``)."""
     try:
-        experiment, r = service.experiment_results(booster.engine, name, sigma, day)
-    except repo.NotFound as e:
+        experiment, r = ops.experiment_results(booster.engine, name, sigma, day)
+    except ops.NotFound as e:
         raise HTTPException(404, str(e)) from e
     if day is not None and day not in experiment.days():
         msg = f"day: {day} is not a day of the experiment"
         raise RequestValidationError([{"loc": ("query", "day"), "msg": msg, "type": "value_error"}])
-    return ResultsOut.of(name, r)
+    out = ResultsOut.of(experiment, r)
+    if format == "csv":
+        return csv_response(out.csv_rows(), f"{name}-results.csv")
+    return out
 
 
 @router.get("/hosts/{host_id}/experiment")
 def host_experiment(_: Reader, host_id: HostPath, booster: BoosterDep) -> HostAssignmentOut:
     """The arm ``host_id`` runs now, or null: in no running experiment, or its arm stopped."""
     now = datetime.now(UTC)
-    a = store.host_assignment(booster.engine, host_id, now)
+    a = ops.host_assignment(booster.engine, host_id, now)
     if a is None:
         return HostAssignmentOut(host_id=host_id, experiment=None)
     out = HostArmOut(

@@ -10,12 +10,10 @@ No answer carries a database driver's message.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from fastapi import APIRouter, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
-from sqlalchemy import text
 
 from ..core import Booster
 from .deps import BoosterDep
@@ -36,24 +34,10 @@ class Ready(BaseModel):
     policies: int
 
 
-def _database_reason(booster: Booster) -> str | None:
-    """Readiness for a core without ``ready()``: the database answers."""
-    try:
-        with booster.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-    except Exception as e:
-        log.warning("readiness: database unreachable: %s", e)
-        return "database unreachable"
-    return None
-
-
 def not_ready_reason(booster: Booster) -> str | None:
     """None when ready; else why not, in the core's words (never an exception's text)."""
-    ready: Callable[[], str | None] | None = getattr(booster, "ready", None)
-    if ready is None:
-        return _database_reason(booster)
     try:
-        return ready()
+        return booster.ready()
     except Exception:
         log.exception("readiness check failed")
         return "readiness check failed"

@@ -1,13 +1,13 @@
 """What the optimiser made of a policy: the θ spec, the plan per context, the trials behind it,
 and the A/B comparison against the other congestion controls on the same hosts.
 
-Utilities are eq. 9 over stored running sums (``FlowSums.utility``), so any σ can be previewed
-(``?sigma=``) without changing the policy.
+Trials and comparison cover the same history window (``Policy.history_window``), computed by
+``service/trials.py``. Utilities are eq. 9 over stored running sums (``FlowSums.utility``), so
+any σ can be previewed (``?sigma=``) without changing the policy.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
@@ -15,10 +15,11 @@ from pydantic import BaseModel
 
 from gemini_api.datapaths import DEFAULT_DATAPATH, datapaths, load_datapath
 
-from ...domain import ContextKey, merge_buckets
+from ...domain import ContextKey
 from ...models import Sigma
-from ...storage import repository as repo
-from ..comparison import ContextComparison, compare
+from .. import trials as service_trials
+from ..comparison import ContextComparison
+from ..trials import TrialOut
 from .csvout import CSV_MEDIA, Format, csv_response
 from .deps import BoosterDep, PolicyDep, Reader
 from .errors import AUTH_ERRORS, NOT_FOUND
@@ -39,18 +40,6 @@ class ContextPlanOut(BaseModel):
     incumbent_natural: dict[str, float]
     predicted_utility: float
     exploration_candidates: int
-
-
-class TrialOut(BaseModel):
-    context: dict[str, str | int]
-    theta: dict[str, int]
-    flows: int
-    reports: int
-    utility: float
-    utility_stderr: float
-    mean_throughput_mbps: float
-    mean_queue_delay_ms: float
-    slow_flow_share: float
 
 
 @router.get("/theta-spec", tags=["theta"])
@@ -102,28 +91,10 @@ def trials(
     limit: Annotated[int, Query(ge=1, le=10000)] = 500,
     format: Format = "json",
 ) -> Any:
-    """Every Fusion trial of the policy, best first at ``sigma`` (the policy's by default);
-    ``format=csv``: the same rows as CSV."""
-    s = policy.sigma if sigma is None else sigma
-    found = merge_buckets(repo.load_trials(booster.engine, policy.id))
-    contexts = repo.load_contexts(booster.engine, {t.context_id for t in found})
-    rows = []
-    for t in found:
-        u = t.sums.utility(s)
-        rows.append(
-            TrialOut(
-                context=ContextKey(*contexts[t.context_id]).as_dict(),
-                theta=policy.spec.from_key(t.theta_key),
-                flows=t.flow_count,
-                reports=t.report_count,
-                utility=u.mean,
-                utility_stderr=u.stderr,
-                mean_throughput_mbps=t.sums.mean_throughput,
-                mean_queue_delay_ms=t.sums.mean_delay,
-                slow_flow_share=t.slow_flow_share,
-            )
-        )
-    best = sorted(rows, key=lambda r: -r.utility)[:limit]
+    """The policy's Fusion trials over its history window (the comparison's and the model's:
+    ``Policy.history_window``), one per context and θ, best first at ``sigma`` (the policy's
+    by default); ``format=csv``: the same rows as CSV."""
+    best = service_trials.trials(booster, policy, sigma, limit)
     if format == "csv":
         return csv_response((r.model_dump() for r in best), f"{policy.name}-trials.csv")
     return best
@@ -140,24 +111,7 @@ def comparison(
     """Fusion against the other CCs the agents saw, per context with baseline flows, over the
     policy's history window; ``format=csv``: one row per context and arm, then one per
     context and pair (``row`` says which), with the same values."""
-    history = timedelta(hours=policy.history_hours)
-    fusion = repo.load_trials(booster.engine, policy.id, history)
-    baselines = repo.load_baselines(booster.engine, policy.id, history)
-    compared = {t.context_id for ts in baselines.values() for t in ts}
-    contexts = {c: ContextKey(*k) for c, k in repo.load_contexts(booster.engine, compared).items()}
-    ids = {key: c for c, key in contexts.items()}
-    incumbents: dict[int, str] = {}
-    for key, plan in booster.plan_snapshot(policy.id).items():
-        c = ids.get(ContextKey(*key))
-        if c is not None:
-            incumbents[c] = plan.incumbent_key
-    table = compare(policy, fusion, baselines, incumbents, sigma)
-    out = [
-        ContextComparison(
-            context=contexts[c].as_dict(), label=contexts[c].label, arms=arms, versus=pairs
-        )
-        for c, (arms, pairs) in table.items()
-    ]
+    out = service_trials.comparison(booster, policy, sigma)
     if format == "csv":
         rows = [
             {"row": kind, "label": c.label, **item.model_dump()}

@@ -1,7 +1,7 @@
 """Policies: what an operator declares for one fleet (σ, region, exploration, model limits).
 
-Changes are written to PostgreSQL first (with an audit entry); this replica reloads its policy
-table at once and the others follow through the database.
+Changes go through ``service/policies.py``: written to PostgreSQL first (with an audit entry),
+this replica reloads its policy table at once and the others follow through the database.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ValidationError
 
 from ...models import Policy, PolicyCreate, PolicyUpdate
-from ...storage import repository as repo
 from .. import core
+from .. import policies as ops
 from .deps import BoosterDep, PolicyDep, Reader, Writer
 from .errors import AUTH_ERRORS, NOT_FOUND, TOO_LARGE, error, invalid_body
 
@@ -43,11 +43,9 @@ def list_policies(_: Reader, booster: BoosterDep) -> list[Policy]:
 )
 def create_policy(who: Writer, body: PolicyCreate, booster: BoosterDep) -> Policy:
     try:
-        created = repo.create_policy(booster.engine, body, who.name)
-    except repo.Conflict as e:
+        return ops.create_policy(booster, body, who.name)
+    except ops.Conflict as e:
         raise HTTPException(409, str(e)) from e
-    booster.reload_policies()
-    return created
 
 
 @router.get("/{name}", responses=NOT_FOUND)
@@ -60,13 +58,11 @@ def update_policy(who: Writer, name: str, body: PolicyUpdate, booster: BoosterDe
     """Change some settings; the merged policy is checked whole (e.g. custom bounds need
     region custom), and a refusal leaves the policy as it was."""
     try:
-        updated = repo.update_policy(booster.engine, name, body, who.name)
-    except repo.NotFound as e:
+        return ops.update_policy(booster, name, body, who.name)
+    except ops.NotFound as e:
         raise HTTPException(404, f"policy {name!r} not found") from e
     except ValidationError as e:
         raise invalid_body(e, body.model_dump(mode="json", exclude_unset=True)) from e
-    booster.reload_policies()
-    return updated
 
 
 @router.post(

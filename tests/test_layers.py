@@ -1,0 +1,116 @@
+"""Layers import downward (doors → service → domain/policy; storage behind the service), read
+from the source's own import statements (AST, nothing imported or run):
+
+- no REST router (``service/rest/``) and not the gRPC door (``service/grpc_server.py``)
+  imports ``storage``, and no router builds SQL (SQLAlchemy only for its exception types, which
+  ``rest/errors.py`` maps to 503);
+- the ``experiments`` package is domain: it imports neither ``storage`` nor the service layer,
+  except the two names kept for callers not yet moved (``LEGACY_REEXPORTS``), which hold no code
+  of their own;
+- the lab reaches Booster's storage only where it does today (``LAB_STORAGE_USERS``, to be
+  moved behind service functions): a new lab module that does fails, and a listed one that
+  stops must leave the list.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOSTER = ROOT / "booster" / "gemini_booster"
+LAB = ROOT / "lab" / "gemini_lab"
+STORAGE = "gemini_booster.storage"
+SERVICE = "gemini_booster.service"
+# Re-exports of service modules under their old names, for service/core.py (ArmCache) and
+# service/guardrail_task.py (enforce_guardrail ...) until those import from the service layer.
+LEGACY_REEXPORTS = {"cache.py", "service.py"}
+# Lab modules that read or write Booster's tables directly today (issue #37 item 3).
+LAB_STORAGE_USERS = {"abtest.py", "cubic.py", "loop.py"}
+
+
+def module_name(path: Path) -> str:
+    """``booster/gemini_booster/service/rest/plans.py`` → ``gemini_booster.service.rest.plans``."""
+    package_root = path.parents[len(path.relative_to(ROOT).parts) - 2]
+    parts = list(path.relative_to(package_root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, name: str | None = None) -> set[str]:
+    """Every module ``path`` (module ``name``) imports, relative imports resolved, including
+    ``from X import Y`` as ``X.Y`` (Y may be a module), at any depth (a function's lazy import
+    counts)."""
+    name = name or module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base]) if base else ".".join(anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def reaches(path: Path, prefix: str, name: str | None = None) -> set[str]:
+    return {m for m in imports(path, name) if m == prefix or m.startswith(prefix + ".")}
+
+
+def sources(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.py"))
+
+
+def test_import_resolution_reads_relative_and_lazy_imports(tmp_path):
+    """The checker itself: a relative import inside a function, in a router's place, is seen
+    as the storage module it names (so the rules below can fail)."""
+    door = tmp_path / "door.py"
+    door.write_text("def f():\n    from ...storage import repository\n")
+    name = "gemini_booster.service.rest.door"
+    assert reaches(door, STORAGE, name) == {STORAGE, f"{STORAGE}.repository"}
+    plain = tmp_path / "plain.py"
+    plain.write_text("import gemini_booster.storage.schema as s\nfrom ..trials import x\n")
+    assert reaches(plain, STORAGE, name) == {f"{STORAGE}.schema"}
+    assert "gemini_booster.service.trials.x" in imports(plain, name)
+    assert module_name(BOOSTER / "service" / "rest" / "plans.py") == (
+        "gemini_booster.service.rest.plans"
+    )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*sources(BOOSTER / "service" / "rest"), BOOSTER / "service" / "grpc_server.py"],
+    ids=lambda p: str(p.relative_to(BOOSTER)),
+)
+def test_doors_reach_storage_only_through_the_service_layer(path):
+    assert reaches(path, STORAGE) == set()
+
+
+@pytest.mark.parametrize("path", sources(BOOSTER / "service" / "rest"), ids=lambda p: p.name)
+def test_routers_build_no_sql(path):
+    sql = {m for m in reaches(path, "sqlalchemy") if not m.startswith("sqlalchemy.exc")}
+    assert sql == set()
+
+
+@pytest.mark.parametrize("path", sources(BOOSTER / "experiments"), ids=lambda p: p.name)
+def test_the_experiments_package_is_domain(path):
+    assert reaches(path, STORAGE) == set()
+    upward = reaches(path, SERVICE)
+    if path.name in LEGACY_REEXPORTS:
+        tree = ast.parse(path.read_text())
+        own = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)]
+        assert own == [], "a re-export name holds no code of its own"
+        assert upward, "moved: drop it from LEGACY_REEXPORTS (and delete the file)"
+    else:
+        assert upward == set()
+
+
+def test_the_lab_reaches_storage_only_where_it_did():
+    users = {p.name for p in sources(LAB) if reaches(p, STORAGE)}
+    assert users - LAB_STORAGE_USERS == set(), "a new lab module reads Booster's tables"
+    assert LAB_STORAGE_USERS - users == set(), "moved off storage: drop it from the list"

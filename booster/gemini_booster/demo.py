@@ -25,11 +25,9 @@ import secrets
 import shutil
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,6 +38,7 @@ from .config import Settings
 from .domain import ContextKey
 from .fleet import SyntheticFleet
 from .models import Policy, PolicyCreate
+from .progress import Progress
 from .service.app import BoosterServer
 from .service.refit import RefitElsewhere
 from .storage import repository as repo
@@ -53,7 +52,6 @@ ROUND_S = 3600 // ROUNDS_PER_HOUR
 LIVE_ROUND_S = 10  # once the history has been replayed: a round this often, of this length
 EXPERIMENT_DAY_S = 3600  # an experiment "day" of the demo: one hour of its clock
 EXPERIMENT_AFTER = timedelta(days=1)  # planned end, after the demo starts
-HEARTBEAT_S = 5.0  # a slow step says it is still going this often
 HTTP_TIMEOUT_S = 30.0
 
 
@@ -64,35 +62,6 @@ class DemoOptions:
     rounds: int | None = None  # None: until interrupted
     keep_serving: bool = False  # after the last of --rounds, serve until interrupted
     keep_state: bool = False
-
-
-class Progress:
-    """Timestamped progress lines, and a heartbeat while a slow step runs, so the terminal is
-    never silent for long during start-up."""
-
-    def __init__(self) -> None:
-        self.t0 = time.monotonic()
-
-    def say(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.t0:6.1f} s] {text}", flush=True)
-
-    @contextmanager
-    def step(self, text: str) -> Iterator[None]:
-        self.say(f"{text} …")
-        began, done = time.monotonic(), threading.Event()
-
-        def beat() -> None:
-            while not done.wait(HEARTBEAT_S):
-                self.say(f"  … {text} ({time.monotonic() - began:.0f} s so far)")
-
-        ticker = threading.Thread(target=beat, daemon=True)
-        ticker.start()
-        try:
-            yield
-        finally:
-            done.set()
-            ticker.join()
-        self.say(f"{text}: done in {time.monotonic() - began:.1f} s")
 
 
 def demo_hosts() -> tuple[list[str], list[str]]:
@@ -314,8 +283,8 @@ def quiet_logs(settings: Settings) -> None:
         logging.getLogger().setLevel(logging.WARNING)
 
 
-def run_demo(settings: Settings, options: DemoOptions) -> int:
-    progress = Progress()
+def run_demo(settings: Settings, options: DemoOptions, progress: Progress | None = None) -> int:
+    progress = progress or Progress()
     quiet_logs(settings)
     if settings.database_url is not None:
         progress.say("the demo ignores database_url: it runs its own embedded PostgreSQL")

@@ -283,8 +283,11 @@ def cmd_override(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    print("booster demo: loading Booster …", flush=True)  # the imports take seconds
-    from ..demo import DemoOptions, run_demo
+    from ..progress import Progress
+
+    progress = Progress()
+    with progress.step("loading Booster"):  # the service's imports take seconds
+        from ..demo import DemoOptions, run_demo
 
     options = DemoOptions(
         port=args.port,
@@ -293,7 +296,7 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
         keep_serving=args.keep_serving,
         keep_state=args.keep_state,
     )
-    return run_demo(settings, options)
+    return run_demo(settings, options, progress)
 
 
 COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {

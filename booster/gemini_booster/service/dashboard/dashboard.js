@@ -37,6 +37,21 @@ async function api(path, options = {}) {
   return body;
 }
 
+// The API's CSV exports (?format=csv) need the token, so they are fetched, not linked, and
+// saved under the file name the answer gives: the same rows as the tables' JSON.
+async function downloadCsv(path) {
+  const headers = { authorization: `Bearer ${sessionStorage.getItem(TOKEN_KEY) || ""}` };
+  const response = await fetch(path, { headers });
+  if (!response.ok) throw new ApiError(explain(response.status, await response.json().catch(() => null)));
+  const named = /filename="([^"]+)"/.exec(response.headers.get("content-disposition") || "");
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(await response.blob());
+  link.download = named ? named[1] : "export.csv";
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 60_000);
+  return link.download;
+}
+
 function say(text, kind) {
   $("status").textContent = text;
   $("status").className = kind;
@@ -770,6 +785,16 @@ $("experiment-stop").addEventListener("click", () => guarded(async () => {
   await loadExperiments();
   say(`Stopped experiment ${e.name} (${e.status}).`, "ok");
 }));
+
+function csvButton(id, path) {
+  $(id).addEventListener("click", () => guarded(async () => {
+    const sep = path().includes("?") ? "&" : "?";
+    say(`Saved ${await downloadCsv(`${path()}${sep}format=csv`)}.`, "ok");
+  }));
+}
+csvButton("comparison-csv", () => `${policyPath()}/comparison?${sigmaQuery()}`);
+csvButton("trials-csv", () => `${policyPath()}/trials?${sigmaQuery()}`);
+csvButton("experiment-csv", () => `/v1/experiments/${encodeURIComponent($("experiment").value)}/results`);
 
 $("preview").addEventListener("click", () => guarded(async () => {
   const sigma = $("sigma").value;

@@ -52,6 +52,9 @@ def arm_message(found: Assignment) -> pb.ExperimentArm:
 
 
 class ArmCache:
+    """The pending experiments by host, swapped whole under a lock: GetParameters reads it
+    from many threads while ``refresh`` replaces it."""
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._by_host: dict[str, tuple[Experiment, ...]] = {}

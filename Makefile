@@ -11,15 +11,19 @@ COMPONENTS := api agent booster lab
 # The four distributions editable, with the development tools of pyproject.toml's `dev` group
 # (pip ≥ 25.1 reads dependency groups). gemini-cc, the single distribution this replaced, is
 # removed first so that only one finder maps each package to its folder.
+# pip's own progress is shown (the first install downloads for minutes), not --quiet.
 $(STAMP): pyproject.toml $(COMPONENTS:%=%/pyproject.toml)
+	@echo "== installing Gemini and its dependencies into $(VENV) (the first time takes minutes)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip uninstall --quiet --yes gemini-cc 2>/dev/null || true
-	$(BIN)/pip install --quiet $(COMPONENTS:%=-e ./%) --group dev
+	$(BIN)/pip install --progress-bar on $(COMPONENTS:%=-e ./%) --group dev
 	touch $(STAMP)
+	@echo "== installed: $(BIN)/booster, $(BIN)/gemini-agent, $(BIN)/gemini-lab"
 
-demo: $(STAMP)  ## Booster on embedded PostgreSQL, driven by a simulated demo fleet over gRPC
-	$(BIN)/booster demo
+# DEMO_ARGS go to `booster demo` (see docs/cli.md): e.g. make demo DEMO_ARGS="--port 8090 --hours 24"
+demo: $(STAMP)  ## Booster and a simulated fleet with an A/B experiment: dashboard on :8080 until Ctrl-C
+	$(BIN)/booster demo $(DEMO_ARGS)
 
 test: $(STAMP)  ## lint, then every test (real PostgreSQL, embedded)
 	$(BIN)/ruff check .

@@ -33,7 +33,7 @@ enum fusion_theta_param {
 #define FUSION_THETA_NAMES { "init_cwnd", "mult_increase", "add_increase", "mult_decrease", "loss_threshold", "rtt_threshold", "window_intervals" }
 #define FUSION_THETA_MIN { 10, 100, 1, 10, 0, 1, 1 }
 #define FUSION_THETA_MAX { 100, 1000, 100, 99, 1000, 100, 60 }
-#define FUSION_THETA_DEFAULT { 10, 100, 2, 85, 5, 50, 40 }
+#define FUSION_THETA_DEFAULT { 10, 100, 2, 85, 10, 50, 40 }
 /* netlink extack messages must outlive the call: one literal per parameter */
 #define FUSION_THETA_RANGE_ERRORS { \
 	"init_cwnd outside region Theta' [10, 100]", \

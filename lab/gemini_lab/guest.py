@@ -49,6 +49,8 @@ from gemini_lab.netem import (
     Topology,
     add_lab_host,
     enter_netns,
+    out_of_order_segments,
+    path_qdiscs,
     receiver_addr,
     receiver_ns,
     receiver_prefix,
@@ -92,6 +94,19 @@ def exp_flow(e: dict, out: Path) -> dict:
     result["record_listener"] = rc.summary
     set_default_theta(default_theta())
     return result
+
+
+def exp_path_check(e: dict, out: Path) -> dict:
+    """A path as the kernel holds it: its qdiscs read back, and a flow over it with the
+    receiver's count of segments queued out of order before and after (issue #34: jitter that
+    must not reorder, and jitter that does)."""
+    before = out_of_order_segments(e["path"])
+    flow = run_flow(e["path"], e["cc"], e["duration_s"])
+    return {
+        "qdiscs": path_qdiscs(e["path"]),
+        "out_of_order": out_of_order_segments(e["path"]) - before,
+        "flow": flow,
+    }
 
 
 def exp_profiles(e: dict, out: Path) -> dict:
@@ -583,6 +598,7 @@ def exp_fleet(e: dict, out: Path) -> dict:
 
 EXPERIMENTS = {
     "flow": exp_flow,
+    "path_check": exp_path_check,
     "profiles": exp_profiles,
     "rejects": exp_rejects,
     "cpu": exp_cpu,

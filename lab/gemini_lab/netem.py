@@ -19,12 +19,18 @@ A path of several hops (``Scenario.hops``) puts a forwarding namespace p<i>n<j> 
 end of each hop after the first, each hop shaped there the same way; where a link marks ECN
 (``ecn_threshold_packets``) its queue is RED instead of netem (``red_args``). A scenario's
 ``receiver_cc`` becomes its receiver namespace's default congestion control.
+
+A scenario's delay variation (``jitter_ms``, ``jitter_reorder``, ``ack_burst_ms``) is drawn by
+the same netem qdiscs, from the lab's fixed seed: on the return path's delay line
+(``delay_line_args``) where it must not reorder, or at the bottleneck where it reorders data
+(``bottleneck_args``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import subprocess
 import threading
@@ -160,12 +166,40 @@ def tbf_args(rate_kbit: int, burst_packets: int | None = None) -> list[str]:
     return ["rate", f"{rate_kbit}kbit", "burst", str(burst), "latency", "1s"]
 
 
+NO_REORDER_RATE = "10gbit"  # netem's own rate, only so that no packet overtakes another
+MS = 1000.0
+
+
 def bottleneck_args(s: Scenario | Link) -> list[str]:
-    """netem as the bottleneck queue: its limit in packets, its random loss."""
+    """netem as the bottleneck queue: its limit in packets, its random loss and, where the
+    path reorders, a delay of 0 to 2 J per data packet drawn independently (netem's delay
+    queue is ordered by departure time, so a short draw overtakes a long one). Packets held
+    by that delay count against netem's limit too, so the limit grows by what the link
+    carries in 2 J: the queue left for queueing stays ``queue_limit``."""
     link = s.links()[0] if isinstance(s, Scenario) else s
-    args = ["limit", str(link.queue_limit)]
+    limit = link.queue_limit
+    if link.jitter_ms:
+        limit += math.ceil(link.rate_kbit * 2 * link.jitter_ms / (WIRE_PACKET_BYTES * 8))
+    args = ["limit", str(limit)]
+    if link.jitter_ms:
+        args += ["delay", f"{link.jitter_ms:g}ms", f"{link.jitter_ms:g}ms"]
     if link.loss_percent:
         args += ["loss", "random", f"{link.loss_percent}%"]
+    return args
+
+
+def delay_line_args(s: Scenario) -> list[str]:
+    """The return path's netem (on the receiver's egress): the round trip's delay, and the
+    variation that does not reorder: a uniform draw of ± J per ACK with netem's ``rate`` set
+    (far above any ACK stream's), under which netem sends each packet no earlier than the one
+    before it; and ``slot`` A, A: ACKs wait for the next of the slots, A ms apart, and leave
+    together (min = max: no random slot lengths)."""
+    args = ["delay", f"{s.return_delay_ms():g}ms"]
+    if s.jitter_ms and not s.jitter_reorder:
+        args += [f"{s.jitter_ms:g}ms", "rate", NO_REORDER_RATE]
+    args += ["limit", str(DELAY_LIMIT)]
+    if s.ack_burst_ms:
+        args += ["slot", f"{s.ack_burst_ms:g}ms", f"{s.ack_burst_ms:g}ms"]
     return args
 
 
@@ -248,6 +282,29 @@ def qdisc_stats(path: int, hop: int = 0) -> dict:
     raise RuntimeError(f"no qdisc {BOTTLENECK_HANDLE} on {dev} in {ns}")
 
 
+def path_qdiscs(path: int) -> dict:
+    """What the kernel holds for path ``path`` (tc's JSON): ``data``, the qdiscs at the
+    sending end of its first hop (tbf, and netem or RED below it), and ``return``, the delay
+    line on the receiver's egress. The lab test reads a scenario's jitter and ACK bursts back
+    from these."""
+    data_ns, data_dev = link_device(path, 0)
+    return {
+        "data": json.loads(sh("tc", "-j", "qdisc", "show", "dev", data_dev, ns=data_ns)),
+        "return": json.loads(sh("tc", "-j", "qdisc", "show", "dev", "veth0", ns=receiver_ns(path))),
+    }
+
+
+def out_of_order_segments(path: int) -> int:
+    """Segments path ``path``'s receiver has queued out of order so far (TcpExtTCPOFOQueue):
+    data that arrived after a later segment, through reordering or a loss's hole."""
+    out = sh("nstat", "-az", "TcpExtTCPOFOQueue", ns=receiver_ns(path))
+    for line in out.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "TcpExtTCPOFOQueue":
+            return int(fields[1])
+    raise RuntimeError(f"nstat in {receiver_ns(path)}: no TcpExtTCPOFOQueue in {out!r}")
+
+
 def allow_cc(cc: str) -> None:
     """Let a namespace choose ``cc`` as its default: the initial namespace's allowed list (a
     non-initial namespace may only pick an allowed CC). Call from the initial namespace."""
@@ -313,10 +370,7 @@ class Topology:
             "veth0",
             "root",
             "netem",
-            "delay",
-            f"{scenario.rtt_ms}ms",
-            "limit",
-            str(DELAY_LIMIT),
+            *delay_line_args(scenario),
             ns=rcv,
         )
         if scenario.receiver_cc:

@@ -16,6 +16,17 @@ Two additions for the datacenter paths (issue #31, item 4):
   left out and ``rtt_ms`` must be twice the sum of the one-way delays). A queue in BDPs is a
   multiple of that hop's rate times the path's RTT. For the code that wants one rate and one
   queue (reports, the BDP), the path's bottleneck is its slowest hop (the first, on a tie).
+
+Three more for the paths the Table IV set leaves out (issue #34; docs/lab-paths.md):
+
+- ``jitter_ms`` J: the round trip varies uniformly over [RTT − J, RTT + J]. By default the
+  variation does not reorder: it is drawn per ACK on the return path's delay line, and an ACK
+  never overtakes the one before it (netem ``rate``: each packet leaves after the previous
+  one), so a long draw holds back those behind it, as a Wi-Fi hop's retries do.
+- ``jitter_reorder``: the variation is drawn per data packet instead, at the bottleneck queue,
+  independently, so data arrives out of order (the return path then carries RTT − J).
+- ``ack_burst_ms`` A: ACKs leave the return path in bursts, one every A ms (netem ``slot``),
+  as a Wi-Fi station's aggregated frames deliver them.
 """
 
 from __future__ import annotations
@@ -110,6 +121,7 @@ class Link:
     loss_percent: float = 0.0
     ecn_threshold_packets: int | None = None
     burst_packets: int | None = None
+    jitter_ms: float = 0.0  # data-path delay variation (Scenario.jitter_reorder), 0 to 2 J
 
 
 # the top-level fields that describe a single link, left out when a scenario lists hops
@@ -138,10 +150,14 @@ class Scenario:
     burst_packets: int | None = None
     receiver_cc: str | None = None
     hops: tuple[Hop, ...] = ()
+    jitter_ms: float = 0.0
+    jitter_reorder: bool = False
+    ack_burst_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.rtt_ms <= 0:
             raise ScenarioError(f"{self.name}: rtt_ms must be > 0")
+        self._check_variation()
         if self.receiver_cc is not None and not CC_NAME.fullmatch(self.receiver_cc):
             raise ScenarioError(f"{self.name}: receiver_cc {self.receiver_cc!r} is not a CC name")
         if self.hops:
@@ -168,6 +184,46 @@ class Scenario:
                         f"{where}: ecn_threshold_packets ({k}) must be below the queue "
                         f"({link.queue_limit} packets), or the queue drops before it marks"
                     )
+
+    def _check_variation(self) -> None:
+        """Jitter within the RTT (a round trip is never shorter than zero), reordering only
+        where there is jitter and one netem queue to draw it in, bursts of a positive period."""
+        if not 0 <= self.jitter_ms <= self.rtt_ms:
+            raise ScenarioError(f"{self.name}: jitter_ms must be in [0, rtt_ms = {self.rtt_ms:g}]")
+        if not isinstance(self.jitter_reorder, bool):
+            raise ScenarioError(f"{self.name}: jitter_reorder must be true or false")
+        if self.jitter_reorder and not self.jitter_ms:
+            raise ScenarioError(f"{self.name}: jitter_reorder needs jitter_ms > 0")
+        if self.jitter_reorder and (self.hops or self.ecn_threshold_packets is not None):
+            raise ScenarioError(
+                f"{self.name}: jitter_reorder draws at a single link's netem queue; "
+                "a path of hops or an ECN-marking queue has none"
+            )
+        if self.ack_burst_ms < 0:
+            raise ScenarioError(f"{self.name}: ack_burst_ms must be >= 0")
+
+    def return_delay_ms(self) -> float:
+        """The return path's base delay: the RTT, less the data path's mean jitter when that
+        is where the variation is drawn."""
+        return self.rtt_ms - (self.jitter_ms if self.jitter_reorder else 0.0)
+
+    def capacity_kbit(self, start_s: float, duration_s: float) -> float:
+        """The mean rate over [start_s, start_s + duration_s) of the schedule, looping as the
+        lab replays it: what a flow that ran over that stretch could have carried."""
+        rows = self.schedule()
+        if len(rows) == 1 or duration_s <= 0:
+            return float(rows[0][1])
+        period = rows[-1][0] + (rows[1][0] - rows[0][0])
+        ends = [at for at, _ in rows[1:]] + [period]
+        total, t, end = 0.0, start_s, start_s + duration_s
+        while t < end:
+            base = (t // period) * period
+            for (at, rate), stop in zip(rows, ends, strict=True):
+                lo, hi = max(t, base + at), min(end, base + stop)
+                if hi > lo:
+                    total += rate * (hi - lo)
+            t = base + period
+        return total / duration_s
 
     def _check_hops(self) -> None:
         """Hops as dicts (a TOML file's tables, a plan's JSON) become Hop; the top level then
@@ -216,6 +272,7 @@ class Scenario:
                     self.loss_percent,
                     self.ecn_threshold_packets,
                     self.burst_packets,
+                    self.jitter_ms if self.jitter_reorder else 0.0,
                 )
             ]
         return [

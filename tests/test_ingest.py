@@ -74,19 +74,23 @@ def test_report_is_stored_and_folded_into_trials(svc):
     assert math.isclose(tpt, sum(a.throughput_mbps_sum for a in req.aggregates))
 
 
-def test_stored_data_is_announced_to_other_replicas(svc: Running, db_url: str) -> None:
-    """Each store transaction notifies ``data:<policy id>`` (at commit) for the policies that
-    got new flows; a duplicate adds nothing and announces nothing."""
+def test_storing_announces_nothing_the_refit_follows(svc: Running, db_url: str) -> None:
+    """Ingest is append-only: a stored report sends no notification (the refit owner learns of
+    it by folding, storage/fold.py). Here the receiving replica owns the policy, so its refit
+    follows and publishes: notifications arrive in commit order, so a ``data:`` sent by the
+    report's transaction would arrive before that ``plans:``."""
     url = make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    pid = svc.booster.policies[POLICY].id
     with psycopg.connect(url, autocommit=True) as listener:
         listener.execute(f"LISTEN {changes.CHANNEL}")
-        req = report()
-        svc.stub().ReportAggregates(req, metadata=agent_md())
-        got = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
-        assert got == [f"data:{svc.booster.policies[POLICY].id}"]
-        assert svc.stub().ReportAggregates(req, metadata=agent_md()).duplicate
-        again = [n.payload for n in listener.notifies(timeout=1) if n.payload.startswith("data")]
-        assert again == []
+        svc.stub().ReportAggregates(report(), metadata=agent_md())
+        got = []
+        for n in listener.notifies(timeout=30):
+            got.append(n.payload)
+            if n.payload == f"plans:{pid}":
+                break
+    assert got[-1:] == [f"plans:{pid}"], got
+    assert not [p for p in got if p.startswith("data")], got
 
 
 def test_second_report_on_same_trial_adds_up(svc):

@@ -7,9 +7,12 @@ REST adapters.
   LISTEN/NOTIFY, whichever replica changed them.
 - **Experiments** (``experiments/cache.py``): the pending experiments in memory, so each
   GetParameters answer carries the host's arm without a query.
-- **Ingestion** (``ingest_writer.py``): checked reports stored exactly once, in group commits.
+- **Ingestion** (``ingest_writer.py``): checked reports stored exactly once, in group commits;
+  append-only (no shared row is updated, no notification sent).
 - **Refit owner** (``refit.py``, ``leases.py``): refits the policies whose advisory lock this
   replica holds; other replicas follow its published plans. Front processes run no refits.
+- **Fold** (``fold.py``): the refit owner folds its policies' new aggregates into the trial
+  sums every ``fold_interval_s``, exactly once, and keeps the raw partitions (retention).
 - **Guardrail** (``guardrail_task.py``): every ``guardrail_interval_s``, one replica of the
   fleet stops the experiment arms their guardrails find harmful. Not in front processes.
 
@@ -38,6 +41,7 @@ from ..policy.planner import ContextPlan, Planner
 from ..storage import repository as repo
 from ..storage.ingest import ReportRow
 from .auth import shorten
+from .fold import FoldService
 from .guardrail_task import GuardrailTask
 from .ingest_writer import IngestWriter
 from .leases import LeaseLost
@@ -86,6 +90,19 @@ class Booster:
             if refits
             else None
         )
+        self.fold = (
+            FoldService(
+                engine,
+                self.metrics,
+                self.refits.owned,
+                self._policy_ids,
+                self.mark_dirty,
+                settings.fold_interval_s,
+                settings.raw_retention_days,
+            )
+            if self.refits is not None
+            else None
+        )
         self.guardrail = (
             GuardrailTask(
                 engine, settings.guardrail_interval_s, self.metrics, self.experiments_changed
@@ -104,6 +121,8 @@ class Booster:
         self.follower.start()
         if self.refits is not None:
             self.refits.start()
+        if self.fold is not None:
+            self.fold.start()
         if self.guardrail is not None:
             self.guardrail.start()
 
@@ -111,6 +130,8 @@ class Booster:
         if self.guardrail is not None:
             self.guardrail.stop()
         self.follower.stop()
+        if self.fold is not None:
+            self.fold.stop()
         if self.refits is not None:
             self.refits.stop()
         self.writer.stop()
@@ -260,10 +281,17 @@ class Booster:
         """Refit ``policy`` now (this replica must own it or take it: else RefitElsewhere)."""
         if self.refits is None:
             raise RefitElsewhere("front processes do not refit")
+        if self.fold is not None and self.refits.leases.try_acquire(policy.id):
+            self.fold.fold_one(policy.id)  # the owner's explicit refit reads folded sums
         try:
             return self.refits.refit(policy)
         except LeaseLost as e:
             raise RefitElsewhere(f"refit of policy {policy.name!r} not published: {e}") from e
+
+    def fold_owned(self) -> set[int]:
+        """Fold now the new aggregates of every policy this replica owns (for the CLI and
+        tests; the fold thread does it every ``fold_interval_s``): the policies folded."""
+        return set() if self.fold is None else set(self.fold.fold_owned())
 
     def refit_dirty(self) -> None:
         if self.refits is not None:

@@ -177,7 +177,26 @@ class Metrics:
             "experiment (the others were still checked); the next round tries again",
             registry=r,
         )
-
+        self.folded = Counter(
+            "gemini_booster_folded_aggregates",
+            "Raw aggregates this replica folded into the trial sums (as the policy's refit owner)",
+            ["policy"],
+            registry=r,
+        )
+        self.fold_lag = Gauge(
+            "gemini_booster_fold_lag_seconds",
+            "Age of the policy's oldest aggregate not folded yet, after this replica's last "
+            "fold (0: none pending); beyond a few fold intervals, a long-open writing "
+            "transaction holds the fold back",
+            ["policy"],
+            registry=r,
+        )
+        self.fold_failures = Counter(
+            "gemini_booster_fold_failures",
+            "Folds that failed (nothing of them committed; the next one takes the same rows)",
+            ["policy"],
+            registry=r,
+        )
         self.unbound_agent_calls = Counter(
             "gemini_booster_unbound_agent_calls",
             "Agent calls accepted with a token bound to no host (allow_unbound_agent_tokens): "

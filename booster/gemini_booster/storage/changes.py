@@ -5,7 +5,8 @@ channel, delivered to every listener when (and only if) the transaction commits:
 
 - ``policy:<id>``: a policy's settings changed (or it was created);
 - ``plans:<id>``: the refit owner published new plans for the policy;
-- ``data:<id>``: reports with new flows for the policy were stored (the owner refits);
+- ``data:<id>``: new flows for the policy (no longer sent by ingest, which is append-only:
+  the refit owner learns of new data by folding it, ``service/fold.py``; still understood);
 - ``tokens``: a credential was created or revoked;
 - ``experiments:<id>``: an A/B experiment was created, changed or stopped (replicas reload the
   arms they answer agents with);

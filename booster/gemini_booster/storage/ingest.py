@@ -1,12 +1,17 @@
 """Storing agent reports exactly once, many per transaction, within each policy's quotas.
 
-A report is accepted atomically: its row, every aggregate, the trial sums it adds and the
-contexts it admits commit together or not at all. Idempotency rests on the unique
-``reports (host_id, report_id)``: a report id is the sending host's own key (the host
-authenticated by its token or certificate), so no host can take another's id, and
-``INSERT … ON CONFLICT DO NOTHING RETURNING`` names the reports that are new, and only those are
-folded into ``trials``. Concurrent retries of one key meet at that unique index, so a report is
-counted once even when two Booster replicas receive it at the same moment.
+A report is accepted atomically: its row, every aggregate and the contexts it admits commit
+together or not at all. Idempotency rests on the unique ``reports (host_id, report_id)``: a
+report id is the sending host's own key (the host authenticated by its token or certificate),
+so no host can take another's id, and ``INSERT … ON CONFLICT DO NOTHING RETURNING`` names the
+reports that are new, and only their aggregates are stored. Concurrent retries of one key meet
+at that unique index, so a report is stored once even when two Booster replicas receive it at
+the same moment.
+
+Ingest only appends (the report row, its aggregates by COPY): it updates no shared row, so
+replicas storing at once never wait for each other's row locks, and it sends no notification.
+The refit owner folds the new aggregates into the trial sums behind a watermark, exactly once
+(``storage/fold.py``); the view ``trials`` shows them before that.
 
 Batching (group commit) is what makes ingestion fast: the per-transaction cost of PostgreSQL is
 paid once for up to ``ingest_batch_max`` reports. ``store_reports`` is that one transaction;
@@ -36,8 +41,8 @@ from gemini_api.datapaths import registry
 
 from ..domain import CONTEXT_FIELDS, ContextKey, FlowSums
 from ..experiments.assignment import assignment
-from . import changes, experiments
-from .schema import TRIAL_SUMS, Context, Report
+from . import experiments
+from .schema import Context, Report
 
 DEFAULT_CC = registry().default.cc
 
@@ -205,50 +210,6 @@ class Admissions:
         return {c for c in report.contexts() if (report.policy_id, c) not in self.known}
 
 
-def _trial_deltas(
-    reports: Sequence[ReportRow], context_ids: dict[ContextKey, int]
-) -> list[dict[str, Any]]:
-    """Sum a batch per trial key first: one upsert may not touch the same row twice."""
-    sums: dict[tuple[int, int, str, str, datetime], list[float]] = defaultdict(
-        lambda: [0] * len(TRIAL_SUMS)
-    )
-    for r in reports:
-        bucket = r.bucket
-        for a in r.aggregates:
-            s = sums[(r.policy_id, context_ids[a.context], a.cc, a.theta_key, bucket)]
-            for i, v in enumerate((*a.sums.astuple(), a.slow_flows, 1)):
-                s[i] += v
-    return [
-        {
-            "policy_id": p,
-            "context_id": c,
-            "cc": cc,
-            "theta_key": k,
-            "bucket": b,
-            **dict(zip(TRIAL_SUMS, v, strict=True)),
-        }
-        for (p, c, cc, k, b), v in sums.items()
-    ]
-
-
-_UPSERT_TRIALS = """
-INSERT INTO trials (policy_id, context_id, cc, theta_key, bucket, {cols}, first_seen, last_seen)
-SELECT p, c, cc, k, b, {unnest_cols}, now(), now()
-FROM unnest(%s::int[], %s::int[], %s::text[], %s::text[], %s::timestamptz[], {arrays})
-  AS u(p, c, cc, k, b, {ucols})
-ON CONFLICT (policy_id, context_id, cc, theta_key, bucket)
-  DO UPDATE SET {updates}, last_seen = now()
-""".format(
-    cols=", ".join(TRIAL_SUMS),
-    unnest_cols=", ".join(f"u_{c}" for c in TRIAL_SUMS),
-    ucols=", ".join(f"u_{c}" for c in TRIAL_SUMS),
-    arrays=", ".join(
-        "%s::bigint[]" if c in ("flow_count", "slow_flows", "report_count") else "%s::float8[]"
-        for c in TRIAL_SUMS
-    ),
-    updates=", ".join(f"{c} = trials.{c} + excluded.{c}" for c in TRIAL_SUMS),
-)
-
 _INSERT_REPORTS = """
 INSERT INTO reports (report_id, digest, host_id, policy_id, interval_start, interval_end,
                      aggregate_count)
@@ -275,20 +236,12 @@ _AGGREGATE_COLUMNS = (
     "size_buckets",
     "sketch",
     "delay_sketch",
+    "bucket",
 )
 
 
 def _columns(rows: list[dict[str, Any]], names: Sequence[str]) -> list[list[Any]]:
     return [[r[n] for r in rows] for n in names]
-
-
-def _upsert_trials(cur: Cursor, deltas: list[dict[str, Any]]) -> None:
-    if not deltas:
-        return
-    # Sorted, so concurrent replicas lock trial rows in one order and cannot deadlock.
-    key = ("policy_id", "context_id", "cc", "theta_key", "bucket")
-    deltas = sorted(deltas, key=lambda d: tuple(d[k] for k in key))
-    cur.execute(_UPSERT_TRIALS, _columns(deltas, (*key, *TRIAL_SUMS)))
 
 
 def _insert_reports(cur: Cursor, reports: Sequence[ReportRow]) -> dict[ReportKey, int]:
@@ -446,6 +399,7 @@ def _aggregate_rows(
             list(a.size_buckets),
             a.sketch,
             a.delay_sketch,
+            r.bucket,
         )
         for r in new
         for a in r.aggregates
@@ -494,11 +448,8 @@ def _store(
     rows = _aggregate_rows(new, new_pk, ids)
     if rows:
         _copy_aggregates(cur, rows)
-    _upsert_trials(cur, _trial_deltas(new, ids))
     _record_experiment_flows(conn, new)
     admitted = _admit(cur, new, ids, admissions)
-    # Other replicas refit on this (delivered at commit, only if it commits).
-    changes.notify_cursor(cur, "data", {r.policy_id for r in new})
     for r in new:
         outcomes[r.key].stored = len(r.aggregates)
     return admitted

@@ -1,8 +1,10 @@
 """Booster's PostgreSQL schema (SQLAlchemy 2). Alembic migrations in ``migrations/`` create it.
 
-Raw aggregates are kept exactly as agents sent them; ``trials`` folds them into running sums per
-(policy, context, θ, time bucket). Because eq. 9 is linear in the sums, a change of σ
-recomputes utilities from ``trials`` without collecting anything again.
+Raw aggregates are kept exactly as agents sent them (appended, in daily partitions, for
+``raw_retention_days``); the refit owner folds them into running sums per (policy, context, θ,
+time bucket) in ``trial_sums`` (``storage/fold.py``), and the view ``trials`` adds the aggregates
+not folded yet, so readers see every stored report at once. Because eq. 9 is linear in the
+sums, a change of σ recomputes utilities from ``trials`` without collecting anything again.
 """
 
 from __future__ import annotations
@@ -28,10 +30,20 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import UserDefinedType
 
 
 class Base(DeclarativeBase):
     pass
+
+
+class XID8(UserDefinedType[str]):
+    """PostgreSQL's 64-bit transaction id (``xid8``), read as its decimal text."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: object) -> str:
+        return "xid8"
 
 
 def _now() -> Mapped[datetime]:
@@ -102,12 +114,21 @@ class Report(Base):
 
 
 class ReportAggregate(Base):
-    """An aggregate exactly as received (the raw material for any later recomputation)."""
+    """An aggregate exactly as received (the raw material for any later recomputation).
+
+    Partitioned by ``stored_at`` (a partition per UTC day, dropped after
+    ``raw_retention_days``; migration 0014). ``xid`` is the storing transaction's id, which the
+    fold's watermark is compared with; ``bucket`` the trial bucket its flows sum into."""
 
     __tablename__ = "report_aggregates"
+    __table_args__ = (
+        Index("report_aggregates_report_pk", "report_pk"),
+        Index("report_aggregates_policy_xid", "policy_id", "xid"),
+        {"postgresql_partition_by": "RANGE (stored_at)"},
+    )
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     report_pk: Mapped[int] = mapped_column(
-        ForeignKey("reports.id", ondelete="CASCADE"), index=True, nullable=False
+        ForeignKey("reports.id", ondelete="CASCADE"), nullable=False
     )
     policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), nullable=False)
     context_id: Mapped[int] = mapped_column(ForeignKey("contexts.id"), nullable=False)
@@ -128,6 +149,13 @@ class ReportAggregate(Base):
     delay_sketch: Mapped[bytes] = mapped_column(
         LargeBinary, nullable=False, server_default=text("''::bytea")
     )
+    bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    stored_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), primary_key=True, server_default=func.now()
+    )
+    xid: Mapped[str] = mapped_column(
+        XID8, nullable=False, server_default=text("pg_current_xact_id()")
+    )
 
 
 TRIAL_SUMS = (
@@ -142,23 +170,11 @@ TRIAL_SUMS = (
 )
 
 
-class Trial(Base):
+class _TrialColumns:
     """Running sums of every aggregate for one (policy, context, θ): one point for the model.
     Rows with a ``cc`` are another CC's flows in that context (θ ''): the A/B baseline, never
     a point for the model."""
 
-    __tablename__ = "trials"
-    __table_args__ = (
-        UniqueConstraint(
-            "policy_id",
-            "context_id",
-            "cc",
-            "theta_key",
-            "bucket",
-            name="trials_policy_id_context_id_cc_theta_key_bucket_key",
-        ),
-        Index("trials_policy_bucket", "policy_id", "bucket"),
-    )
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     policy_id: Mapped[int] = mapped_column(ForeignKey("policies.id"), nullable=False)
     context_id: Mapped[int] = mapped_column(ForeignKey("contexts.id"), nullable=False)
@@ -176,8 +192,35 @@ class Trial(Base):
     # policy's trial_bucket_hours): the history window drops whole buckets, so the old flows of
     # a θ that keeps running age out instead of pinning its mean.
     bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    # When the first and the newest of its aggregates were stored.
     first_seen: Mapped[datetime] = _now()
     last_seen: Mapped[datetime] = _now()
+
+
+class Trial(_TrialColumns, Base):
+    """The view ``trials`` (read only): ``trial_sums`` plus the aggregates stored since the
+    policy's fold watermark, one row per trial key, each stored report counted once. An id is
+    the folded row's, or minus an aggregate's id for a key not folded yet."""
+
+    __tablename__ = "trials"
+    __table_args__ = ({"info": {"is_view": True}},)
+
+
+class TrialSums(_TrialColumns, Base):
+    """The folded sums, written only by the fold (``storage/fold.py``)."""
+
+    __tablename__ = "trial_sums"
+    __table_args__ = (
+        UniqueConstraint(
+            "policy_id",
+            "context_id",
+            "cc",
+            "theta_key",
+            "bucket",
+            name="trials_policy_id_context_id_cc_theta_key_bucket_key",
+        ),
+        Index("trials_policy_bucket", "policy_id", "bucket"),
+    )
 
 
 class Plan(Base):
@@ -235,6 +278,18 @@ class PolicyContext(Base):
     context_id: Mapped[int] = mapped_column(ForeignKey("contexts.id"), primary_key=True)
     first_host: Mapped[str] = mapped_column(String(128), nullable=False)
     admitted_at: Mapped[datetime] = _now()
+
+
+class FoldWatermark(Base):
+    """Per policy, the transaction id below which every stored aggregate is in ``trial_sums``
+    (``storage/fold.py``); a trigger adds the row with its policy (migration 0014)."""
+
+    __tablename__ = "fold_watermarks"
+    policy_id: Mapped[int] = mapped_column(
+        ForeignKey("policies.id", ondelete="CASCADE"), primary_key=True
+    )
+    folded_xid: Mapped[str] = mapped_column(XID8, nullable=False)
+    folded_at: Mapped[datetime] = _now()
 
 
 class RefitLog(Base):

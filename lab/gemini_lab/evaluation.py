@@ -59,15 +59,21 @@ class Tuned:
 
     theta: Mapping[str, dict[str, int]]
     source: str = ""
+    stayed_at_default: frozenset[str] = frozenset()  # the planner kept the default incumbent
 
     @classmethod
     def load(cls, path: Path) -> Tuned:
-        """``{"source": "...", "theta": {scenario: θ}}``, each θ checked against the spec."""
+        """``{"source": "...", "theta": {scenario: θ}, "stayed_at_default": [scenario]}``,
+        each θ checked against the spec; the last names the paths whose 'tuned' θ is the
+        spec's default of the day it was tuned (it may differ from today's)."""
         data = json.loads(path.read_text())
         if not isinstance(data.get("theta"), dict):
             raise ValueError(f'{path}: no "theta" object of scenario → θ')
         theta = {name: load_theta(json.dumps(t)) for name, t in data["theta"].items()}
-        return cls(theta, str(data.get("source", path.name)))
+        at_default = data.get("stayed_at_default", [])
+        if not isinstance(at_default, list) or not set(at_default) <= set(theta):
+            raise ValueError(f"{path}: stayed_at_default must list scenarios of theta")
+        return cls(theta, str(data.get("source", path.name)), frozenset(at_default))
 
 
 @dataclass(frozen=True)
@@ -161,13 +167,25 @@ def _spread(values: list[float], fmt: str) -> str:
     return f"{mean:{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})"
 
 
-def _row(name: str, flows: list[dict], failed: int, capacity_mbit: float) -> str:
+def capacities_mbit(results: dict, p: scenario.Scenario, name: str) -> list[float]:
+    """The capacity each measured run of a contender had: the path's rate over the stretch of
+    its schedule that run's flow met (run k starts ``offset_s(p, k)`` in), not the whole
+    trace's mean, under which one run showed 110 % of capacity."""
+    prefix = f"{p.name}/{name}/"
+    return [
+        p.capacity_kbit(offset_s(p, int(label[len(prefix) :])), duration_s(p)) / 1000
+        for label, r in _runs(results, p.name, name)
+        if "error" not in r
+    ]
+
+
+def _row(name: str, flows: list[dict], failed: int, capacity_mbit: list[float]) -> str:
     tput = [f["throughput_mbps"] for f in flows]
     cells = [
         name,
         f"{len(flows)} of {len(flows) + failed}" if failed else str(len(flows)),
         _spread(tput, ".2f"),
-        _spread([100 * t / capacity_mbit for t in tput], ".0f"),
+        _spread([100 * t / c for t, c in zip(tput, capacity_mbit, strict=True)], ".0f"),
         _spread([f["queue_delay_ms"] for f in flows], ".1f"),
         _spread([float(f["retransmits"]) for f in flows], ".0f"),
         *(_spread([utility(f, s) for f in flows], ".2f") for s in SIGMAS),
@@ -205,6 +223,36 @@ def verdicts(results: dict, path: str, cfg: EvalConfig) -> list[str]:
     return lines
 
 
+STAYED_AT_DEFAULT = "the planner kept the default incumbent: untuned Fusion"
+DEFAULT_SHARE_BAR = 0.5  # default Fusion's throughput, at least this share of the best baseline's
+BAR_SIGMA = 0.1  # ...and its utility at this σ at least cubic's (issue #34)
+
+
+def default_bar(results: dict, path: str) -> list[str]:
+    """Issue #34's bar for the default θ on every path: mean throughput at least half the best
+    baseline's, mean utility at σ = 0.1 at least cubic's (each with its runs' min–max)."""
+    default = flows_of(results, path, "fusion-default")
+    measured = {b: flows_of(results, path, b) for b in BASELINES}
+    measured = {b: f for b, f in measured.items() if f}
+    if not default or not measured or "cubic" not in measured:
+        return []
+
+    def mean_tput(flows: list[dict]) -> float:
+        return statistics.fmean(f["throughput_mbps"] for f in flows)
+
+    best = max(measured, key=lambda b: mean_tput(measured[b]))
+    share = [f["throughput_mbps"] / mean_tput(measured[best]) for f in default]
+    u, cubic_u = mean_utility(default, BAR_SIGMA), mean_utility(measured["cubic"], BAR_SIGMA)
+    share_ok = statistics.fmean(share) >= DEFAULT_SHARE_BAR
+    return [
+        f"- Default θ: throughput {_spread([100 * x for x in share], '.0f')} % of the best "
+        f"baseline's ({best}, {mean_tput(measured[best]):.2f} Mbit/s): "
+        f"**{'holds' if share_ok else 'fails'}** (≥ {100 * DEFAULT_SHARE_BAR:.0f} %); utility at "
+        f"σ = {BAR_SIGMA:g} {u:.2f} against cubic's {cubic_u:.2f}: "
+        f"**{'holds' if u >= cubic_u else 'fails'}**."
+    ]
+
+
 TABLE_HEAD = (
     "| CC | runs | Mbit/s | % of capacity | queueing ms | retransmits | "
     + " | ".join(f"utility σ={s:g}" for s in SIGMAS)
@@ -237,8 +285,12 @@ def render(results: dict, cfg: EvalConfig, command: str) -> str:
         "`lab/gemini_lab/evaluation.py`.",
         "",
     ]
+    default = load_spec().default()
     for name, theta in cfg.tuned.theta.items():
-        parts.append(f"- θ tuned on {name}: `{json.dumps(theta)}`")
+        label = f" ({STAYED_AT_DEFAULT})" if name in cfg.tuned.stayed_at_default else ""
+        if theta == default:
+            label = " (**the spec's default θ**: untuned Fusion)"
+        parts.append(f"- θ tuned on {name}: `{json.dumps(theta)}`{label}")
     for name in cfg.scenarios:
         p = scenario.load(name)
         rows, failed = [], []
@@ -246,9 +298,11 @@ def render(results: dict, cfg: EvalConfig, command: str) -> str:
             flows, failures = flows_of(results, name, c.name), failures_of(results, name, c.name)
             failed += failures
             if flows:
-                rows.append(_row(c.name, flows, len(failures), p.mean_rate_kbit / 1000))
+                caps = capacities_mbit(results, p, c.name)
+                rows.append(_row(c.name, flows, len(failures), caps))
         parts += ["", f"## {name}", "", _path_line(p), "", TABLE_HEAD, *rows, ""]
         parts += [f"- Failed run (not in the means): {f}" for f in failed]
+        parts += default_bar(results, name)
         parts += verdicts(results, name, cfg)
     return "\n".join(parts) + "\n"
 

@@ -346,7 +346,21 @@ def render(history: dict[str, list[dict]], cfg: TuneConfig, command: str) -> str
             f"Tuned θ (the incumbent after round {cfg.rounds - 1}): "
             f"{_theta_text(rows[-1]['incumbent'], cfg.spec())}.",
         ]
+        if stayed_at_default(rows[-1]["incumbent"], cfg.spec()):
+            parts.append(STAYED_AT_DEFAULT)
     return "\n".join(parts) + "\n"
+
+
+STAYED_AT_DEFAULT = (
+    "**The incumbent stayed at the spec's default θ**: no explored θ beat it in these rounds, "
+    "so this path's 'tuned' θ is untuned Fusion."
+)
+
+
+def stayed_at_default(theta: dict[str, int], spec: ThetaSpec) -> bool:
+    """The planner kept the default incumbent: its 'tuned' θ is the spec's default (issue #34:
+    two recorded rows described untuned Fusion and did not say so)."""
+    return theta == spec.default()
 
 
 def write_tuned(history: dict[str, list[dict]], cfg: TuneConfig, command: str, path: Path) -> None:
@@ -354,4 +368,9 @@ def write_tuned(history: dict[str, list[dict]], cfg: TuneConfig, command: str, p
     source = (
         f"{command}: Booster's planner on UML long flows, σ = {cfg.sigma:g}, {cfg.region_symbol}"
     )
-    path.write_text(json.dumps({"source": source, "theta": tuned_theta(history)}, indent=1) + "\n")
+    tuned = tuned_theta(history)
+    at_default = sorted(n for n, t in tuned.items() if stayed_at_default(t, cfg.spec()))
+    data: dict = {"source": source, "theta": tuned}
+    if at_default:
+        data["stayed_at_default"] = at_default
+    path.write_text(json.dumps(data, indent=1) + "\n")

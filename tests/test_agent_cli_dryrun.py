@@ -12,6 +12,7 @@ from gemini_agent.config import AgentSettings
 from gemini_agent.daemon import Agent
 from gemini_agent.dryrun import banner, would_write
 from gemini_agent.writeback import Kernel, table_datapath
+from gemini_api.datapaths import Apply, registry
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster.models import PolicyCreate
@@ -94,8 +95,24 @@ def test_a_dry_run_shows_the_table_and_sysctls_it_would_write(tmp_path):
     assert f"{first.region}/{first.isp}" in text and "mult_decrease=60" in text
     assert "1 places" in text  # the refused θ leaves its place on the default
     assert "rule 10." in text and "profile 2:" in text
-    assert "experiment: none" in text
+    assert "experiment: none" in text and "module parameters" not in text
     assert _values(root) == SPEC.default()  # nothing written
+
+
+def test_a_dry_run_of_a_host_wide_datapath_shows_its_module_parameters(tmp_path):
+    """A policy of a host-wide datapath: its module parameters, and no destination table."""
+    agent, root = _agent(tmp_path)
+    host = next(d for d in registry() if d.apply is Apply.MODULE_PARAMS)
+    theta = host.spec.default()
+    resp = pb.GetParametersResponse(
+        target_cc=host.cc,
+        default_datapath_theta=pb.DatapathTheta(datapath=host.name, values=theta),
+    )
+    rank = agent.ranked_places()
+    text = "\n".join(would_write(agent, resp, agent.applier.plan_from(resp, rank), rank))
+    name, value = next(iter(theta.items()))
+    assert f"{host.spec.target}/{name} = {value}" in text
+    assert "θ per destination" not in text and str(root) not in text
 
 
 def test_a_dry_run_against_booster_prints_once_and_writes_nothing(tmp_path, db_url, capsys):

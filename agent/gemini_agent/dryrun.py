@@ -47,7 +47,7 @@ def _transport(s: AgentSettings) -> str:
     if s.tls_ca_file is None:
         return "plaintext"
     mutual = f", client certificate {s.tls_cert_file}" if s.tls_cert_file is not None else ""
-    return f"TLS (CA {s.tls_ca_file}{mutual})"
+    return f"TLS, CA {s.tls_ca_file}{mutual}"
 
 
 def _datapaths(s: AgentSettings) -> str:
@@ -148,7 +148,9 @@ def would_write(
         lines = [f"the arm's fixed θ is refused ({exc}): the host's own settings stay"]
     else:
         lines = arm_lines(agent.arm)
-    lines += host_lines(*agent.host_choice(resp))
+    datapath, theta = agent.host_choice(resp)
+    if datapath in agent.module_params:  # a host-wide datapath: its module parameters
+        lines += host_lines(datapath, theta)
     applier = agent.applier
     if arm_plan is not None or registry().answered(resp.target_cc) == applier.datapath:
         lines += table_lines(

@@ -126,7 +126,9 @@ def test_operator_sees_plans_and_comparison_previews_and_saves_sigma(ab, browser
     page.status_contains("Signed in.")
     page.wait.until(lambda _: page.rows("plans") and page.rows("comparison"))
     [plan] = page.rows("plans")
-    assert "λ 0.7," in plan[1] and "l 0.5 %" in plan[1], plan  # the tuned θ is the incumbent
+    # The tuned θ (λ 0.7, the rest at the spec's defaults) is the incumbent.
+    loss = f"l {SPEC.natural(SPEC.default())['loss_threshold']:g} %"
+    assert "λ 0.7," in plan[1] and loss in plan[1], plan
     arms = {row[1]: row for row in page.rows("comparison")}
     assert set(arms) == {"fusion", "incumbent", "cubic"}, arms
     assert arms["cubic"][2] == "3"

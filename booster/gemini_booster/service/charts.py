@@ -126,6 +126,7 @@ class ThetaInUse(BaseModel):
 
 class ThetaDistributionOut(BaseModel):
     datapath: str = Field(description="whose θ: the policy's datapath (fusion, cubic, ...)")
+    context: str | None = Field(None, description="the context's label; null: every context")
     hours: float = Field(description="the window of flows: the policy's history_hours")
     flows: int
     hosts: int = Field(description="hosts in the newest reports (``reports``) that ran Fusion")
@@ -268,13 +269,17 @@ def _param_distributions(spec: ThetaSpec, thetas: list[ThetaInUse]) -> list[Para
     return out
 
 
-def theta_distribution(booster: Booster, policy: Policy) -> ThetaDistributionOut:
-    """The θ the policy's flows ran under over the history window (in its datapath's spec): per
-    θ and, per parameter, per value, the flows, and the hosts that reported it in the newest
-    reports."""
+def theta_distribution(
+    booster: Booster, policy: Policy, label: str | None = None
+) -> ThetaDistributionOut:
+    """The θ the policy's flows (of the context ``label``, or of every context) ran under over
+    the history window (in its datapath's spec): per θ and, per parameter, per value, the
+    flows, and the hosts that reported it in the newest reports. UnknownContext for a label
+    that names none."""
     window = policy.history_window
-    flows = queries.theta_flows(booster.engine, policy.id, window)
-    hosts = queries.theta_hosts(booster.engine, policy.id, window)
+    context = None if label is None else context_id(booster, label)
+    flows = queries.theta_flows(booster.engine, policy.id, window, context)
+    hosts = queries.theta_hosts(booster.engine, policy.id, window, context)
     thetas = []
     for key in flows.keys() | hosts.per_theta.keys():
         theta = policy.spec.from_key(key)
@@ -289,6 +294,7 @@ def theta_distribution(booster: Booster, policy: Policy) -> ThetaDistributionOut
     thetas.sort(key=lambda t: (-t.flows, sorted(t.theta.items())))
     return ThetaDistributionOut(
         datapath=policy.spec.datapath,
+        context=label,
         hours=policy.history_hours,
         flows=sum(t.flows for t in thetas),
         hosts=hosts.hosts,

@@ -90,8 +90,11 @@ def bucket_sums(
     return dict(out)
 
 
-def theta_flows(engine: Engine, policy_id: int, window: timedelta) -> dict[str, int]:
-    """θ key → Fusion flows of buckets that began within ``window``, from the trials' sums."""
+def theta_flows(
+    engine: Engine, policy_id: int, window: timedelta, context: int | None = None
+) -> dict[str, int]:
+    """θ key → Fusion flows of buckets that began within ``window``, from the trials' sums (of
+    one context, or of all when None)."""
     q = (
         select(TrialRow.theta_key, func.sum(TrialRow.flow_count))
         .where(
@@ -101,6 +104,8 @@ def theta_flows(engine: Engine, policy_id: int, window: timedelta) -> dict[str, 
         )
         .group_by(TrialRow.theta_key)
     )
+    if context is not None:
+        q = q.where(TrialRow.context_id == context)
     with engine.connect() as conn:
         return {key: int(n) for key, n in conn.execute(q)}
 
@@ -126,16 +131,23 @@ def _count_recent(
 
 
 def theta_hosts(
-    engine: Engine, policy_id: int, window: timedelta, limit: int = MAX_RECENT_REPORTS
+    engine: Engine,
+    policy_id: int,
+    window: timedelta,
+    context: int | None = None,
+    limit: int = MAX_RECENT_REPORTS,
 ) -> RecentHosts:
-    """Hosts that reported Fusion flows, per θ key and in all, in the newest reports."""
+    """Hosts that reported Fusion flows (of one context, or of any when None), per θ key and
+    in all, in the newest reports."""
     recent = _recent_reports(policy_id, window, limit)
-    fusion = (
+    fusion_q = (
         select(ReportAggregate.theta_key, recent.c.host_id)
         .join(recent, recent.c.id == ReportAggregate.report_pk)
         .where(ReportAggregate.cc == "")
-        .subquery()
     )
+    if context is not None:
+        fusion_q = fusion_q.where(ReportAggregate.context_id == context)
+    fusion = fusion_q.subquery()
     per_theta = select(fusion.c.theta_key, func.count(func.distinct(fusion.c.host_id))).group_by(
         fusion.c.theta_key
     )

@@ -291,6 +291,7 @@ function thetaBars(values, flows, total) {
 }
 
 function showTheta(d) {
+  $("theta-title").textContent = `θ in use across hosts${d.context ? ` of ${d.context}` : ", every context"}`;
   const box = $("theta-charts");
   for (const id of [...charts.keys()].filter((k) => k.startsWith("theta-"))) {
     charts.get(id).destroy();
@@ -621,20 +622,25 @@ function showComparison(contexts, sigma, preview) {
 const policyPath = () => `/v1/policies/${encodeURIComponent($("policy").value)}`;
 const sigmaQuery = () => (previewSigma === null ? "" : `sigma=${encodeURIComponent(previewSigma)}`);
 
+// The charts below the context selector follow it, the θ in use included (every context's
+// when none is chosen).
 async function loadContextCharts() {
   const context = $("context").value;
   if (!context) {
     showRounds({ sigma: "–", bucket_hours: "–", incumbent: null, rounds: [] });
     showPercentiles({ quantiles: [], arms: [] });
+    showTheta(await api(`${policyPath()}/charts/theta`));
     return;
   }
   const q = `context=${encodeURIComponent(context)}`;
-  const [rounds, pct] = await Promise.all([
+  const [rounds, pct, theta] = await Promise.all([
     api(`${policyPath()}/charts/rounds?${q}&${sigmaQuery()}`),
     api(`${policyPath()}/charts/percentiles?${q}`),
+    api(`${policyPath()}/charts/theta?${q}`),
   ]);
   showRounds(rounds);
   showPercentiles(pct);
+  showTheta(theta);
 }
 
 async function loadPolicy(refill = true) {
@@ -648,7 +654,6 @@ async function loadPolicy(refill = true) {
   showPolicy(policy, refill);
   showPlans(plans);
   showComparison(comparison, previewSigma === null ? policy.sigma : previewSigma, previewSigma !== null);
-  showTheta(theta);
   showOverrides(overrides);
   rememberView();
   await loadContextCharts();

@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException, Query
 from .. import charts
 from ..charts import IncumbentsOut, PercentilesOut, RoundsOut, ThetaDistributionOut
 from .deps import BoosterDep, PolicyDep
-from .errors import AUTH_ERRORS, NOT_FOUND, error
+from .errors import AUTH_ERRORS, error
 from .plans import SigmaQuery
 
 router = APIRouter(prefix="/v1/policies/{name}/charts", tags=["charts"], responses=AUTH_ERRORS)
@@ -52,12 +52,20 @@ def incumbents(policy: PolicyDep, booster: BoosterDep, context: ContextQuery) ->
         return charts.incumbents(booster, policy, context)
 
 
-@router.get("/theta", responses=NOT_FOUND)
-def theta_distribution(policy: PolicyDep, booster: BoosterDep) -> ThetaDistributionOut:
-    """The θ the policy's flows ran under over the history window (in its datapath's spec): per
-    θ and, per parameter, per value, the flows, and the hosts that reported it in the newest
-    reports."""
-    return charts.theta_distribution(booster, policy)
+@router.get("/theta", responses=NO_CONTEXT)
+def theta_distribution(
+    policy: PolicyDep,
+    booster: BoosterDep,
+    context: Annotated[
+        str | None,
+        Query(max_length=300, description="this context only, by its label (default: all)"),
+    ] = None,
+) -> ThetaDistributionOut:
+    """The θ the policy's flows (of one context, or of all) ran under over the history window
+    (in its datapath's spec): per θ and, per parameter, per value, the flows, and the hosts
+    that reported it in the newest reports."""
+    with _context_found():
+        return charts.theta_distribution(booster, policy, context)
 
 
 @router.get("/percentiles", responses=NO_CONTEXT)

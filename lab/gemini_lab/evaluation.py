@@ -82,10 +82,17 @@ class EvalConfig:
     tuned: Tuned = field(default_factory=lambda: Tuned({}))
     runs: int = 3
     cross: bool = True  # θ tuned on the other paths too
+    # run only these contenders (empty: all): re-measuring Fusion on a changed datapath beside
+    # baselines recorded before, which the datapath does not touch
+    only: tuple[str, ...] = ()
 
     def contenders(self, path: str) -> list[Contender]:
         """fusion-default, fusion-tuned (this path's θ), fusion-tuned@P (path P's θ), the
-        baselines."""
+        baselines; only those of ``only`` if it names any."""
+        every = self._every_contender(path)
+        return [c for c in every if c.name in self.only] if self.only else every
+
+    def _every_contender(self, path: str) -> list[Contender]:
         out = [Contender("fusion-default", "fusion", {})]
         if path in self.tuned.theta:
             out.append(Contender("fusion-tuned", "fusion", dict(self.tuned.theta[path])))
@@ -264,6 +271,11 @@ TABLE_HEAD = (
 def _path_line(p: scenario.Scenario) -> str:
     rate = f"{p.rate_mbit:g} Mbit/s" if p.rate_mbit else f"trace {p.rate_trace}"
     loss = f", {p.loss_percent:g} % random loss" if p.loss_percent else ""
+    if p.jitter_ms:
+        order = "reordering" if p.jitter_reorder else "in order"
+        loss += f", ±{p.jitter_ms:g} ms jitter ({order})"
+    if p.ack_burst_ms:
+        loss += f", ACKs in bursts every {p.ack_burst_ms:g} ms"
     return (
         f"{p.name}: {p.rtt_ms:g} ms, {rate} (mean {p.mean_rate_kbit / 1000:.1f} Mbit/s){loss}, "
         f"queue {p.queue_limit()} packets; flows of {duration_s(p)} s"

@@ -77,3 +77,13 @@ def test_a_tuned_theta_left_at_the_default_is_labelled(tmp_path) -> None:
     path.write_text(json.dumps({"theta": tuned, "stayed_at_default": ["satellite"]}))
     with pytest.raises(ValueError, match="stayed_at_default"):
         evaluation.Tuned.load(path)
+
+
+def test_only_runs_the_named_contenders() -> None:
+    tuned = evaluation.Tuned({"ethernet": {"rtt_threshold": 70}}, "test")
+    cfg = evaluation.EvalConfig(
+        scenarios=("ethernet",), tuned=tuned, runs=3, only=("fusion-default", "fusion-tuned")
+    )
+    assert [c.name for c in cfg.contenders("ethernet")] == ["fusion-default", "fusion-tuned"]
+    labels = [e["label"] for e in evaluation.build_plan(cfg)["experiments"]]
+    assert len(labels) == 6 and not any("cubic" in label for label in labels)

@@ -13,7 +13,7 @@ import csv
 import io
 import json
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 from sqlalchemy import text
 
@@ -135,6 +135,11 @@ def test_dashboard_names_compressed_days_by_their_index_and_time(booster, browse
     for h in HOSTS:
         send(booster, h, day0 + 80 * timedelta(seconds=1), 1, 10)
     days = results(booster)["days"]
+    # A host's arm names today by label and by index, as the results' days do.
+    now = booster.http.get(f"/v1/hosts/{HOSTS[0]}/experiment", headers=auth(OPERATOR)).json()
+    today = date.fromisoformat(now["experiment"]["day"])
+    assert now["experiment"]["day_index"] == (today - date.fromisoformat(days[0]["day"])).days
+    assert now["experiment"]["day_index"] >= days[-1]["index"] > 20  # an hour of 120 s days
     page = Page(browser, base_url(booster), "?experiment=compressed")
     page.sign_in(OPERATOR)
     page.wait.until(lambda _: len(first_cells(page, "days-table")) >= 2 * len(days))

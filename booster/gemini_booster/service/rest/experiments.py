@@ -144,6 +144,7 @@ class HostArmOut(BaseModel):
     period: int
     region: str
     day: date = Field(description="the experiment day now (its label)")
+    day_index: int = Field(description="which day that is: 0 for the day holding the start")
     until: datetime
 
 
@@ -513,13 +514,15 @@ def host_experiment(_: Reader, host_id: HostPath, booster: BoosterDep) -> HostAs
     a = ops.host_assignment(booster.engine, host_id, now)
     if a is None:
         return HostAssignmentOut(host_id=host_id, experiment=None)
+    day = a.calendar.day_of(now)
     out = HostArmOut(
         experiment=a.experiment,
         arm=a.arm,
         group=a.group,
         period=a.period,
         region=a.region,
-        day=a.calendar.day_of(now),
+        day=day,
+        day_index=(day - a.calendar.first).days,
         until=a.until,
     )
     return HostAssignmentOut(host_id=host_id, experiment=out)

@@ -165,7 +165,7 @@ def test_progress_beats_while_a_step_is_slow(monkeypatch, capsys) -> None:
 
 def test_each_run_starts_fresh_unless_told_to_keep(tmp_path, capsys) -> None:
     data = tmp_path / "demo"
-    (data / "postgres").mkdir(parents=True)
+    demo.database_dir(data).mkdir(parents=True)
     (data / "demo-tokens.json").write_text("{}")
     demo.fresh_state(data, keep=True, progress=progress_lines.Progress())
     assert (data / "demo-tokens.json").exists()
@@ -176,11 +176,11 @@ def test_each_run_starts_fresh_unless_told_to_keep(tmp_path, capsys) -> None:
 
 def test_a_running_demo_database_is_never_removed(tmp_path) -> None:
     data = tmp_path / "demo"
-    (data / "postgres").mkdir(parents=True)
-    (data / "postgres" / "postmaster.pid").write_text(f"{os.getpid()}\n")  # alive: this one
+    demo.database_dir(data).mkdir(parents=True)
+    (demo.database_dir(data) / "postmaster.pid").write_text(f"{os.getpid()}\n")  # alive: this one
     with pytest.raises(ValueError, match="still runs"):
         demo.fresh_state(data, keep=False, progress=progress_lines.Progress())
-    assert (data / "postgres" / "postmaster.pid").exists()
+    assert (demo.database_dir(data) / "postmaster.pid").exists()
 
 
 def test_the_demo_has_its_own_database_and_port() -> None:
@@ -201,3 +201,17 @@ def test_the_simulated_history_fills_whole_hours() -> None:
     clock = demo.Clock(start)
     first = clock.next_interval(threading.Event())
     assert first == (start, demo.ROUND_S * 1000)
+
+
+def test_live_rounds_take_up_the_clock_where_the_replay_ends() -> None:
+    """The replay's last partial quarter-hour is one round ending now; the next ones end now
+    too, LIVE_ROUND_S long, instead of racing through the gap 10 s at a time."""
+    from datetime import UTC, datetime, timedelta
+
+    lag = timedelta(minutes=7)
+    clock = demo.Clock(datetime.now(UTC) - lag)
+    _, length_ms = clock.next_interval(threading.Event()) or (None, 0)
+    assert lag.total_seconds() * 1000 <= length_ms < (lag.total_seconds() + 60) * 1000
+    stop = threading.Event()
+    stop.set()  # a live round waits for its end: stopped while waiting, it gives none
+    assert clock.next_interval(stop) is None

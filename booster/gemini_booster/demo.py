@@ -71,9 +71,14 @@ def demo_hosts() -> tuple[list[str], list[str]]:
     return tuning, ab
 
 
+def database_dir(data_dir: Path) -> Path:
+    """Where the embedded server keeps its data (``service.app.database_url``'s choice)."""
+    return data_dir / "postgres"
+
+
 def _running_postgres(data_dir: Path) -> int | None:
     """The pid of a PostgreSQL still running on ``data_dir`` (a demo not stopped), or None."""
-    pidfile = data_dir / "postgres" / "postmaster.pid"
+    pidfile = database_dir(data_dir) / "postmaster.pid"
     try:
         pid = int(pidfile.read_text().split()[0])
         os.kill(pid, 0)
@@ -191,8 +196,9 @@ def history_start(hours: int, now: datetime) -> datetime:
 
 
 class Clock:
-    """The fleet's rounds: ROUND_S intervals from ``start`` while they lie in the past, then
-    LIVE_ROUND_S intervals that end now (waiting for each)."""
+    """The fleet's rounds: ROUND_S intervals from ``start`` while they lie in the past; then one
+    round for the rest up to now, and from there rounds of LIVE_ROUND_S that end now (each
+    waited for)."""
 
     def __init__(self, start: datetime) -> None:
         self.at = start
@@ -200,14 +206,14 @@ class Clock:
     def next_interval(self, stop: threading.Event) -> tuple[datetime, int] | None:
         """(start, length in ms) of the next round; None if ``stop`` was set while waiting."""
         now = datetime.now(UTC)
-        length = timedelta(seconds=ROUND_S)
-        if self.at + length > now:
-            length = timedelta(seconds=LIVE_ROUND_S)
-            wait = (self.at + length - now).total_seconds()
+        end = self.at + timedelta(seconds=ROUND_S)
+        if end > now:  # live: up to now, at least LIVE_ROUND_S long
+            end = max(now, self.at + timedelta(seconds=LIVE_ROUND_S))
+            wait = (end - now).total_seconds()
             if wait > 0 and stop.wait(wait):
                 return None
-        start, self.at = self.at, self.at + length
-        return start, int(length.total_seconds() * 1000)
+        start, self.at = self.at, end
+        return start, int((end - start).total_seconds() * 1000)
 
 
 def _row(server: BoosterServer, fleet: SyntheticFleet, policy_id: int) -> str:

@@ -87,3 +87,14 @@ def test_only_runs_the_named_contenders() -> None:
     assert [c.name for c in cfg.contenders("ethernet")] == ["fusion-default", "fusion-tuned"]
     labels = [e["label"] for e in evaluation.build_plan(cfg)["experiments"]]
     assert len(labels) == 6 and not any("cubic" in label for label in labels)
+
+
+def test_a_render_without_baselines_gives_no_verdict_instead_of_failing() -> None:
+    tuned = evaluation.Tuned({"ethernet": {"rtt_threshold": 70}}, "test")
+    cfg = evaluation.EvalConfig(
+        scenarios=("ethernet",), tuned=tuned, runs=1, only=("fusion-default", "fusion-tuned")
+    )
+    results = _results("ethernet", {"fusion-default": [_flow(13.0)], "fusion-tuned": [_flow(13.5)]})
+    text = evaluation.render(results, cfg, "cmd")
+    assert "No baseline measured in these runs: no verdict." in text
+    assert "| fusion-tuned | 1 | 13.50 |" in text

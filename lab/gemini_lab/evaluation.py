@@ -212,6 +212,8 @@ def verdicts(results: dict, path: str, cfg: EvalConfig) -> list[str]:
     if not tuned:
         return ["No tuned θ for this path."]
     measured = [b for b in BASELINES if flows_of(results, path, b)]
+    if not measured:
+        return ["No baseline measured in these runs: no verdict."]
     lines = []
     for s in SIGMAS:
         best, best_u = max(

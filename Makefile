@@ -8,20 +8,25 @@ STAMP := $(VENV)/.installed
 
 COMPONENTS := api agent booster lab
 
+# $(call with_heartbeat,COMMAND): COMMAND, and a line every 8 s while it runs. The first install
+# has quiet steps of a minute or more (creating the venv, pip installing ~100 wheels without a
+# word when not on a terminal); pip's own progress is shown too (not --quiet).
+with_heartbeat = $(1) & job=$$!; n=0; \
+	while kill -0 $$job 2>/dev/null; do sleep 1; n=$$((n + 1)); \
+	  [ $$((n % 8)) -ne 0 ] || ! kill -0 $$job 2>/dev/null || echo "== still installing ($$n s)"; \
+	done; wait $$job
+
 # The four distributions editable, with the development tools of pyproject.toml's `dev` group
 # (pip ≥ 25.1 reads dependency groups). gemini-cc, the single distribution this replaced, is
 # removed first so that only one finder maps each package to its folder.
-# pip's own progress is shown (the first install downloads for minutes), not --quiet, and a
-# line every 8 s while pip is quiet (it installs ~100 wheels without a word when not on a terminal).
 $(STAMP): pyproject.toml $(COMPONENTS:%=%/pyproject.toml)
 	@echo "== installing Gemini and its dependencies into $(VENV) (the first time takes minutes)"
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	@echo "== creating $(VENV) and upgrading pip"
+	@$(call with_heartbeat,$(PYTHON) -m venv $(VENV))
+	@$(call with_heartbeat,$(BIN)/pip install --quiet --upgrade pip)
 	$(BIN)/pip uninstall --quiet --yes gemini-cc 2>/dev/null || true
-	$(BIN)/pip install --progress-bar on $(COMPONENTS:%=-e ./%) --group dev & pip=$$!; n=0; \
-	while kill -0 $$pip 2>/dev/null; do sleep 1; n=$$((n + 1)); \
-	  [ $$((n % 8)) -ne 0 ] || ! kill -0 $$pip 2>/dev/null || echo "== still installing ($$n s)"; \
-	done; wait $$pip
+	@echo "$(BIN)/pip install --progress-bar on $(COMPONENTS:%=-e ./%) --group dev"
+	@$(call with_heartbeat,$(BIN)/pip install --progress-bar on $(COMPONENTS:%=-e ./%) --group dev)
 	touch $(STAMP)
 	@echo "== installed: $(BIN)/booster, $(BIN)/gemini-agent, $(BIN)/gemini-lab"
 

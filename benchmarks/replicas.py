@@ -1,16 +1,32 @@
-"""Two Booster replicas on one PostgreSQL beside one replica, in the same run.
+"""The fleet on 1 to 4 Booster replicas on one PostgreSQL, side by side in one run.
 
-Every replica is a real ``booster serve`` process (one gRPC process each) on one embedded
-PostgreSQL. The load is ``benchmarks/loadgen`` (Go): for ingestion, distinct 2-aggregate
-reports at ``--concurrency`` calls in flight, split evenly across the replicas serving; for
-GetParameters, requests for 10 of 100 planned contexts as random hosts, at 16 calls in flight.
-Ingestion is rows stored in PostgreSQL ÷ wall time; GetParameters latency is measured at the
-client. Configurations alternate (1, 2, 1, 2, …) so that both see the same machine.
+What a new operator sizing a fleet would measure. Each replica is a real ``booster serve``
+process (one gRPC process each) on one PostgreSQL (embedded: a real server process, logging lock
+waits over 100 ms). The fleet:
 
-On this 2-core machine replicas, load generator and PostgreSQL share the cores, so a second
-replica adds coordination, not capacity: the figures show what coordination costs.
+- ``--hosts`` hosts, each with its own agent token bound to it (no shared token);
+- reports built by the agent's own Aggregator and AggregateBuilder (compact sketches) from the
+  realistic flow mix of ``benchmarks/report_size.py`` (one host-minute per host, seed
+  ``--seed``), each host's report resent for successive minutes under new report ids, so every
+  call stores a new report;
+- ingestion at ``--concurrency`` calls in flight and GetParameters (10 of 100 planned contexts
+  per call, the same hosts and tokens) at ``--get-concurrency``, at the same time, both split
+  across the replicas serving, by ``benchmarks/loadgen`` (Go).
 
-    python -m benchmarks.replicas [--seconds 10] [--runs 3] [--concurrency 128]
+Printed per configuration (medians over ``--runs``, configurations interleaved 1, 2, 3, 4, 1, …
+so each sees the same machine): stored reports/s (rows in PostgreSQL ÷ wall time), Booster CPU
+and PostgreSQL CPU per stored report (user + system time of every replica process with its
+children, and of the PostgreSQL server with its backends, over the run ÷ reports stored), p50
+and p99 of both calls at the client, answers other than OK, and PostgreSQL's lock waits over
+100 ms (``log_lock_waits``, ``deadlock_timeout`` = 100 ms). With ``--baseline TREE`` every
+configuration also runs from another checkout (e.g. the commit before append-only ingest) on a
+database of its own, interleaved with this one.
+
+On a 2-core machine replicas, load generators and PostgreSQL share the cores: more replicas add
+no cores, so CPU per report and lock waits are what shows whether replicas scale.
+
+    python -m benchmarks.replicas [--seconds 10] [--runs 2] [--replicas 4] [--hosts 2000]
+                                  [--baseline TREE]
 """
 
 from __future__ import annotations
@@ -18,29 +34,42 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
+from google.protobuf.internal.decoder import _DecodeVarint
 from google.protobuf.internal.encoder import _VarintBytes
 from sqlalchemy import create_engine, text
 
+from gemini_agent.context import ContextResolver
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
+from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster import simulation as sim
-from gemini_booster.storage import database
+from gemini_booster.storage import database, repository
 
-from .common import AGENT, OPERATOR, write_result
-from .get_parameters import CONTEXTS, HOSTS, contexts
-from .ingest import loadgen_binary, reports
+from . import report_size as mix
+from .common import OPERATOR, write_result
+from .get_parameters import CONTEXTS, contexts
+from .ingest import loadgen_binary
 
-POLICY = "bench"
-GET_CONCURRENCY = 16
+POLICY = mix.POLICY
 GET_CONTEXTS = 10
+START_S = 180
+LOCK_WAIT = re.compile(r"still waiting for (\w+) on .* after ([\d.]+) ms")
+ACQUIRED = re.compile(r"acquired (\w+) on .* after ([\d.]+) ms")
+RELATION = re.compile(r'relation "([^"]+)"')
+CPU_FIELDS = slice(13, 17)  # utime, stime, cutime, cstime in /proc/<pid>/stat
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -51,191 +80,535 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# -- CPU accounting ----------------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            out += [int(c) for c in (task / "children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return out
+
+
+def _tree(pid: int) -> Iterator[int]:
+    yield pid
+    for c in _children(pid):
+        yield from _tree(c)
+
+
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds of ``pids``, their live descendants, and the children they reaped."""
+    total = 0
+    for root in pids:
+        for pid in _tree(root):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue
+            total += sum(int(v) for v in stat[CPU_FIELDS.start - 2 : CPU_FIELDS.stop - 2])
+    return total / TICKS
+
+
+# -- Booster replicas --------------------------------------------------------------------------
+
+
+def tree_env(tree: Path | None, work: Path) -> dict[str, str]:
+    """Environment that runs Booster from ``tree`` (another checkout) instead of this one."""
+    if tree is None:
+        return {}
+    shim = work / "shim"
+    shim.mkdir(exist_ok=True)
+    link = shim / "gemini_migrations"
+    if not link.exists():
+        link.symlink_to(tree / "migrations")
+    path = [tree / "booster", tree / "api", tree / "agent", shim]
+    return {"PYTHONPATH": os.pathsep.join(str(p) for p in path)}
+
+
+@dataclass
 class Replica:
-    def __init__(self, name: str, url: str, workdir: Path):
-        self.grpc_port, self.http_port = free_port(), free_port()
-        env = os.environ | {
-            "GEMINI_BOOSTER_DATABASE_URL": url,
-            "GEMINI_BOOSTER_GRPC_LISTEN": f"127.0.0.1:{self.grpc_port}",
-            "GEMINI_BOOSTER_HTTP_PORT": str(self.http_port),
-            "GEMINI_BOOSTER_BOOTSTRAP_OPERATOR_TOKEN": OPERATOR,
-            "GEMINI_BOOSTER_BOOTSTRAP_AGENT_TOKEN": AGENT,
-            "GEMINI_BOOSTER_REFIT_INTERVAL_S": "3600",
-            "GEMINI_BOOSTER_REPLICA_NAME": name,
-            "GEMINI_BOOSTER_LOG_LEVEL": "WARNING",
-        }
-        log = open(workdir / f"{name}.log", "ab")  # noqa: SIM115 (lives as long as the process)
+    name: str
+    url: str
+    work: Path
+    tree: Path | None = None
+    proc: subprocess.Popen | None = None
+    grpc_port: int = field(default_factory=free_port)
+    http_port: int = field(default_factory=free_port)
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self) -> Replica:
+        env = (
+            os.environ
+            | tree_env(self.tree, self.work)
+            | {
+                "GEMINI_BOOSTER_DATABASE_URL": self.url,
+                "GEMINI_BOOSTER_GRPC_LISTEN": self.target,
+                "GEMINI_BOOSTER_HTTP_PORT": str(self.http_port),
+                "GEMINI_BOOSTER_BOOTSTRAP_OPERATOR_TOKEN": OPERATOR,
+                "GEMINI_BOOSTER_REFIT_INTERVAL_S": "3600",
+                "GEMINI_BOOSTER_REPLICA_NAME": self.name,
+                "GEMINI_BOOSTER_LOG_LEVEL": "WARNING",
+                "GEMINI_BOOSTER_REFIT_PROCESSES": "1",
+            }
+        )
+        log = open(self.work / f"{self.name}.log", "ab")  # noqa: SIM115 (lives with the process)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gemini_booster.cli", "serve"],
             env=env,
+            cwd=self.tree or Path.cwd(),
             stdout=subprocess.DEVNULL,
             stderr=log,
         )
-        self.http = f"http://127.0.0.1:{self.http_port}"
-        self.target = f"127.0.0.1:{self.grpc_port}"
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + START_S
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"{self.http}/livez", timeout=1).status_code == 200:
-                    return
+                    return self
             except httpx.HTTPError:
                 pass
+            if self.proc.poll() is not None:
+                break
             time.sleep(0.2)
-        raise RuntimeError(f"replica {name} did not start")
+        tail = (self.work / f"{self.name}.log").read_text()[-2000:]
+        raise RuntimeError(f"replica {self.name} did not start:\n{tail}")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
 
 
-def get_requests(n: int) -> bytes:
-    rng = np.random.default_rng(1)
-    msgs = [c.message() for c in contexts()]
-    out = bytearray()
-    for _ in range(n):
-        chosen = rng.choice(CONTEXTS, size=GET_CONTEXTS, replace=False)
-        body = pb.GetParametersRequest(
-            host_id=f"host-{rng.integers(HOSTS)}",
-            policy=POLICY,
-            contexts=[msgs[i] for i in chosen],
-        ).SerializeToString()
-        out += _VarintBytes(len(body)) + body
-    return bytes(out)
+# -- the fleet's requests ----------------------------------------------------------------------
 
 
-def loadgen(binary: Path, target: str, data: str, method: str, seconds: int, conc: int):
+@dataclass
+class Fleet:
+    hosts: list[str]
+    templates: list[pb.ReportRequest]  # one host-minute per host
+
+    def report_sizes(self) -> list[int]:
+        return [t.ByteSize() for t in self.templates]
+
+    def reports(self, first_minute: int, n: int, tokens: list[str]) -> tuple[bytes, list[str]]:
+        """``n`` reports, host by host, minute after minute from ``first_minute`` minutes ago
+        backwards (never sent before), and the token of each."""
+        now_min = int(time.time() // 60)
+        out, sent_with = bytearray(), []
+        for i in range(n):
+            h = i % len(self.hosts)
+            minute = now_min - 2 - first_minute - i // len(self.hosts)
+            req = pb.ReportRequest()
+            req.CopyFrom(self.templates[h])
+            req.interval_start_unix_ms = minute * 60_000
+            req.interval_end_unix_ms = (minute + 1) * 60_000
+            req.report_id = f"{self.hosts[h]}:{minute}"
+            body = req.SerializeToString()
+            out += _VarintBytes(len(body)) + body
+            sent_with.append(tokens[h])
+        return bytes(out), sent_with
+
+    def gets(self, n: int, tokens: list[str]) -> tuple[bytes, list[str]]:
+        rng = np.random.default_rng(1)
+        msgs = [c.message() for c in contexts()]
+        out, sent_with = bytearray(), []
+        for _ in range(n):
+            h = int(rng.integers(len(self.hosts)))
+            chosen = rng.choice(CONTEXTS, size=GET_CONTEXTS, replace=False)
+            body = pb.GetParametersRequest(
+                host_id=self.hosts[h], policy=POLICY, contexts=[msgs[i] for i in chosen]
+            ).SerializeToString()
+            out += _VarintBytes(len(body)) + body
+            sent_with.append(tokens[h])
+        return bytes(out), sent_with
+
+
+def build_fleet(hosts: int, seed: int, work: Path) -> Fleet:
+    resolver = ContextResolver(mix.SOURCE, mix.prefix_table(work))
+    rng = np.random.default_rng(seed)
+    theta = load_spec().default()
+    names, templates = [], []
+    for h in range(hosts):
+        name = f"edge-{seed}-{h:05d}.cdn.example.net"
+        minute = mix.host_minute(rng, name, theta)
+        names.append(name)
+        templates.append(minute.report(resolver))
+    return Fleet(names, templates)
+
+
+def host_tokens(url: str, hosts: list[str]) -> list[str]:
+    engine = database.make_engine(url)
+    try:
+        return [
+            repository.create_token(engine, f"agent-{h}", "agent", actor="bench", host_id=h)
+            for h in hosts
+        ]
+    finally:
+        engine.dispose()
+
+
+# -- one database's set-up ---------------------------------------------------------------------
+
+
+@dataclass
+class Side:
+    """One build (this checkout, or ``--baseline``'s) on a database of its own."""
+
+    label: str
+    url: str
+    replicas: list[Replica]
+    tokens: list[str] = field(default_factory=list)
+    minute: int = 0  # minutes of reports used so far
+
+    def stored(self) -> int:
+        engine = create_engine(self.url)
+        with engine.connect() as conn:
+            n = conn.execute(text("SELECT count(*) FROM reports")).scalar_one()
+        engine.dispose()
+        return n
+
+
+def create_database(admin_url: str, name: str) -> str:
+    engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    engine.dispose()
+    return admin_url.replace("/postgres?", f"/{name}?")
+
+
+def migrate(url: str, tree: Path | None, work: Path) -> None:
+    env = os.environ | tree_env(tree, work) | {"GEMINI_BOOSTER_DATABASE_URL": url}
+    subprocess.run(
+        [sys.executable, "-m", "gemini_booster.cli", "migrate"],
+        env=env,
+        cwd=tree or Path.cwd(),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def seed_plans(side: Side, fleet: Fleet) -> None:
+    """A policy with a plan for each of the 100 contexts, served by every replica."""
+    a = side.replicas[0]
+    h = {"authorization": f"Bearer {OPERATOR}"}
+    httpx.post(f"{a.http}/v1/policies", json={"name": POLICY}, headers=h).raise_for_status()
+    rng = np.random.default_rng(0)
+    default = load_spec().default()
+    aggs = [sim.make_aggregate(c, default, 1.0, 20, rng) for c in contexts()]
+    md = (("authorization", f"Bearer {side.tokens[0]}"),)
+    stub = pb_grpc.BoosterStub(grpc.insecure_channel(a.target))
+    stub.ReportAggregates(sim.make_report(fleet.hosts[0], POLICY, aggs), metadata=md)
+    deadline = time.monotonic() + START_S
+    while True:  # whichever replica holds the policy's lease refits (the others answer 409)
+        codes = []
+        for r in side.replicas:
+            resp = httpx.post(f"{r.http}/v1/policies/{POLICY}/refit", headers=h, timeout=600)
+            codes.append(resp.status_code)
+            if resp.status_code == 200:
+                break
+        if 200 in codes:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no replica refitted the seed policy: {codes}")
+        time.sleep(1)
+    for r in side.replicas:
+        while len(httpx.get(f"{r.http}/v1/policies/{POLICY}/parameters", headers=h).json()) < (
+            CONTEXTS
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replica {r.name} never served the plans")
+            time.sleep(0.2)
+
+
+# -- one measured run --------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    side: str
+    replicas: int
+    stored_per_s: float
+    booster_ms: float
+    postgres_ms: float
+    report: dict
+    get: dict
+    lock_waits: list[LockWait]
+
+
+def loadgen(binary: Path, target: str, data: Path, tokens: Path, method: str, secs: int, conc: int):
     return subprocess.Popen(
         [
             str(binary),
             f"-target={target}",
             f"-requests={data}",
+            f"-tokens={tokens}",
             f"-method=/gemini.booster.v1.Booster/{method}",
             f"-concurrency={conc}",
             f"-connections={max(conc // 8, 1)}",
-            f"-duration={seconds}s",
-            f"-token={AGENT}",
+            f"-duration={secs}s",
         ],
         stdout=subprocess.PIPE,
         text=True,
     )
 
 
-def stored(url: str) -> int:
-    engine = create_engine(url)
-    with engine.connect() as conn:
-        n = conn.execute(text("SELECT count(*) FROM reports")).scalar_one()
-    engine.dispose()
-    return n
+def merged(results: list[dict]) -> dict:
+    codes: dict[str, int] = {}
+    for r in results:
+        for k, v in r["codes"].items():
+            codes[k] = codes.get(k, 0) + v
+    return {
+        "calls": sum(r["calls"] for r in results),
+        "p50_ms": max(r["p50_ms"] for r in results),
+        "p99_ms": max(r["p99_ms"] for r in results),
+        "codes": codes,
+    }
 
 
-def ingest(binary: Path, replicas: list[Replica], args, url: str) -> float:
-    """Reports stored per second; each run sends reports never sent before (a resent report is
-    a duplicate and stores nothing)."""
-    with tempfile.NamedTemporaryFile(suffix=".bin") as data:
-        data.write(reports(args.seconds * 5000))
-        data.flush()
-        n0, t0 = stored(url), time.monotonic()
-        conc = args.concurrency // len(replicas)
-        procs = [
-            loadgen(binary, r.target, data.name, "ReportAggregates", args.seconds, conc)
-            for r in replicas
-        ]
-        for p in procs:
-            p.communicate()
-        return (stored(url) - n0) / (time.monotonic() - t0)
+@dataclass(frozen=True)
+class LockWait:
+    ms: float
+    relation: str  # the relation whose row or index entry it waited for ('' if not named)
 
 
-def get_p99(binary: Path, replicas: list[Replica], data: str, args) -> tuple[float, float]:
-    conc = GET_CONCURRENCY // len(replicas)
-    procs = [loadgen(binary, r.target, data, "GetParameters", args.seconds, conc) for r in replicas]
-    results = [json.loads(p.communicate()[0]) for p in procs]
-    calls = sum(r["calls"] for r in results)
-    return max(r["p99_ms"] for r in results), calls / args.seconds
+def lock_waits(log: Path, offset: int) -> list[LockWait]:
+    """Every lock wait over deadlock_timeout that ended after ``offset`` of the server's log
+    (its whole length, from the 'acquired' line), with the relation its CONTEXT names."""
+    waits: list[LockWait] = []
+    with open(log, errors="replace") as f:
+        f.seek(offset)
+        lines = f.readlines()
+    for i, line in enumerate(lines):
+        m = ACQUIRED.search(line)
+        if m is None:
+            continue
+        context = next((x for x in lines[i + 1 : i + 4] if "CONTEXT:" in x), "")
+        rel = RELATION.search(context)
+        waits.append(LockWait(float(m.group(2)), rel.group(1) if rel else ""))
+    return waits
 
 
-def seed(a: Replica, b: Replica) -> None:
-    """A policy with a plan for each of 100 contexts, served by both replicas."""
-    h = {"authorization": f"Bearer {OPERATOR}"}
-    httpx.post(f"{a.http}/v1/policies", json={"name": POLICY}, headers=h).raise_for_status()
-    import grpc
+def split(data: bytes, tokens: list[str], parts: int) -> list[tuple[bytes, list[str]]]:
+    """Deal length-prefixed requests (and their tokens) into ``parts`` files, so that no two
+    replicas are sent the same report (a report sent twice is a duplicate, not a store)."""
+    out = [(bytearray(), list[str]()) for _ in range(parts)]
+    pos, i = 0, 0
+    while pos < len(data):
+        n, start = _DecodeVarint(data, pos)
+        body, toks = out[i % parts]
+        body += data[pos : start + n]
+        toks.append(tokens[i])
+        pos, i = start + n, i + 1
+    return [(bytes(b), t) for b, t in out]
 
-    from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 
-    rng = np.random.default_rng(0)
-    default = load_spec().default()
-    stub = pb_grpc.BoosterStub(grpc.insecure_channel(a.target))
-    aggs = [sim.make_aggregate(c, default, 1.0, 20, rng) for c in contexts()]
-    stub.ReportAggregates(
-        sim.make_report("seed-host", POLICY, aggs), metadata=(("authorization", f"Bearer {AGENT}"),)
+def measure(
+    binary: Path, side: Side, n: int, fleet: Fleet, args, pg_pid: int, pg_log: Path, work: Path
+) -> Run:
+    serving = side.replicas[:n]
+    per_run = args.seconds * args.max_rate
+    body, tokens = fleet.reports(side.minute, per_run, side.tokens)
+    side.minute += -(-per_run // len(fleet.hosts))
+    gets, get_tokens = fleet.gets(20_000, side.tokens)
+    files: dict[str, list[tuple[Path, Path]]] = {"reports": [], "gets": []}
+    for name, (data, toks) in (("reports", (body, tokens)), ("gets", (gets, get_tokens))):
+        for k, (part, part_tokens) in enumerate(split(data, toks, n)):
+            d, t = work / f"{name}-{k}.bin", work / f"{name}-{k}.tokens"
+            d.write_bytes(part)
+            t.write_text("\n".join(part_tokens) + "\n")
+            files[name].append((d, t))
+    log_offset = pg_log.stat().st_size
+    booster_pids = [r.proc.pid for r in side.replicas if r.proc is not None]
+    n0, b0, p0, t0 = side.stored(), cpu_s(booster_pids), cpu_s([pg_pid]), time.monotonic()
+    conc, gconc = max(args.concurrency // n, 1), max(args.get_concurrency // n, 1)
+    procs = [
+        loadgen(binary, r.target, d, t, "ReportAggregates", args.seconds, conc)
+        for r, (d, t) in zip(serving, files["reports"], strict=True)
+    ]
+    get_procs = [
+        loadgen(binary, r.target, d, t, "GetParameters", args.seconds, gconc)
+        for r, (d, t) in zip(serving, files["gets"], strict=True)
+    ]
+    reports = merged([json.loads(p.communicate()[0]) for p in procs])
+    got = merged([json.loads(p.communicate()[0]) for p in get_procs])
+    wall = time.monotonic() - t0
+    b1, p1, n1 = cpu_s(booster_pids), cpu_s([pg_pid]), side.stored()
+    stored = max(n1 - n0, 1)
+    return Run(
+        side.label,
+        n,
+        stored / wall,
+        (b1 - b0) * 1000 / stored,
+        (p1 - p0) * 1000 / stored,
+        reports,
+        got,
+        lock_waits(pg_log, log_offset),
     )
-    httpx.post(f"{a.http}/v1/policies/{POLICY}/refit", headers=h, timeout=300).raise_for_status()
-    deadline = time.monotonic() + 30
-    while len(httpx.get(f"{b.http}/v1/policies/{POLICY}/parameters", headers=h).json()) < CONTEXTS:
-        if time.monotonic() > deadline:
-            raise RuntimeError("replica B never served the plans")
-        time.sleep(0.1)
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+def _median(runs: list[Run], key) -> float:
+    return float(np.median([key(r) for r in runs]))
+
+
+def _others(runs: list[Run]) -> str:
+    codes: dict[str, int] = {}
+    for r in runs:
+        for which, d in (("report", r.report), ("get", r.get)):
+            for k, v in d["codes"].items():
+                if k != "OK":
+                    codes[f"{which} {k}"] = codes.get(f"{which} {k}", 0) + v
+    return ", ".join(f"{k} {v}" for k, v in sorted(codes.items())) or "none"
+
+
+def summary(runs: list[Run], labels: list[str], max_n: int) -> list[str]:
+    lines = [
+        "| build | replicas | stored reports/s | Booster CPU ms/report | PostgreSQL CPU "
+        "ms/report | Report p50 / p99 ms | GetParameters p50 / p99 ms | lock waits > 100 ms "
+        "(max ms; on) | answers not OK |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for label in labels:
+        for n in range(1, max_n + 1):
+            rs = [r for r in runs if r.side == label and r.replicas == n]
+            if not rs:
+                continue
+            waits = [w.ms for r in rs for w in r.lock_waits]
+            rels = sorted({w.relation for r in rs for w in r.lock_waits})
+            lines.append(
+                f"| {label} | {n} | {_median(rs, lambda r: r.stored_per_s):,.0f} | "
+                f"{_median(rs, lambda r: r.booster_ms):.2f} | "
+                f"{_median(rs, lambda r: r.postgres_ms):.2f} | "
+                f"{_median(rs, lambda r: r.report['p50_ms']):.1f} / "
+                f"{_median(rs, lambda r: r.report['p99_ms']):.1f} | "
+                f"{_median(rs, lambda r: r.get['p50_ms']):.1f} / "
+                f"{_median(rs, lambda r: r.get['p99_ms']):.1f} | "
+                f"{len(waits)} ({max(waits, default=0):.0f}{'; ' if rels else ''}"
+                f"{', '.join(rels)}) | {_others(rs)} |"
+            )
+    return lines
+
+
+def ratios(runs: list[Run], label: str, max_n: int) -> list[str]:
+    one = [r for r in runs if r.side == label and r.replicas == 1]
+    if not one:
+        return []
+    base = {
+        "rate": _median(one, lambda r: r.stored_per_s),
+        "b": _median(one, lambda r: r.booster_ms),
+        "p": _median(one, lambda r: r.postgres_ms),
+    }
+    out = []
+    for n in range(2, max_n + 1):
+        rs = [r for r in runs if r.side == label and r.replicas == n]
+        if rs:
+            out.append(
+                f"- {label}, {n} replicas ÷ 1: stored reports/s "
+                f"{_median(rs, lambda r: r.stored_per_s) / base['rate']:.2f}×, Booster CPU per "
+                f"report {_median(rs, lambda r: r.booster_ms) / base['b']:.2f}×, PostgreSQL CPU "
+                f"per report {_median(rs, lambda r: r.postgres_ms) / base['p']:.2f}×"
+            )
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=10)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--concurrency", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--hosts", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=3000)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--get-concurrency", type=int, default=4)
+    ap.add_argument("--max-rate", type=int, default=1500, help="distinct reports per second")
+    ap.add_argument("--baseline", type=Path, default=None, help="another checkout to compare")
     args = ap.parse_args()
     binary = loadgen_binary()
-    work = Path(tempfile.mkdtemp(prefix="gemini-replicas-"))
+    work = Path(tempfile.mkdtemp(prefix="gemini-fleet-"))
     os.environ.setdefault("XDG_RUNTIME_DIR", str(work))
-    url = database.start_embedded(work / "pg")
-    engine = database.make_engine(url)
-    database.migrate(engine)
+    admin = database.start_embedded(work / "pg")
+    engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text("ALTER SYSTEM SET log_lock_waits = on"))
+        conn.execute(text("ALTER SYSTEM SET deadlock_timeout = '100ms'"))
+        conn.execute(text("SELECT pg_reload_conf()"))
+        pgdata = Path(conn.execute(text("SHOW data_directory")).scalar_one())
     engine.dispose()
-    a, b = Replica("replica-a", url, work), Replica("replica-b", url, work)
-    rows: list[tuple[int, float, float, float]] = []
+    pg_pid = int((pgdata / "postmaster.pid").read_text().split()[0])
+    pg_log = pgdata / "log"
+    print(f"building {args.hosts} hosts' reports with the agent's builder…", file=sys.stderr)
+    fleet = build_fleet(args.hosts, args.seed, work)
+    sizes = fleet.report_sizes()
+    trees: list[tuple[str, Path | None]] = [("this", None)]
+    if args.baseline is not None:
+        trees.append(("baseline", args.baseline.resolve()))
+    sides: list[Side] = []
     try:
-        seed(a, b)
-        with tempfile.NamedTemporaryFile(suffix=".bin") as get:
-            get.write(get_requests(20_000))
-            get.flush()
-            for _ in range(args.runs):
-                for serving in ([a], [a, b]):
-                    rate = ingest(binary, serving, args, url)
-                    p99, gets = get_p99(binary, serving, get.name, args)
-                    rows.append((len(serving), rate, p99, gets))
+        for label, tree in trees:
+            url = create_database(admin, f"fleet_{label}")
+            migrate(url, tree, work)
+            reps = [
+                Replica(f"{label}-{i + 1}", url, work, tree).start() for i in range(args.replicas)
+            ]
+            side = Side(label, url, reps, host_tokens(url, fleet.hosts))
+            seed_plans(side, fleet)
+            sides.append(side)
+        runs: list[Run] = []
+        for _ in range(args.runs):
+            for n in range(1, args.replicas + 1):
+                for side in sides:
+                    run = measure(binary, side, n, fleet, args, pg_pid, pg_log, work)
+                    print(run, file=sys.stderr)
+                    runs.append(run)
     finally:
-        a.stop()
-        b.stop()
-
-    def median(n: int, i: int) -> float:
-        return float(np.median([r[i] for r in rows if r[0] == n]))
-
+        for side in sides:
+            for r in side.replicas:
+                r.stop()
+    labels = [s.label for s in sides]
     lines = [
-        f"Ingestion: `benchmarks/loadgen` (Go), {args.concurrency} report calls in flight split "
-        f"across the replicas serving. GetParameters: {GET_CONTEXTS} of {CONTEXTS} planned "
-        f"contexts per request, random host of {HOSTS:,}, {GET_CONCURRENCY} calls in flight. "
-        f"Each replica one `booster serve` process; {os.cpu_count()} cores shared by replicas, "
-        "load generators and PostgreSQL.",
+        f"{args.hosts:,} hosts (seed {args.seed}), each with its own token; reports from the "
+        "agent's builder over the realistic mix of benchmarks/report_size.py: "
+        f"mean {np.mean(sizes):,.0f} B, p99 {np.percentile(sizes, 99):,.0f} B. Ingestion at "
+        f"{args.concurrency} calls in flight and GetParameters ({GET_CONTEXTS} of {CONTEXTS} "
+        f"planned contexts) at {args.get_concurrency}, at the same time, split across the "
+        f"replicas serving; {args.seconds} s per run, {args.runs} runs per configuration "
+        f"(medians), configurations interleaved. {os.cpu_count()} cores shared by every "
+        "replica (all of them running, the unused ones idle), the load generators and "
+        "PostgreSQL: CPU per stored report counts every replica and every PostgreSQL process, "
+        "and so includes serving the GetParameters calls made meanwhile (their rate is in the "
+        "last table).",
         "",
-        "| replicas | ingestion reports/s (median) | GetParameters p99 ms (median) | "
-        "GetParameters calls/s |",
-        "| --- | --- | --- | --- |",
-    ]
-    for n in (1, 2):
-        lines.append(f"| {n} | {median(n, 1):,.0f} | {median(n, 2):.2f} | {median(n, 3):,.0f} |")
-    lines += [
+        *summary(runs, labels, args.replicas),
         "",
-        f"Two replicas ÷ one: ingestion {median(2, 1) / median(1, 1):.2f}×, "
-        f"GetParameters p99 {median(2, 2) / median(1, 2):.2f}×.",
+        *[line for label in labels for line in ratios(runs, label, args.replicas)],
         "",
-        "| run | replicas | reports/s | GetParameters p99 ms | GetParameters calls/s |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    lines += [
-        f"| {i // 2 + 1} | {n} | {rate:,.0f} | {p99:.2f} | {gets:,.0f} |"
-        for i, (n, rate, p99, gets) in enumerate(rows)
+        "Every run:",
+        "",
+        "| build | replicas | stored/s | Booster ms | PostgreSQL ms | Report p99 | Get p99 | "
+        "GetParameters/s | lock waits |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        *[
+            f"| {r.side} | {r.replicas} | {r.stored_per_s:,.0f} | {r.booster_ms:.2f} | "
+            f"{r.postgres_ms:.2f} | {r.report['p99_ms']:.1f} | {r.get['p99_ms']:.1f} | "
+            f"{r.get['calls'] / args.seconds:,.0f} | {len(r.lock_waits)} |"
+            for r in runs
+        ],
     ]
     write_result(
         "replicas",
-        "python -m benchmarks.replicas " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+        "python -m benchmarks.replicas "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
         lines,
     )
 

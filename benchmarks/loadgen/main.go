@@ -18,6 +18,7 @@ import (
 	"log"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,9 +32,12 @@ import (
 // rawCodec passes request and response bytes through untouched.
 type rawCodec struct{}
 
-func (rawCodec) Marshal(v any) ([]byte, error)   { return *(v.(*[]byte)), nil }
-func (rawCodec) Unmarshal(b []byte, v any) error { *(v.(*[]byte)) = append([]byte(nil), b...); return nil }
-func (rawCodec) Name() string                    { return "proto" }
+func (rawCodec) Marshal(v any) ([]byte, error) { return *(v.(*[]byte)), nil }
+func (rawCodec) Unmarshal(b []byte, v any) error {
+	*(v.(*[]byte)) = append([]byte(nil), b...)
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
 
 type summary struct {
 	Calls   int            `json:"calls"`
@@ -67,6 +71,30 @@ func readRequests(path string) ([][]byte, error) {
 	}
 }
 
+// callContexts gives each request its call context: one shared token, or request i's own from
+// the tokens file (as many lines as requests).
+func callContexts(token, path string, n int) ([]context.Context, error) {
+	bearer := func(t string) context.Context {
+		return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+t)
+	}
+	if path == "" {
+		return []context.Context{bearer(token)}, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) != n {
+		return nil, fmt.Errorf("%s: %d tokens for %d requests", path, len(lines), n)
+	}
+	out := make([]context.Context, n)
+	for i, t := range lines {
+		out[i] = bearer(t)
+	}
+	return out, nil
+}
+
 func percentile(sorted []time.Duration, p float64) float64 {
 	if len(sorted) == 0 {
 		return 0
@@ -83,6 +111,7 @@ func main() {
 	connections := flag.Int("connections", 16, "client connections")
 	duration := flag.Duration("duration", 15*time.Second, "how long to start new calls")
 	token := flag.String("token", "", "bearer token")
+	tokens := flag.String("tokens", "", "file of bearer tokens, one a line: request i is sent with token i (a host's own)")
 	flag.Parse()
 
 	reqs, err := readRequests(*requests)
@@ -98,7 +127,10 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+*token)
+	ctxs, err := callContexts(*token, *tokens, len(reqs))
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	var next atomic.Int64
 	var mu sync.Mutex
@@ -115,10 +147,11 @@ func main() {
 			var mine []time.Duration
 			local := map[string]int{}
 			for time.Now().Before(deadline) {
-				req := reqs[int(next.Add(1)-1)%len(reqs)]
+				i := int(next.Add(1)-1) % len(reqs)
+				req := reqs[i]
 				var resp []byte
 				t0 := time.Now()
-				err := conn.Invoke(ctx, *method, &req, &resp)
+				err := conn.Invoke(ctxs[i%len(ctxs)], *method, &req, &resp)
 				mine = append(mine, time.Since(t0))
 				local[status.Code(err).String()]++
 			}

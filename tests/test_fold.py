@@ -133,6 +133,13 @@ def test_retention_drops_folded_partitions_and_keeps_the_trials(owner: Running) 
     assert same(totals(engine, "trials"), kept)
     send(owner, 1, seed=7)  # today's rows now go to the default partition: still stored
     assert totals(engine, "report_aggregates")[-1] == len(sim.DEFAULT_CONTEXTS)
+    fold.upkeep(later)  # not folded yet: kept
+    assert totals(engine, "report_aggregates")[-1] == len(sim.DEFAULT_CONTEXTS)
+    owner.booster.fold_owned()
+    kept = totals(engine, "trial_sums")
+    fold.upkeep(later)  # folded and past retention: deleted from the default partition
+    assert totals(engine, "report_aggregates")[-1] == 0
+    assert totals(engine, "trial_sums") == kept
 
 
 def _fold_waiting_on(conn: psycopg.Connection) -> int | None:

@@ -205,6 +205,23 @@ def drop_expired(conn: Connection, today: date, retention_days: int) -> list[str
     return dropped
 
 
+_PURGE_DEFAULT = text(
+    f"""
+DELETE FROM {PARENT}_default a USING fold_watermarks w
+WHERE w.policy_id = a.policy_id AND a.xid < w.folded_xid AND a.stored_at < :cutoff
+"""
+)
+
+
+def purge_default(conn: Connection, today: date, retention_days: int) -> int:
+    """Delete the folded rows past retention from the default partition (it holds rows only
+    when the daily partitions were not created in time): rows deleted."""
+    cutoff = _midnight(today - timedelta(days=retention_days))
+    n = conn.execute(_PURGE_DEFAULT, {"cutoff": cutoff}).rowcount
+    conn.commit()
+    return n
+
+
 def maintain_partitions(
     engine: Engine, now: datetime, retention_days: int, days_ahead: int = 2
 ) -> tuple[list[str], list[str]] | None:
@@ -220,7 +237,8 @@ def maintain_partitions(
             today = now.astimezone(UTC).date()
             created = ensure_partitions(conn, today, days_ahead)
             dropped = drop_expired(conn, today, retention_days)
-            conn.commit()
+            if purge_default(conn, today, retention_days):
+                dropped.append(f"{PARENT}_default (rows past retention)")
             return created, dropped
         finally:
             conn.rollback()

@@ -5,7 +5,8 @@ in flight over ``--connections`` connections. Python gRPC clients cost about as 
 call as the server under test, and on a two-core machine they would take their share from
 Booster; the Go client sends pre-built bytes and costs little. Every call is a distinct report
 of 2 aggregates, the typical size of one host's 5-minute report, so every one is a real insert
-plus trial upserts; the rows in PostgreSQL are counted afterwards. Target: ≥ 2,000 reports/s.
+(appended: the refit owner folds the aggregates into the trial sums later, storage/fold.py);
+the rows in PostgreSQL are counted afterwards. Target: ≥ 2,000 reports/s.
 
     python -m benchmarks.ingest [--seconds 15] [--concurrency 128] [--connections 16]
                                 [--processes 2]

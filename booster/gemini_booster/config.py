@@ -19,6 +19,7 @@ from pydantic_settings import (
 )
 
 CONFIG_FILE_ENV = "GEMINI_BOOSTER_CONFIG"
+RUNTIME_DIR = "run"  # under data_dir: XDG_RUNTIME_DIR for the embedded server
 
 
 class ConfigFileError(ValueError):
@@ -189,3 +190,13 @@ class Settings(BaseSettings):
         if from_file is not None:
             sources.append(from_file)
         return tuple(sources)
+
+
+def runtime_dir(data_dir: Path) -> None:
+    """The embedded server's runtime files (its socket's lock) go under ``data_dir`` unless
+    XDG_RUNTIME_DIR is set: in a directory of their own, private (0700) as a runtime directory
+    must be (``data_dir`` itself is not: the server's initdb leaves it 0755)."""
+    run = data_dir / RUNTIME_DIR
+    run.mkdir(parents=True, exist_ok=True)
+    run.chmod(0o700)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(run.resolve()))

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from . import simulation as sim
-from .config import Settings
+from .config import Settings, runtime_dir
 from .domain import ContextKey
 from .fleet import SyntheticFleet
 from .models import Policy, PolicyCreate
@@ -296,8 +296,8 @@ def run_demo(settings: Settings, options: DemoOptions, progress: Progress | None
         progress.say("the demo ignores database_url: it runs its own embedded PostgreSQL")
     settings = demo_settings(settings, options)
     fresh_state(settings.data_dir, options.keep_state, progress)
-    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.environ["XDG_RUNTIME_DIR"] = str(settings.data_dir.resolve())  # the embedded server's
+    os.environ.pop("XDG_RUNTIME_DIR", None)  # the demo's own, not the outer data_dir's
+    runtime_dir(settings.data_dir)
     with progress.step("starting Booster: embedded PostgreSQL, schema, gRPC and REST"):
         server = BoosterServer(settings, migrate=True).start()
     try:

@@ -17,10 +17,9 @@ import sys
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import CONFIG_FILE_ENV, Settings
+from ..config import CONFIG_FILE_ENV, Settings, runtime_dir
 from . import output
 from .errors import CliError, explain
 
@@ -31,13 +30,6 @@ log = logging.getLogger("gemini_booster")
 
 EXIT_FAILURE = 1
 EMBEDDED_NOTICE_AFTER_S = 1.0  # a wait for the embedded server longer than this is announced
-
-
-def runtime_dir(data_dir: Path) -> None:
-    """The embedded server's runtime files go under ``data_dir`` unless XDG_RUNTIME_DIR is set;
-    a new ``data_dir`` is made private (0700), as a runtime directory must be."""
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(data_dir.resolve()))
 
 
 def database_url(settings: Settings) -> str:

@@ -8,12 +8,14 @@ STAMP := $(VENV)/.installed
 
 COMPONENTS := api agent booster lab
 
-# $(call with_heartbeat,COMMAND): COMMAND, and a line every 8 s while it runs. The first install
-# has quiet steps of a minute or more (creating the venv, pip installing ~100 wheels without a
-# word when not on a terminal); pip's own progress is shown too (not --quiet).
-with_heartbeat = $(1) & job=$$!; n=0; \
+# $(call with_heartbeat,COMMAND): COMMAND, and a line every 5 one-second sleeps while it runs
+# (8-9 s apart on a loaded machine). The first install has quiet steps of a minute or more
+# (creating the venv, pip installing ~100 wheels without a word when not on a terminal); pip's
+# own progress is shown too (not --quiet).
+with_heartbeat = $(1) & job=$$!; t0=$$(date +%s); n=0; \
 	while kill -0 $$job 2>/dev/null; do sleep 1; n=$$((n + 1)); \
-	  [ $$((n % 8)) -ne 0 ] || ! kill -0 $$job 2>/dev/null || echo "== still installing ($$n s)"; \
+	  [ $$((n % 5)) -ne 0 ] || ! kill -0 $$job 2>/dev/null || \
+	  echo "== still installing ($$(($$(date +%s) - t0)) s)"; \
 	done; wait $$job
 
 # The four distributions editable, with the development tools of pyproject.toml's `dev` group

@@ -12,10 +12,15 @@
  *    the snd_nxt taken when it began (DCTCP's next_seq, Vegas' beg_snd_nxt). One round is the
  *    "window" of DCTCP's α and the "RTT" of "at most one reduction per RTT".
  *
- *  - The DCTCP-style EWMA of a congested fraction, in fixed point with CC_ALPHA_ONE = 1:
+ *  - The DCTCP-style EWMA of a congested fraction, in fixed point with CC_ALPHA_FINE_ONE = 1:
  *        α ← (1 − g)·α + g·F,   g = 2^-shift,   F = marked / total over one round.
  *    GEMINI feeds it ECN: F = CE-marked over delivered packets. DC-Vegas feeds it its own
- *    queue estimate: F = ACKs whose queue exceeds K over all ACKs.
+ *    queue estimate: F = ACKs whose queue exceeds K over all ACKs. α is kept in 1/2^20, not
+ *    DCTCP's 1/1024: in 1/1024 the decay α >> shift is 0 once α < 2^shift units (16/1024 at
+ *    g = 1/16), Linux's min_not_zero then zeroes α every round, and α reads about g·F
+ *    truncated instead of F (0.003 for 5 % marks, measured in the lab): a switch that marks
+ *    a few percent, as one does at its steady state, looked unmarked. In 1/2^20 α holds a
+ *    fraction down to 2^shift / 2^20 (1.5e-5 at g = 1/16). Cuts and ss use 1/1024.
  *
  *  - The receiver's CE echo. DCTCP-style α needs the receiver to echo the fraction of CE
  *    marks exactly, not RFC 3168's "ECE until CWR": every change of the received packets' CE
@@ -97,28 +102,44 @@ static inline bool cc_round_over(const struct cc_round *r, const struct tcp_sock
 	return !before(tp->snd_una, r->end_seq);
 }
 
-/* ---- α: EWMA of a congested fraction, in 1/CC_ALPHA_ONE ---- */
+/* ---- α: EWMA of a congested fraction, in 1/CC_ALPHA_FINE_ONE ---- */
 
-#define CC_ALPHA_SHIFT		10
+#define CC_ALPHA_SHIFT		10	/* cut fractions and ratios: 1/1024, as DCTCP's α */
 #define CC_ALPHA_ONE		(1U << CC_ALPHA_SHIFT)
-#define CC_ALPHA_SHIFT_MAX	CC_ALPHA_SHIFT	/* g = 2^-shift no finer than α's unit */
+#define CC_ALPHA_FINE_SHIFT	20	/* α itself: 1/2^20 (see the top) */
+#define CC_ALPHA_FINE_ONE	(1U << CC_ALPHA_FINE_SHIFT)
+#define CC_ALPHA_SHIFT_MAX	CC_ALPHA_SHIFT	/* g = 2^-shift no finer than 1/1024 */
 
 /*
- * α ← α − α·g + g·marked/total, g = 2^-shift (shift ≤ CC_ALPHA_SHIFT_MAX). As Linux DCTCP:
- * α decays by at least one unit while it is above zero, so a path that stopped marking
- * reaches α = 0 rather than stalling at α·g < 1 unit; the fraction is added in 64 bits, so
- * a window of millions of packets cannot overflow it.
+ * α ← α − α·g + g·marked/total, g = 2^-shift (shift ≤ CC_ALPHA_SHIFT_MAX), α in
+ * 1/CC_ALPHA_FINE_ONE. As Linux DCTCP, α decays by at least one unit while it is above zero,
+ * so a path that stopped marking reaches α = 0 rather than stalling at α·g < 1 unit; the
+ * fraction is added in 64 bits, so a window of millions of packets cannot overflow it.
  */
 static inline u32 cc_alpha_update(u32 alpha, u32 marked, u32 total, u32 shift)
 {
 	shift = min_t(u32, shift, CC_ALPHA_SHIFT_MAX);
 	alpha -= min_not_zero(alpha, alpha >> shift);
 	if (marked) {
-		u64 frac = div_u64((u64)marked << (CC_ALPHA_SHIFT - shift), max(total, 1U));
+		u64 frac = div_u64((u64)marked << (CC_ALPHA_FINE_SHIFT - shift), max(total, 1U));
 
-		alpha = min_t(u64, alpha + frac, CC_ALPHA_ONE);
+		alpha = min_t(u64, alpha + frac, CC_ALPHA_FINE_ONE);
 	}
 	return alpha;
+}
+
+/* α (1/CC_ALPHA_FINE_ONE) · x, in x's unit: α · F, or α as a fraction in 1/CC_ALPHA_ONE. */
+static inline u32 cc_alpha_times(u32 alpha, u32 x)
+{
+	return ((u64)alpha * x) >> CC_ALPHA_FINE_SHIFT;
+}
+
+/* α in DCTCP's 1/1024, for cuts and for ss: rounded to the nearest unit, so that neither a cut
+ * nor a reading of a small α is biased low by up to a unit (1/10 of a 1 % fraction). */
+static inline u32 cc_alpha_frac(u32 alpha)
+{
+	return (alpha + (1U << (CC_ALPHA_FINE_SHIFT - CC_ALPHA_SHIFT - 1))) >>
+	       (CC_ALPHA_FINE_SHIFT - CC_ALPHA_SHIFT);
 }
 
 /* cwnd reduced by the fraction f (in 1/CC_ALPHA_ONE), never below two packets. */

@@ -10,7 +10,7 @@
 #ifndef _GEMINI_THETA_H
 #define _GEMINI_THETA_H
 
-#define GEMINI_THETA_SPEC_VERSION 1
+#define GEMINI_THETA_SPEC_VERSION 2
 
 enum gemini_theta_param {
 	GEMINI_THETA_ECN_K, /* K: ECN marking threshold the scale factor F = 4K/(C·RTT_base + K) assumes (should match the switches') */

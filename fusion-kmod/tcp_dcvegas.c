@@ -36,7 +36,8 @@
  * ss -i shows α in DCTCP's record ("dctcp:(…,alpha,ab_ecn,ab_tot)", α in 1/1024), with
  * ab_ecn / ab_tot counting this round's ACKs over K_dcv / all ACKs (DCTCP counts bytes).
  *
- * Fixed point: α and cut fractions in 1/CC_ALPHA_ONE (1024); θ in the spec's units.
+ * Fixed point: α in 1/CC_ALPHA_FINE_ONE (2^20, cc_common.h says why), cut fractions in
+ * 1/CC_ALPHA_ONE (1024); θ in the spec's units.
  */
 #include <linux/inet_diag.h>
 #include <linux/module.h>
@@ -58,7 +59,7 @@ static struct cc_param dcvegas_theta[DCVEGAS_THETA_NPARAMS] = {
 DCVEGAS_THETA_PARAMS(DCVEGAS_MODULE_PARAM)
 
 struct dcvegas {
-	u32 alpha;			/* EWMA of the congested fraction, 1/CC_ALPHA_ONE */
+	u32 alpha;			/* EWMA of the congested fraction, 1/CC_ALPHA_FINE_ONE */
 	struct cc_round round;
 	u32 acks;			/* ACKs with an RTT sample this round */
 	u32 acks_over;			/* ...of which with q > K_dcv */
@@ -80,7 +81,7 @@ static void dcvegas_init(struct sock *sk)
 {
 	struct dcvegas *ca = inet_csk_ca(sk);
 
-	ca->alpha = CC_ALPHA_ONE;	/* as DCTCP: the first congested round halves */
+	ca->alpha = CC_ALPHA_FINE_ONE;	/* as DCTCP: the first congested round halves */
 	dcvegas_round_reset(ca, tcp_sk(sk));
 }
 
@@ -117,7 +118,7 @@ static void dcvegas_end_round(struct sock *sk, struct dcvegas *ca)
 			   cc_alpha_update(ca->alpha, ca->acks_over, ca->acks,
 					   dcvegas_param(DCVEGAS_THETA_EWMA_SHIFT)));
 	if (ca->acks_over) {
-		cwnd = cc_cut(cwnd, ca->alpha >> DCVEGAS_CUT_SHIFT);
+		cwnd = cc_cut(cwnd, cc_alpha_frac(ca->alpha) >> DCVEGAS_CUT_SHIFT);
 		tcp_snd_cwnd_set(tp, cwnd);
 		tp->snd_ssthresh = min(tp->snd_ssthresh, cwnd);	/* ends slow start */
 	} else if (!tcp_in_slow_start(tp) && tcp_is_cwnd_limited(sk)) {
@@ -159,7 +160,7 @@ static size_t dcvegas_get_info(struct sock *sk, u32 ext, int *attr, union tcp_cc
 		return 0;
 	memset(&info->dctcp, 0, sizeof(info->dctcp));
 	info->dctcp.dctcp_enabled = 1;
-	info->dctcp.dctcp_alpha = READ_ONCE(ca->alpha);
+	info->dctcp.dctcp_alpha = cc_alpha_frac(READ_ONCE(ca->alpha));
 	info->dctcp.dctcp_ab_ecn = ca->acks_over;
 	info->dctcp.dctcp_ab_tot = ca->acks;
 	*attr = INET_DIAG_DCTCPINFO;

@@ -55,8 +55,9 @@
  * << 16 | its ECN cuts (each saturating at 0xffff), bbr_pacing_gain = F (1/1024) and
  * bbr_cwnd_gain = h (1/100 packets per round trip).
  *
- * Fixed point: α, F and every cut fraction in 1/CC_ALPHA_ONE (1024); h in 1/GEMINI_H_UNIT
- * packets per round trip (the spec's unit for h_min and h_max); θ in the spec's units.
+ * Fixed point: α in 1/CC_ALPHA_FINE_ONE (2^20, cc_common.h says why); F and every cut fraction
+ * in 1/CC_ALPHA_ONE (1024); h in 1/GEMINI_H_FINE (10000) packets per round trip, its bounds
+ * h_min and h_max in the spec's 1/100; θ in the spec's units.
  */
 #include <linux/inet_diag.h>
 #include <linux/module.h>
@@ -67,8 +68,10 @@
 #include "gemini_theta.h"
 
 #define GEMINI_F_NUM			4	/* F = 4K / (C·RTT_base + K) */
-#define GEMINI_H_UNIT			GEMINI_INCREASE_MIN_SCALE	/* h in 1/100 packet */
-#define GEMINI_H_PER_GBIT_DENOM		(1000000000ULL / GEMINI_H_UNIT)	/* bits per Gbit */
+#define GEMINI_H_UNIT			GEMINI_INCREASE_MIN_SCALE	/* θ's h in 1/100 packet */
+#define GEMINI_H_FINE_PER_UNIT		100	/* h itself in 1/10000 packet (see below) */
+#define GEMINI_H_FINE			(GEMINI_H_UNIT * GEMINI_H_FINE_PER_UNIT)
+#define GEMINI_H_PER_GBIT_DENOM		(1000000000ULL / GEMINI_H_FINE)	/* bits per Gbit */
 #define GEMINI_RTT_MAX_US		(10 * USEC_PER_SEC)	/* clamp for fixed-point bounds */
 #define GEMINI_CAPACITY_DEFAULT_MBIT	1000
 #define GEMINI_CAPACITY_MIN_MBIT	1
@@ -93,7 +96,7 @@ module_param_cb(capacity_mbit, &cc_param_ops, &gemini_capacity, 0644);
 MODULE_PARM_DESC(capacity_mbit, "C (Mbit/s): bottleneck capacity in F and h; not searched");
 
 struct gemini {
-	u32 alpha;			/* fraction of CE-marked packets, 1/CC_ALPHA_ONE */
+	u32 alpha;			/* fraction of CE-marked packets, 1/CC_ALPHA_FINE_ONE */
 	u32 old_delivered;		/* tp->delivered at the round's start */
 	u32 old_delivered_ce;		/* tp->delivered_ce at the round's start */
 	struct cc_round round;		/* α's window and RTT_min's round */
@@ -134,20 +137,25 @@ static u32 gemini_scale_f(const struct tcp_sock *tp)
 	return max(f, cc_ratio(gemini_param(GEMINI_THETA_SCALE_F_MIN), GEMINI_SCALE_F_MIN_SCALE));
 }
 
-/* h = H · C · RTT_base in 1/GEMINI_H_UNIT packets per round trip, within [h_min, h_max]. */
+/*
+ * h = H · C · RTT_base in 1/GEMINI_H_FINE packets per round trip, within [h_min, h_max]. Finer
+ * than θ's 1/100: an intra-datacenter flow's h is a few hundredths of a packet (0.024 at
+ * 1 Gbit/s and 200 µs), which 1/100 would truncate by up to a half, and h ∝ RTT_base is what
+ * makes flows of different RTTs share a link evenly (the paper's Theorem 2).
+ */
 static u32 gemini_increase(const struct tcp_sock *tp)
 {
 	u64 h = div64_u64(gemini_bdp_bits(tp) * gemini_param(GEMINI_THETA_INCREASE_H),
 			  GEMINI_H_PER_GBIT_DENOM);
 
-	return clamp_t(u64, h, gemini_param(GEMINI_THETA_INCREASE_MIN),
-		       gemini_param(GEMINI_THETA_INCREASE_MAX));
+	return clamp_t(u64, h, (u64)gemini_param(GEMINI_THETA_INCREASE_MIN) * GEMINI_H_FINE_PER_UNIT,
+		       (u64)gemini_param(GEMINI_THETA_INCREASE_MAX) * GEMINI_H_FINE_PER_UNIT);
 }
 
 /* f_dcn = min(α · F, f_dcn,max), in 1/CC_ALPHA_ONE. */
 static u32 gemini_dcn_cut(const struct gemini *ca, const struct tcp_sock *tp)
 {
-	u32 f = ((u64)ca->alpha * gemini_scale_f(tp)) >> CC_ALPHA_SHIFT;
+	u32 f = cc_alpha_times(ca->alpha, gemini_scale_f(tp));
 
 	return min(f, cc_ratio(gemini_param(GEMINI_THETA_DCN_CUT_MAX), GEMINI_DCN_CUT_MAX_SCALE));
 }
@@ -185,7 +193,7 @@ static void gemini_init(struct sock *sk)
 		  sk->sk_state == TCP_CLOSE;
 	if (!ca->ecn)
 		INET_ECN_dontxmit(sk);	/* ECT was set for the handshake: stop sending it */
-	ca->alpha = CC_ALPHA_ONE;	/* as DCTCP: the first ECN cut is α · F at α = 1 */
+	ca->alpha = CC_ALPHA_FINE_ONE;	/* as DCTCP: the first ECN cut is α · F at α = 1 */
 	ca->ece = 0;
 	ca->rtt_min_us = U32_MAX;
 	ca->cut_end_seq = tp->snd_una;
@@ -284,7 +292,7 @@ static void gemini_set_state(struct sock *sk, u8 new_state)
 /* Additive increase: h packets per round trip, h/cwnd per ACK (tcp_cong_avoid_ai counts). */
 static void gemini_increase_cwnd(struct tcp_sock *tp, u32 acked)
 {
-	u64 w = div_u64((u64)tcp_snd_cwnd(tp) * GEMINI_H_UNIT, gemini_increase(tp));
+	u64 w = div_u64((u64)tcp_snd_cwnd(tp) * GEMINI_H_FINE, gemini_increase(tp));
 
 	tcp_cong_avoid_ai(tp, clamp_t(u64, w, 1, U32_MAX), acked);
 }
@@ -347,7 +355,7 @@ static size_t gemini_dctcp_info(struct sock *sk, int *attr, union tcp_cc_info *i
 	memset(&info->dctcp, 0, sizeof(info->dctcp));
 	info->dctcp.dctcp_enabled = ca->ecn;
 	info->dctcp.dctcp_ce_state = (u16)ca->echo.ce_state;
-	info->dctcp.dctcp_alpha = READ_ONCE(ca->alpha);
+	info->dctcp.dctcp_alpha = cc_alpha_frac(READ_ONCE(ca->alpha));
 	info->dctcp.dctcp_ab_ecn = tp->mss_cache * (tp->delivered_ce - ca->old_delivered_ce);
 	info->dctcp.dctcp_ab_tot = tp->mss_cache * (tp->delivered - ca->old_delivered);
 	*attr = INET_DIAG_DCTCPINFO;
@@ -365,7 +373,7 @@ static size_t gemini_bbr_info(struct sock *sk, int *attr, union tcp_cc_info *inf
 	info->bbr.bbr_bw_hi = (u32)ca->delay_cuts << GEMINI_INFO_CUTS_SHIFT | ca->ecn_cuts;
 	info->bbr.bbr_min_rtt = cc_base_rtt_us(tp);
 	info->bbr.bbr_pacing_gain = gemini_scale_f(tp);
-	info->bbr.bbr_cwnd_gain = gemini_increase(tp);
+	info->bbr.bbr_cwnd_gain = gemini_increase(tp) / GEMINI_H_FINE_PER_UNIT;
 	*attr = INET_DIAG_BBRINFO;
 	return sizeof(info->bbr);
 }

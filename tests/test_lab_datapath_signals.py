@@ -4,10 +4,10 @@ One boot of the UML guest (gemini_lab.uml: simulated clock, so no figure here mo
 load) runs gemini_lab.datapath_signals' plan: each flow reads its module's own state through
 sock_diag every few (guest) milliseconds. Asserted:
 
-  - GEMINI's α tracks a known marking fraction within ±10 %: netem marks a fixed random 10 % or
-    30 % of the ECN-capable packets CE whatever the queue, and the mean α the module reports
-    matches the fraction of the flow's packets delivered CE-marked (and that fraction is the
-    one asked for);
+  - GEMINI's α tracks a known marking fraction within ±10 %: netem marks a fixed random 1 %,
+    10 % or 30 % of the ECN-capable packets CE whatever the queue, and the mean α the module
+    reports matches the fraction of the flow's packets delivered CE-marked (and that fraction
+    is the one asked for). At 1 % (below 16/1024) α in DCTCP's 1/1024 read a sixteenth of it;
   - GEMINI's delay branch fires on the WAN hop and not on the datacenter hop: on the cross-dc
     path (deep WAN buffer, no ECN there) it cuts on delay; on the datacenter path (ECN at K)
     every cut is an ECN cut and the queue stays below K with the link full;

@@ -27,6 +27,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -122,29 +123,10 @@ def mark_ce(path: int, s: Scenario, percent: float | None) -> None:
 
 
 def _diag(cc: str, port: int) -> dict | None:
-    """One sock_diag reading of the sender's socket to ``port`` running ``cc``."""
-    from pyroute2 import DiagSocket
-
-    out: dict = {}
-    with DiagSocket() as ds:
-        ds.bind()
-        for ext, record, fields in (
-            (INET_DIAG_VEGASINFO, "INET_DIAG_DCTCPINFO", DCTCP_FIELDS),
-            (INET_DIAG_CONG, "INET_DIAG_BBRINFO", BBR_FIELDS),
-        ):
-            mask = 1 << (INET_DIAG_INFO - 1) | 1 << (ext - 1) | 1 << (INET_DIAG_CONG - 1)
-            for m in ds.get_sock_stats(
-                family=socket.AF_INET, states=TCP_ESTABLISHED_ONLY, extensions=mask
-            ):
-                if m["idiag_dport"] != port or m.get_attr("INET_DIAG_CONG") != cc:
-                    continue
-                info, rec = m.get_attr("INET_DIAG_INFO"), m.get_attr(record)
-                if info is None:
-                    continue
-                out.update({k: info.get(k) for k in TCP_FIELDS})
-                if rec is not None:
-                    out.update({k: rec.get(k) for k in fields})
-    return out or None
+    """One sock_diag reading of the sender's socket to ``port`` running ``cc`` (the last, if
+    parallel connections share the port)."""
+    socks = _diag_sockets(cc, port)
+    return {k: v for k, v in socks[-1].items() if k != "sport"} if socks else None
 
 
 def exp_datapath_flow(e: dict, out: Path) -> dict:
@@ -248,11 +230,58 @@ def exp_datapath_load(e: dict, out: Path) -> dict:
     return {"insmod": loaded, "available": available, "params": read_params(name)}
 
 
+def _diag_in(ns: str, cc: str, port: int) -> list[dict]:
+    """Every ``cc`` socket to ``port`` in namespace ``ns``, read through sock_diag from a thread
+    that enters ``ns`` (setns moves only the calling thread; the guest's own stays put)."""
+    from gemini_lab.netem import enter_netns
+
+    found: list[dict] = []
+
+    def read() -> None:
+        enter_netns(ns)
+        found.extend(_diag_sockets(cc, port))
+
+    t = threading.Thread(target=read)
+    t.start()
+    t.join()
+    return found
+
+
+def _diag_sockets(cc: str, port: int) -> list[dict]:
+    """One sock_diag reading per ``cc`` socket to ``port`` (several: parallel connections)."""
+    from pyroute2 import DiagSocket
+
+    socks: dict[int, dict] = {}
+    with DiagSocket() as ds:
+        ds.bind()
+        for ext, record, fields in (
+            (INET_DIAG_VEGASINFO, "INET_DIAG_DCTCPINFO", DCTCP_FIELDS),
+            (INET_DIAG_CONG, "INET_DIAG_BBRINFO", BBR_FIELDS),
+        ):
+            mask = 1 << (INET_DIAG_INFO - 1) | 1 << (ext - 1) | 1 << (INET_DIAG_CONG - 1)
+            for m in ds.get_sock_stats(
+                family=socket.AF_INET, states=TCP_ESTABLISHED_ONLY, extensions=mask
+            ):
+                if m["idiag_dport"] != port or m.get_attr("INET_DIAG_CONG") != cc:
+                    continue
+                info, rec = m.get_attr("INET_DIAG_INFO"), m.get_attr(record)
+                if info is None:
+                    continue
+                d = socks.setdefault(m["idiag_sport"], {"sport": m["idiag_sport"]})
+                d.update({k: info.get(k) for k in TCP_FIELDS})
+                if rec is not None:
+                    d.update({k: rec.get(k) for k in fields})
+    return list(socks.values())
+
+
 def exp_datapath_pair(e: dict, out: Path) -> dict:
-    """Two flows of one CC with different RTTs (``e["rtts_ms"]``) started together through one
-    bottleneck that marks ECN from K packets (gemini_lab.fairness' shared-bottleneck
-    namespaces, with RED as the datacenter switch in place of its netem queue; receiver
-    dctcp, for DCTCP's exact CE echo). The datapath's θ as in ``exp_datapath_flow``."""
+    """Groups of flows of one CC with different RTTs (``e["rtts_ms"]``, ``e["parallel"]``
+    connections each) started together through one bottleneck that marks ECN from K packets
+    (gemini_lab.fairness' shared-bottleneck namespaces, with RED as the datacenter switch in
+    place of its netem queue; receiver dctcp, for DCTCP's exact CE echo). The datapath's θ as
+    in ``exp_datapath_flow``. Every ``sample_s`` of guest time each sender's sockets are read
+    through sock_diag (window, RTTs, α, and GEMINI's F, h and cuts), so a share that is off
+    can be traced to the signal or the growth that made it."""
     from gemini_lab import fairness as fx
     from gemini_lab.experiment import _bulk
     from gemini_lab.netem import link_qdisc_commands
@@ -282,29 +311,45 @@ def exp_datapath_pair(e: dict, out: Path) -> dict:
            "limit", "100000", ns=fx.ROUTER)  # fmt: skip
     sh("sysctl", "-qw", "net.ipv4.tcp_congestion_control=dctcp", ns=fx.RECEIVER)
     duration_s, omit_s = e["duration_s"], e.get("omit_s", 0)
+    parallel, sample_s = e.get("parallel", 1), e.get("sample_s", 0.2)
+    ports = [fx.FAIR_PORT + i for i in range(len(e["rtts_ms"]))]
+    samples: list[list[dict]] = [[] for _ in ports]
     try:
         if name:
             write_params(name, {**e.get("theta", {}), **extra})
+        ran = read_params(name, tuple(extra)) if name else {}
         servers = []
-        for i in range(len(e["rtts_ms"])):
-            server = _bulk(fx.RECEIVER, "recv", fx.FAIR_PORT + i, 1, omit_s, duration_s)
+        for port in ports:
+            server = _bulk(fx.RECEIVER, "recv", port, parallel, omit_s, duration_s)
             assert server.stdout is not None
             if server.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"receiver {i} did not start")
+                raise RuntimeError(f"receiver on port {port} did not start")
             servers.append(server)
         clients = [
-            _bulk(fx.SENDERS[i], "send", fx.RECEIVER_ADDR, fx.FAIR_PORT + i, cc, 1, duration_s)
-            for i in range(len(e["rtts_ms"]))
+            _bulk(fx.SENDERS[i], "send", fx.RECEIVER_ADDR, port, cc, parallel, duration_s)
+            for i, port in enumerate(ports)
         ]
+        t0 = time.monotonic()
+        while any(c.poll() is None for c in clients) and time.monotonic() - t0 < duration_s:
+            t = round(time.monotonic() - t0, 4)
+            for i, port in enumerate(ports):
+                samples[i] += [{"t": t, **d} for d in _diag_in(fx.SENDERS[i], cc, port)]
+            time.sleep(sample_s)
         flows = [
-            {"rtt_ms": rtt, **finish_flow(srv, cli, duration_s)}
-            for rtt, srv, cli in zip(e["rtts_ms"], servers, clients, strict=True)
+            {"rtt_ms": rtt, "samples": smp, **finish_flow(srv, cli, duration_s)}
+            for rtt, smp, srv, cli in zip(e["rtts_ms"], samples, servers, clients, strict=True)
         ]
         marked = qdisc_of(fx.ROUTER, fx.BOTTLENECK_IF).get("marked", 0)
     finally:
         if name:
             write_params(name, before)
-    return {"cc": cc, "flows": flows, "marked": marked, "params_ran": {**e.get("theta", {})}}
+    return {
+        "cc": cc,
+        "flows": flows,
+        "marked": marked,
+        "parallel": parallel,
+        "params_ran": ran or {**e.get("theta", {})},
+    }
 
 
 def qdisc_of(ns: str, dev: str) -> dict:

@@ -34,7 +34,9 @@ CE_MARKER = Scenario(
     queue_packets=200,
     receiver_cc="dctcp",  # DCTCP's receiver echoes each CE exactly
 )
-CE_PERCENTS = (10, 30)
+# 1 %: below 16/1024, where α in DCTCP's 1/1024 fixed point was zeroed every round and read
+# about g·F, a sixteenth of the fraction (cc_common.h); 10 and 30 %: congested rounds' fractions
+CE_PERCENTS = (1, 10, 30)
 # C for the CE-marker flows: the module's default (1 Gbit/s), above the path's 20 Mbit/s, so F is
 # small (0.11) and a marked round cuts the window by about a tenth of α: the window stays tens
 # of packets, and α is measured over rounds of tens of packets. (At C = 20 Mbit/s, F = 2.4 and
@@ -119,9 +121,14 @@ def signals_plan() -> dict:
     ]
     for i, e in enumerate(experiments):
         e["port_offset"] = i
+    # both modules loaded first, while the build the plan names is surely there (the lab's
+    # module cache keeps one build: a boot started later from changed sources replaces it)
+    loads = [
+        {"label": f"load/{n}", "kind": "datapath_load", "datapath": n} for n in (GEMINI, DCVEGAS)
+    ]
     return {
         "paths": [CE_MARKER.to_dict(), dc.to_dict(), cross.to_dict()],
-        "experiments": experiments,
+        "experiments": loads + experiments,
     }
 
 

@@ -80,6 +80,12 @@ class Settings(BaseSettings):
     max_aggregates_per_report: int = Field(default=4096, ge=1)
     ingest_batch_max: int = Field(default=256, ge=1)
     ingest_linger_ms: float = Field(default=2.0, ge=0)
+    ingest_queue_max: int = Field(
+        default=2048,
+        ge=1,
+        description="reports waiting to be stored, per process, beyond which more are refused "
+        "at once (RESOURCE_EXHAUSTED with a retry hint) instead of queueing past deadlines",
+    )
     refit_interval_s: float = Field(default=10.0, gt=0)
     refresh_after_s: int = Field(default=300, ge=1)
     replica_name: str | None = Field(

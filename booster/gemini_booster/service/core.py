@@ -84,6 +84,7 @@ class Booster:
             settings.ingest_batch_max,
             settings.ingest_linger_ms / 1000,
             settings.max_new_contexts_per_host_day,
+            settings.ingest_queue_max,
         )
         self.refits = (
             RefitService(engine, settings, self.spec, self.metrics, self.plans, self._policy_ids)

@@ -17,7 +17,9 @@ Status codes say what the agent should do; no answer carries an exception's text
 * NOT_FOUND: unknown policy; the agent keeps the report and retries (a policy created a moment
   ago on another replica is known here within a second).
 * RESOURCE_EXHAUSTED with trailing metadata ``gemini-rejection: quota``: over a quota; without
-  that metadata it is gRPC's own refusal (message or call limits), which a retry may pass.
+  that metadata it is gRPC's own refusal (message or call limits), or an overloaded replica's
+  (``ingest_queue_max`` reports already waiting to be stored; trailing metadata
+  ``gemini-retry-after-ms`` says when to try again), which a retry may pass.
 * ALREADY_EXISTS: the report id was stored with other content.
 * UNAVAILABLE: storage or credentials cannot be reached, or anything unexpected happened
   (logged once per interval with the exception's class, never per call); retry, same id.
@@ -118,6 +120,7 @@ CANNOT_ANSWER = "Booster cannot answer now; retry"
 STORAGE_UNAVAILABLE = "storage unavailable; retry with the same id"
 ONE_MESSAGE = "one request message per call"
 QUOTA_METADATA = (("gemini-rejection", "quota"),)
+RETRY_AFTER_KEY = "gemini-retry-after-ms"  # on an overloaded replica's RESOURCE_EXHAUSTED
 
 
 MAX_DETAILS_CHARS = 1024  # of a refusal's message: it travels as a trailer
@@ -309,6 +312,16 @@ class AgentService:
     async def report(
         self, raw: bytes, principal: Principal, context: grpc.aio.ServicerContext
     ) -> bytes:
+        retry_s = self.booster.writer.admit()
+        if retry_s is not None:  # refused before any work: nothing of it is stored
+            context.set_trailing_metadata(((RETRY_AFTER_KEY, str(round(retry_s * 1000))),))
+            await self._reject(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "overloaded",
+                f"overloaded: {self.booster.writer.queue_max} reports waiting to be stored; "
+                f"retry after {retry_s:.0f} s with the same id",
+            )
         try:
             req = pb.ReportRequest.FromString(raw)
         except DecodeError:

@@ -12,6 +12,12 @@ statement timeouts, or anything unforeseen, which is no report's fault), every r
 the error and agents retry with the same idempotency key. Failures are logged at most once per
 interval each, never a traceback per report.
 
+Overload is explicit: at most ``queue_max`` reports wait to be stored (queued or in the batch
+being written); beyond that ``admit`` refuses at once, with how long to wait before retrying
+(the backlog at the recent storing rate), so that an agent learns of the overload in
+microseconds and retries later, instead of waiting in a queue until its deadline passes. A
+refused report was never stored, so nothing acknowledged is lost.
+
 Handlers on the gRPC event loop wait on asyncio futures. The writer settles a whole batch with a
 single call into the loop, rather than one thread-safe wake-up per report: at thousands of
 reports a second those wake-ups were a visible share of the loop's time.
@@ -48,6 +54,8 @@ log = logging.getLogger(__name__)
 limited = RateLimitedLog(log, interval_s=10.0)
 
 Pending = tuple[ReportRow, asyncio.Future[IngestOutcome]]
+RETRY_MIN_S, RETRY_MAX_S = 1.0, 60.0  # bounds of the retry hint an overloaded writer gives
+RATE_SMOOTHING = 0.2  # weight of the newest batch in the storing rate's moving average
 DEFAULT_HOST_DAY_QUOTA: int = Settings.model_fields["max_new_contexts_per_host_day"].default
 
 
@@ -66,6 +74,7 @@ class IngestWriter:
         batch_max: int = 256,
         linger_s: float = 0.002,
         max_new_contexts_per_host_day: int = DEFAULT_HOST_DAY_QUOTA,
+        queue_max: int = 2048,
     ):
         self.engine = writer_engine(engine)
         self.metrics = metrics
@@ -73,6 +82,10 @@ class IngestWriter:
         self.batch_max = batch_max
         self.linger_s = linger_s
         self.max_new_contexts_per_host_day = max_new_contexts_per_host_day
+        self.queue_max = queue_max
+        self._backlog = 0  # reports submitted and not yet settled
+        self._rate = 0.0  # reports stored per second of transaction, smoothed
+        self._count = threading.Lock()
         self.context_ids = ContextIds()
         self.admissions = Admissions()
         self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
@@ -86,9 +99,21 @@ class IngestWriter:
         self._thread.join(timeout=10)
         self.engine.dispose()
 
+    def admit(self) -> float | None:
+        """None if one more report may be submitted; else the seconds after which a retry is
+        likely to be admitted (the backlog at the recent storing rate, within bounds)."""
+        with self._count:
+            if self._backlog < self.queue_max:
+                return None
+            backlog, rate = self._backlog, self._rate
+        wait = backlog / rate if rate > 0 else RETRY_MAX_S
+        return min(max(wait, RETRY_MIN_S), RETRY_MAX_S)
+
     def submit(self, report: ReportRow) -> asyncio.Future[IngestOutcome]:
         """Queue ``report``; the future (of the running loop) resolves to its IngestOutcome."""
         fut = asyncio.get_running_loop().create_future()
+        with self._count:
+            self._backlog += 1
         self._queue.put((report, fut))
         return fut
 
@@ -182,7 +207,16 @@ class IngestWriter:
 
     def _store(self, batch: list[Pending]) -> None:
         reports = [r for r, _ in batch]
+        t0 = time.monotonic()
         outcomes = self._outcomes(reports)
+        rate = len(batch) / max(time.monotonic() - t0, 1e-3)
+        with self._count:
+            self._backlog -= len(batch)
+            self._rate = (
+                rate
+                if self._rate == 0
+                else (RATE_SMOOTHING * rate + (1 - RATE_SMOOTHING) * self._rate)
+            )
         self.metrics.ingest_batch.observe(len(batch))
         stored = {r.policy_id for r, o in zip(reports, outcomes, strict=True) if o.stored}
         if stored:

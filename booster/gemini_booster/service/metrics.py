@@ -96,7 +96,7 @@ class Metrics:
         self.reports = Counter(
             "gemini_booster_reports",
             "Agent reports by outcome (accepted, duplicate, rejected) and, for rejected ones, "
-            "reason (garbled, invalid, unknown_policy, quota, key_reused, storage, "
+            "reason (garbled, invalid, unknown_policy, quota, overloaded, key_reused, storage, "
             "host_mismatch)",
             ["outcome", "reason"],
             registry=r,

@@ -9,12 +9,18 @@ faithful subset of the papers' experiments, scaled by s = 10 (DATAPATHS-SPEC.md 
 - ``dc/<arm>``: one long flow on the datacenter path (100 Mbit/s, 2 ms, RED marking at K = 20
   packets, 100 packets of buffer): utilisation and the switch's queue (GEMINI's datacenter
   hop; DC-Vegas without ECN against DCTCP with it, the paper's V1/V5 in one flow);
+- ``dc-matched/k<K>/<arm>``: DC-Vegas at K_dcv = K against DCTCP with its switch marking at
+  K (K_dc = N · K_dcv with N = 1, DATAPATHS-SPEC.md 2.5), K = 6 and 24, on the datacenter path
+  otherwise unchanged: the paper's comparison of the two queues at the same threshold;
 - ``wan/<arm>``: one long flow on the cross-dc path (a 100 Mbit/s datacenter hop marking at
   50 packets, then an 80 Mbit/s WAN hop with 10 000 packets of buffer; 100 ms): WAN
   throughput and the queue on each hop (G6 with one flow);
-- ``mixed/<arm>``: an intra-datacenter flow (2 ms) and an inter-datacenter one (16 ms, 8x)
-  started together through one 100 Mbit/s switch marking at 50 packets (G8 with 1 + 1 flows):
-  Jain's index of their throughputs;
+- ``mixed/<arm>#<run>``: an intra-datacenter flow (2 ms) and an inter-datacenter one (16 ms,
+  8x) started together through one 100 Mbit/s switch marking at 50 packets (G8 with 1 + 1
+  flows, a harder case than the paper's): Jain's index of their throughputs; GEMINI also with
+  h_min = 0.01 (``gemini-hmin1``), the floor that keeps h ∝ RTT_base for the 2 ms flow;
+- ``mixed-4x4/<arm>#<run>``: the paper's G8 (Fig. 11): 4 intra- and 4 inter-datacenter flows,
+  every ECN user at K = 300 packets (GEMINI's K too); Jain's index over the eight flows;
 - ``incast/<arm>``: 40 senders answering 1 MB together through the dc-incast port (57
   packets, K = 20): completion, retransmission timeouts (V3/V4);
 - GEMINI tuned: the paper's G6 sweep of T and β, on the cross-dc path (the training
@@ -27,7 +33,9 @@ DC-Vegas' are its spec's (K_dcv = 6, g = 1/16).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from gemini_lab import scenario
@@ -62,6 +70,24 @@ def incast_prefix(n: int, total: int) -> str:
 T_SWEEP_US = (30_000, 50_000, 80_000)
 BETA_SWEEP = (10, 20, 30)
 MIXED_RTTS_MS = (2.0, 16.0)
+MIXED_RUNS = 3  # repeats in one boot: each starts from what the one before left, so they differ
+
+
+@dataclass(frozen=True)
+class MixedSetup:
+    """One G8 setup: a group of ``flows`` connections per RTT through a switch marking at K."""
+
+    prefix: str
+    flows: int
+    ecn_k: int
+    title: str
+
+
+MIXED_SETUPS = (
+    MixedSetup("mixed", 1, 50, "1 + 1 flows, RED at 50 packets"),
+    MixedSetup("mixed-4x4", 4, 300, "the paper's G8: 4 + 4 flows, RED at 300 packets"),
+)
+H_MIN_FAIR = 1  # h_min = 0.01: below the 2 ms flow's h = H·C·RTT_base = 0.024
 HELDOUT = Scenario(
     name="cross-dc-heldout",
     description="held out: a 100 Mbit/s datacenter hop marking at 50 packets, then a 60 Mbit/s "
@@ -82,6 +108,20 @@ HELDOUT = Scenario(
 )
 
 
+MATCHED_K = (6, 24)  # DC-Vegas' default K_dcv, and the signal checks' second one
+
+
+def dc_matched(k: int) -> Scenario:
+    """The shipped datacenter path with its switch marking at ``k`` packets."""
+    dc = scenario.load("datacenter")
+    return dataclasses.replace(
+        dc,
+        name=f"datacenter-k{k}",
+        description=f"datacenter path with ECN at {k} packets",
+        ecn_threshold_packets=k,
+    )
+
+
 def _arm(label: str) -> dict:
     """The experiment fields that name what runs: a datapath at its scaled defaults, or a CC."""
     if label == GEMINI:
@@ -93,6 +133,21 @@ def _arm(label: str) -> dict:
     if label == DCVEGAS:
         return {"datapath": DCVEGAS, "theta": scaled_theta(DCVEGAS)}
     return {"cc": label}
+
+
+def mixed_arms(setup: MixedSetup) -> dict[str, dict]:
+    """The G8 arms: GEMINI told the switch's K (F = 4K/(C·RTT_base + K) assumes it), on the
+    1 + 1 setup also with h_min = 0.01; the baselines as they are."""
+    gemini = _arm(GEMINI)
+    gemini["theta"] = {**gemini["theta"], "ecn_k": setup.ecn_k}
+    arms = {GEMINI: gemini}
+    if setup.flows == 1:
+        arms["gemini-hmin1"] = {
+            **gemini,
+            "theta": {**gemini["theta"], "increase_min": H_MIN_FAIR},
+        }
+    arms.update({b: _arm(b) for b in MIXED_ARMS if b != GEMINI})
+    return arms
 
 
 def eval_plan(
@@ -118,22 +173,29 @@ def eval_plan(
 
     for a in DC_ARMS:
         flow(f"dc/{a}", _arm(a), 0, flow_s, [0])
+    for i, k in enumerate(MATCHED_K):
+        dcv = {**_arm(DCVEGAS), "theta": {**scaled_theta(DCVEGAS), "queue_threshold": k}}
+        flow(f"dc-matched/k{k}/dctcp", _arm("dctcp"), 3 + i, flow_s, [0])
+        flow(f"dc-matched/k{k}/{DCVEGAS}", dcv, 3 + i, flow_s, [0])
     for a in WAN_ARMS:
         flow(f"wan/{a}", _arm(a), 1, wan_s, [0, 1])
-    for a in MIXED_ARMS:
-        ex.append(
-            {
-                "label": f"mixed/{a}",
-                "kind": "datapath_pair",
-                "rate_kbit": C_MBIT * 1000,
-                "queue_packets": 450,
-                "ecn_k": 50,
-                "rtts_ms": list(MIXED_RTTS_MS),
-                "duration_s": 2 * flow_s,
-                "omit_s": 5,
-                **_arm(a),
-            }
-        )
+    for setup in MIXED_SETUPS:
+        for a, arm in mixed_arms(setup).items():
+            for run in range(MIXED_RUNS):
+                ex.append(
+                    {
+                        "label": f"{setup.prefix}/{a}#{run}",
+                        "kind": "datapath_pair",
+                        "rate_kbit": C_MBIT * 1000,
+                        "queue_packets": 450,
+                        "ecn_k": setup.ecn_k,
+                        "rtts_ms": list(MIXED_RTTS_MS),
+                        "parallel": setup.flows,
+                        "duration_s": 2 * flow_s,
+                        "omit_s": 5,
+                        **arm,
+                    }
+                )
     for n, total in INCAST_CASES:
         for a in INCAST_ARMS:
             ex.append(
@@ -161,7 +223,12 @@ def eval_plan(
         {"label": f"load/{n}", "kind": "datapath_load", "datapath": n} for n in (GEMINI, DCVEGAS)
     ] + ex
     return {
-        "paths": [dc.to_dict(), cross.to_dict(), incast.to_dict()],
+        "paths": [
+            dc.to_dict(),
+            cross.to_dict(),
+            incast.to_dict(),
+            *(dc_matched(k).to_dict() for k in MATCHED_K),
+        ],
         "experiments": ex,
     }
 
@@ -273,6 +340,22 @@ def render(results: dict, command: str, heldout: dict | None = None) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [_row(a, exps[f"dc/{a}"], ("0",)) for a in DC_ARMS if f"dc/{a}" in exps]
+    matched = [k for k in MATCHED_K if f"dc-matched/k{k}/dctcp" in exps]
+    if matched:
+        lines += [
+            "",
+            "## DC-Vegas and DCTCP at the same threshold (datacenter path, DCTCP's switch marking "
+            "at K, DC-Vegas at K_dcv = K, no ECN for it; one flow)",
+            "",
+            "| K | arm | goodput Mbit/s | of capacity | queueing ms | queue pkts (mean / max) | "
+            "retransmits | utility |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for k in matched:
+            for a in ("dctcp", DCVEGAS):
+                r = exps.get(f"dc-matched/k{k}/{a}")
+                if r:
+                    lines.append(f"| {k} " + _row(a, r, ("0",)))
     wan_cap = 80 * GOODPUT
     lines += [
         "",
@@ -288,26 +371,8 @@ def render(results: dict, command: str, heldout: dict | None = None) -> str:
         for a in WAN_ARMS
         if f"wan/{a}" in exps
     ]
-    lines += [
-        "",
-        f"## Mixed RTTs through one datacenter switch (100 Mbit/s, RED at 50 packets, 450 "
-        f"packets; flows of {MIXED_RTTS_MS[0]:g} ms and {MIXED_RTTS_MS[1]:g} ms started "
-        "together)",
-        "",
-        "| arm | intra Mbit/s | inter Mbit/s | inter / intra | Jain | marks |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for a in MIXED_ARMS:
-        r = exps.get(f"mixed/{a}")
-        if not r:
-            continue
-        if "error" in r:
-            lines.append(f"| {a} | error |")
-            continue
-        x = [f["throughput_mbps"] for f in r["flows"]]
-        lines.append(
-            f"| {a} | {x[0]:.1f} | {x[1]:.1f} | {x[1] / x[0]:.2f} | {jain(x):.3f} | {r['marked']} |"
-        )
+    for setup in MIXED_SETUPS:
+        lines += ["", mixed_table(exps, setup)]
     lines += [
         "",
         "## Incast (dc-incast: 100 Mbit/s, 0.5 ms, 57 packets, RED at 20; N senders answer "
@@ -346,6 +411,55 @@ def render(results: dict, command: str, heldout: dict | None = None) -> str:
         lines += ["", f"Chosen on this path: {best[6:]} (best utility)."]
         if heldout:
             lines += ["", heldout_table(heldout, theta)]
+    return "\n".join(lines) + "\n"
+
+
+def pair_shares(r: dict, omit_s: float = 5.0) -> tuple[list[float], list[float]]:
+    """Per-flow throughput (Mbit/s) of a datapath_pair result, intra-datacenter group first:
+    the receiver's goodput of each group divided among its connections, and each connection's
+    own share from the sender's delivered packets over the sampled time after ``omit_s`` (Jain
+    over the eight flows of the 4 + 4 setup needs those)."""
+    n = r.get("parallel", 1)
+    groups = [f["throughput_mbps"] / n for f in r["flows"] for _ in range(n)]
+    own: list[float] = []
+    for f in r["flows"]:
+        by_sock: dict[int, list[dict]] = {}
+        for x in f.get("samples", []):
+            if x["t"] >= omit_s and x.get("tcpi_delivered") is not None:
+                by_sock.setdefault(x.get("sport", 0), []).append(x)
+        for xs in by_sock.values():
+            dt = xs[-1]["t"] - xs[0]["t"]
+            pkts = xs[-1]["tcpi_delivered"] - xs[0]["tcpi_delivered"]
+            own.append(pkts * 1448 * 8 / dt / 1e6 if dt > 0 else 0.0)
+    return groups, own
+
+
+def mixed_table(exps: dict, setup: MixedSetup) -> str:
+    """One G8 setup over its runs: min–max of each figure."""
+    lines = [
+        f"## Mixed RTTs through one datacenter switch ({setup.title}; 100 Mbit/s, 450 packets "
+        f"of buffer; flows of {MIXED_RTTS_MS[0]:g} ms and {MIXED_RTTS_MS[1]:g} ms started "
+        f"together; {MIXED_RUNS} runs, min–max)",
+        "",
+        "| arm | intra Mbit/s per flow | inter Mbit/s per flow | inter / intra | Jain | "
+        "Jain, each flow's own share | marks |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for a in mixed_arms(setup):
+        found = (exps.get(f"{setup.prefix}/{a}#{run}") for run in range(MIXED_RUNS))
+        rs: list[dict] = [r for r in found if r and "error" not in r]
+        if not rs:
+            continue
+        shares = [pair_shares(r) for r in rs]
+        intra = [g[0] for g, _ in shares]
+        inter = [g[-1] for g, _ in shares]
+        own = [jain(o) for _, o in shares if o]
+        lines.append(
+            f"| {a} | {_span(intra, 1)} | {_span(inter, 1)} | "
+            f"{_span([y / x for x, y in zip(intra, inter, strict=True)], 2)} | "
+            f"{_span([jain(g) for g, _ in shares], 3)} | {_span(own, 3) if own else '—'} | "
+            f"{_span([r['marked'] for r in rs])} |"
+        )
     return "\n".join(lines) + "\n"
 
 

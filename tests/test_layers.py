@@ -4,9 +4,8 @@ from the source's own import statements (AST, nothing imported or run):
 - no REST router (``service/rest/``) and not the gRPC door (``service/grpc_server.py``)
   imports ``storage``, and no router builds SQL (SQLAlchemy only for its exception types, which
   ``rest/errors.py`` maps to 503);
-- the ``experiments`` package is domain: it imports neither ``storage`` nor the service layer,
-  except the two names kept for callers not yet moved (``LEGACY_REEXPORTS``), which hold no code
-  of their own;
+- the ``experiments`` package is domain: it imports neither ``storage`` nor the service layer
+  (``LEGACY_REEXPORTS`` lists re-export names kept while a caller moves; none today);
 - the lab reaches Booster's storage only where it does today (``LAB_STORAGE_USERS``, to be
   moved behind service functions): a new lab module that does fails, and a listed one that
   stops must leave the list.
@@ -26,7 +25,7 @@ STORAGE = "gemini_booster.storage"
 SERVICE = "gemini_booster.service"
 # Re-exports of service modules under their old names, for service/core.py (ArmCache) and
 # service/guardrail_task.py (enforce_guardrail ...) until those import from the service layer.
-LEGACY_REEXPORTS = {"cache.py", "service.py"}
+LEGACY_REEXPORTS: set[str] = set()
 # Lab modules that read or write Booster's tables directly today (issue #37 item 3).
 LAB_STORAGE_USERS = {"abtest.py", "cubic.py", "loop.py"}
 

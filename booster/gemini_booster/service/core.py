@@ -5,7 +5,7 @@ REST adapters.
   them and from the policy table in memory, so it keeps working through a database outage.
 - **Follower** (``sync.py``): keeps policies, plans and tokens in step with PostgreSQL through
   LISTEN/NOTIFY, whichever replica changed them.
-- **Experiments** (``experiments/cache.py``): the pending experiments in memory, so each
+- **Experiments** (``service/arm_cache.py``): the pending experiments in memory, so each
   GetParameters answer carries the host's arm without a query.
 - **Ingestion** (``ingest_writer.py``): checked reports stored exactly once, in group commits;
   append-only (no shared row is updated, no notification sent).
@@ -35,11 +35,11 @@ from gemini_api.v1 import booster_pb2 as pb
 
 from ..config import Settings
 from ..domain import ContextKey
-from ..experiments.cache import ArmCache
 from ..models import Policy
 from ..policy.planner import ContextPlan, Planner
 from ..storage import repository as repo
 from ..storage.ingest import ReportRow
+from .arm_cache import ArmCache
 from .auth import shorten
 from .fold import FoldService
 from .guardrail_task import GuardrailTask

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine, text
 
-from ..experiments import service
+from . import experiments as service
 from .metrics import Metrics
 from .ratelimit_log import RateLimitedLog
 

@@ -71,7 +71,7 @@
  * yet used: when the path's capacity rises (a cellular link between rate changes), the
  * estimate is stale, α · R^max · T^min adds nothing beyond W, and γ packets per round alone
  * would take minutes to fill a long path. What tells a stale estimate from a full path is the
- * queue: while the latest interval's minimum RTT stays within T^min / 32 (at least 1 ms) of
+ * queue: while the latest round trip's minimum RTT stays within T^min / 32 (at least 1 ms) of
  * T^min, the window is what limits delivery, and the step s doubles each round trip, up to
  * W / 8 per round. Once a queue shows, s is γ again, and a congestion signal (eq. 1) resets
  * it too. A probe that doubled regardless of the queue filled buffers: on the Ethernet path
@@ -451,7 +451,7 @@ static u32 fusion_interval_us(const struct fusion_flow *f, const struct tcp_sock
 	return max_t(u32, fusion_rtt_us(f, tp) / FUSION_INTERVALS_PER_RTT, FUSION_INTERVAL_MIN_US);
 }
 
-/* No queue to speak of: the latest minimum RTT within T^min / 32 (at least 1 ms) of T^min. */
+/* No queue to speak of: T^min_1 (or an interval's minimum) within T^min / 32 (>= 1 ms) of T^min */
 static bool fusion_queue_free(const struct fusion_flow *f, u32 latest_min_us)
 {
 	u32 tmin = fusion_min_rtt_us(f);

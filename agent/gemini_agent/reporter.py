@@ -28,7 +28,7 @@ from gemini_agent.credentials import AgentToken, FileIdentity, file_identity
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.spool import Spool
 from gemini_api import sketch as sketches
-from gemini_api.service_config import channel_options
+from gemini_api.service_config import channel_options, retry_after_s
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 
@@ -180,12 +180,18 @@ class Reporter:
         self.metrics.reports.labels("spooled").inc()
         self.metrics.spool_reports.set(len(self.spool))
 
-    def _backoff(self) -> None:
+    def _backoff(self, hint_s: float | None = None) -> None:
+        """Exponential backoff with full jitter; an overloaded replica's hint is a floor,
+        stretched by up to half again at random so hosts refused together do not return
+        together."""
         self.failures += 1
         cap = min(
             self.settings.retry_max_s, self.settings.retry_initial_s * 2 ** min(self.failures, 30)
         )
-        self.next_attempt = time.monotonic() + random.uniform(0, cap)
+        wait = random.uniform(0, cap)
+        if hint_s is not None:
+            wait = max(wait, hint_s * random.uniform(1.0, 1.5))
+        self.next_attempt = time.monotonic() + wait
 
     def drain_at_exit(self) -> int:
         """One last send of what the spool holds, backoff or not. A clean stop (an upgrade, a
@@ -240,7 +246,8 @@ class Reporter:
                     len(self.spool),
                 )
                 self.metrics.reports.labels("failed").inc()
-                self._backoff()
+                trailing = getattr(err, "trailing_metadata", None)
+                self._backoff(retry_after_s(trailing()) if trailing is not None else None)
                 break
             self.spool.done(path)
             self.metrics.reports.labels("sent").inc()

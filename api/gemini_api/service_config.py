@@ -8,7 +8,10 @@ One definition, for every client (the agent's reporter, the demo fleet, load gen
   report carries its idempotency key, so a retried report is stored once. Nothing else is
   retried by the channel: INVALID_ARGUMENT can never succeed, RESOURCE_EXHAUSTED with
   ``gemini-rejection: quota`` is the agent's to set aside, and UNAUTHENTICATED or
-  PERMISSION_DENIED need a new credential. ``retryThrottling`` stops retries when most calls
+  PERMISSION_DENIED need a new credential. RESOURCE_EXHAUSTED without that mark is an
+  overloaded replica: its trailing ``gemini-retry-after-ms`` (``RETRY_AFTER_KEY``) says how
+  long to wait, and the agent waits at least that, with jitter, keeping the report.
+  ``retryThrottling`` stops retries when most calls
   fail, so a fleet does not multiply its load on a Booster that is down.
 * **Health.** ``round_robin`` over every address the name resolves to (each Booster replica
   behind a headless Service), skipping a replica whose health service says NOT_SERVING (it is
@@ -30,6 +33,8 @@ import json
 from typing import Any
 
 SERVICE = "gemini.booster.v1.Booster"
+RETRY_AFTER_KEY = "gemini-retry-after-ms"  # on an overloaded replica's RESOURCE_EXHAUSTED
+RETRY_AFTER_MAX_S = 600.0  # a hint longer than this is read as this: a host never goes silent
 
 MAX_ATTEMPTS = 4  # the call and three retries
 INITIAL_BACKOFF_S = 0.5
@@ -89,3 +94,16 @@ def channel_options(reconnect_max_s: float = RECONNECT_MAX_S) -> list[tuple[str,
         # Pings without data are what keepalive is for; gRPC's own default allows only two.
         ("grpc.http2.max_pings_without_data", 0),
     ]
+
+
+def retry_after_s(trailing: Any) -> float | None:
+    """The wait an overloaded replica asked for, in seconds, from a call's trailing metadata
+    (None when it gave none or gave nonsense: the caller's own backoff applies then)."""
+    for key, value in trailing or ():
+        if key == RETRY_AFTER_KEY:
+            try:
+                ms = float(value)
+            except (TypeError, ValueError):
+                return None
+            return min(ms / 1000.0, RETRY_AFTER_MAX_S) if ms > 0 else None
+    return None

@@ -90,6 +90,7 @@ from grpc_health.v1 import _async as health_async  # type: ignore[import-untyped
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
+from gemini_api.service_config import RETRY_AFTER_KEY
 from gemini_api.v1 import booster_pb2 as pb
 
 from ..config import Settings
@@ -120,7 +121,6 @@ CANNOT_ANSWER = "Booster cannot answer now; retry"
 STORAGE_UNAVAILABLE = "storage unavailable; retry with the same id"
 ONE_MESSAGE = "one request message per call"
 QUOTA_METADATA = (("gemini-rejection", "quota"),)
-RETRY_AFTER_KEY = "gemini-retry-after-ms"  # on an overloaded replica's RESOURCE_EXHAUSTED
 
 
 MAX_DETAILS_CHARS = 1024  # of a refusal's message: it travels as a trailer

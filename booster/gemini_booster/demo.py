@@ -45,6 +45,9 @@ from .storage import repository as repo
 
 DEMO_POLICY = "demo"
 EXPERIMENT = "demo-fusion-vs-cubic"
+# The experiment's arms, as data an operator would POST (and so no datapath named in code):
+# the demo policy's tuned Fusion against the kernel's default CC.
+EXPERIMENT_FILE = Path(__file__).with_name("demo_experiment.json")
 TUNING_HOSTS = 8  # hosts that only run the policy's plan
 EXPERIMENT_HOSTS = 8  # hosts of the A/B experiment, half of them on CUBIC
 ROUNDS_PER_HOUR = 4  # of the simulated history
@@ -160,13 +163,13 @@ def rest(base: str, token: str, method: str, path: str, body: object = None) -> 
 def experiment_body(hosts: list[str], start: datetime, now: datetime) -> dict[str, Any]:
     """The demo's A/B experiment: the tuned policy against CUBIC on hosts of their own, days
     of an hour, declared as an operator would POST it."""
+    declared = json.loads(EXPERIMENT_FILE.read_text())
+    for arm in declared["arms"]:
+        if arm.get("params") == "policy":  # the arm that runs the demo's tuned policy
+            arm["policy"] = DEMO_POLICY
     return {
         "name": EXPERIMENT,
-        "description": "demo: the tuned Fusion policy against CUBIC (simulated hosts)",
-        "arms": [
-            {"name": "cubic", "cc": "cubic"},
-            {"name": "fusion", "cc": "fusion", "params": "policy", "policy": DEMO_POLICY},
-        ],
+        **declared,
         "population": {"regions": {"eu-west": hosts}},
         "day_seconds": EXPERIMENT_DAY_S,
         "start": start.isoformat(),

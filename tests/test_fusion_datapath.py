@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from gemini_lab.host import run_plan
 from gemini_lab.scenario import Scenario
 from gemini_lab.vm import LabError, find_kernel
+from tests.labkit import lab_plan
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -77,12 +77,7 @@ def lab(tmp_path_factory):
     }
     for e in plan["experiments"]:
         e["duration_s"] = STEP_DURATION_S if e["path"] == 1 else DURATION_S
-    try:
-        return run_plan(plan, tmp_path_factory.mktemp("datapath"))
-    except LabError as exc:
-        if "missing" in str(exc):
-            pytest.skip(str(exc))
-        raise
+    return lab_plan(plan, tmp_path_factory.mktemp("datapath"))
 
 
 def _flow(lab: dict, label: str) -> dict:

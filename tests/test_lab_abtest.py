@@ -27,8 +27,8 @@ from gemini_lab.abtest import (
     run_abtest,
 )
 from gemini_lab.fleet import parse_ss_ccs
-from gemini_lab.vm import LabError, find_kernel
 from tests.conftest import OPERATOR, free_port, lab_fleet_settings, new_database
+from tests.labkit import guest_kernel
 
 # `ss -tin state established` in a lab host: flows to receivers and the agent's connection to
 # Booster through the relay on loopback (both of its ends live in the host's namespace; the
@@ -71,10 +71,7 @@ def test_the_lab_experiment_is_one_the_api_accepts():
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, pg_admin_url):
-    try:
-        find_kernel()
-    except LabError as exc:
-        pytest.skip(str(exc))
+    guest_kernel()
     db_url = new_database(pg_admin_url)
     return run_abtest(
         lab_fleet_settings(db_url),

@@ -12,8 +12,7 @@ from __future__ import annotations
 import pytest
 
 from gemini_lab import fairness
-from gemini_lab.host import run_plan
-from gemini_lab.vm import LabError
+from tests.labkit import lab_plan
 
 RATE_MBIT = 20.0
 DURATION_S = 8
@@ -37,16 +36,8 @@ def _pairs() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    try:
-        return run_plan(
-            {"paths": [], "experiments": _pairs()},
-            tmp_path_factory.mktemp("fairness"),
-            backend="uml",
-        )
-    except LabError as exc:
-        if "missing" in str(exc):
-            pytest.skip(str(exc))
-        raise
+    plan = {"paths": [], "experiments": _pairs()}
+    return lab_plan(plan, tmp_path_factory.mktemp("fairness"), backend="uml")
 
 
 @pytest.mark.lab

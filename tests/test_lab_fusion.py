@@ -14,14 +14,14 @@ them the tests skip and say what is missing.
 from __future__ import annotations
 
 import errno
-from pathlib import Path
 
 import pytest
 
 from gemini_api.theta import load_spec
 from gemini_lab import plans, scenario
-from gemini_lab.host import KMOD_DIR, Backend, build_module, guest_failure, run_plan
-from gemini_lab.vm import GuestRun, LabError, find_kernel
+from gemini_lab.host import KMOD_DIR, build_module, guest_failure
+from gemini_lab.vm import GuestRun
+from tests.labkit import guest_kernel, lab_plan
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -31,31 +31,19 @@ MSS_BYTES = 1448  # an Ethernet MTU of 1500 less IPv4 and TCP headers with times
 
 @pytest.fixture(scope="module")
 def kernel():
-    try:
-        return find_kernel()
-    except LabError as exc:
-        pytest.skip(str(exc))
-
-
-def _run(plan: dict, out: Path, backend: Backend) -> dict:
-    try:
-        return run_plan(plan, out, backend=backend)
-    except LabError as exc:
-        if "missing" in str(exc):
-            pytest.skip(str(exc))
-        raise
+    return guest_kernel()
 
 
 @pytest.fixture(scope="module")
 def lab(kernel, tmp_path_factory):
     """The module in Debian's stock kernel (qemu)."""
-    return _run(plans.module_plan(), tmp_path_factory.mktemp("lab-qemu"), "qemu")
+    return lab_plan(plans.module_plan(), tmp_path_factory.mktemp("lab-qemu"), "qemu")
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     """The network outcomes in UML on a simulated clock."""
-    return _run(plans.outcome_plan(), tmp_path_factory.mktemp("lab-uml"), "uml")
+    return lab_plan(plans.outcome_plan(), tmp_path_factory.mktemp("lab-uml"), "uml")
 
 
 def _ran_to_the_end(run: dict) -> None:

@@ -13,18 +13,15 @@ from gemini_api.theta import load_spec
 from gemini_lab import cli
 from gemini_lab.loop import PATHS, LoopConfig, landscape_table, run_loop
 from gemini_lab.netem import receiver_prefix
-from gemini_lab.vm import LabError, find_kernel
 from tests.conftest import AGENT, free_port, make_settings, new_database
+from tests.labkit import guest_kernel
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory, pg_admin_url):
-    try:
-        find_kernel()
-    except LabError as exc:
-        pytest.skip(str(exc))
+    guest_kernel()
     db_url = new_database(pg_admin_url)
     cfg = LoopConfig(kill_after_reports=10, outage_s=20)
     return run_loop(

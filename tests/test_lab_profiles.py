@@ -330,10 +330,11 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> dict:
     from gemini_lab.host import kernel_problems, module_for
-    from gemini_lab.vm import LabError, find_kernel, run_in_guest
+    from gemini_lab.vm import find_kernel, run_in_guest
+    from tests.labkit import skip_if_lab_missing
 
     out = tmp_path_factory.mktemp("lab-profiles")
-    try:
+    with skip_if_lab_missing("no guest kernel"):
         kernel = find_kernel()
         module = module_for(kernel)
         run = run_in_guest(
@@ -343,10 +344,6 @@ def lab(tmp_path_factory) -> dict:
             kernel=kernel,
             timeout_s=1200,
         )
-    except LabError as exc:
-        if "missing" in str(exc) or "no guest kernel" in str(exc):
-            pytest.skip(str(exc))
-        raise
     path = out / "results.json"
     if not path.exists():
         log = (out / "job.log").read_text() if (out / "job.log").exists() else ""

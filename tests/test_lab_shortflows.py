@@ -17,9 +17,8 @@ import pytest
 
 from gemini_api.theta import load_spec
 from gemini_lab import shortflows
-from gemini_lab.host import run_plan
 from gemini_lab.netem import tbf_args
-from gemini_lab.vm import LabError
+from tests.labkit import lab_plan
 
 PATH = "ethernet"
 TUNED = {"init_cwnd": 11, "mult_decrease": 61}
@@ -37,14 +36,7 @@ ASKED = {"fusion-tuned": "fusion", "cubic": "cubic"}
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    try:
-        return run_plan(
-            shortflows.build_plan(CFG), tmp_path_factory.mktemp("shortflows"), backend="uml"
-        )
-    except LabError as exc:
-        if "missing" in str(exc):
-            pytest.skip(str(exc))
-        raise
+    return lab_plan(shortflows.build_plan(CFG), tmp_path_factory.mktemp("shortflows"), "uml")
 
 
 def _series(results: dict, name: str, workload: str) -> dict:

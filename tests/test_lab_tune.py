@@ -12,8 +12,8 @@ import pytest
 from gemini_api.theta import load_spec
 from gemini_lab.loop import LoopConfig
 from gemini_lab.tune import RECORD_MD, format_theta, run_tune
-from gemini_lab.vm import LabError, find_kernel
 from tests.conftest import AGENT, free_port, make_settings, new_database
+from tests.labkit import guest_kernel
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -26,10 +26,7 @@ DEFAULT_ROUNDS = 2
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory, pg_admin_url):
-    try:
-        find_kernel()
-    except LabError as exc:
-        pytest.skip(str(exc))
+    guest_kernel()
     db_url = new_database(pg_admin_url)
     cfg = LoopConfig(
         search_reports=SEARCH_ROUNDS,

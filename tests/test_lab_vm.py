@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gemini_lab import host, vm
+from tests.labkit import guest_kernel
 
 pytestmark = pytest.mark.lab
 
@@ -19,10 +20,7 @@ pytestmark = pytest.mark.lab
 def installed() -> vm.GuestKernel:
     if shutil.which("depmod") is None or shutil.which("modinfo") is None:
         pytest.skip("kmod (depmod, modinfo) is missing: lab/install-deps.sh installs it")
-    try:
-        return vm.find_kernel()
-    except vm.LabError as exc:
-        pytest.skip(str(exc))
+    return guest_kernel()
 
 
 def _unpacked(installed: vm.GuestKernel, root: Path) -> Path:

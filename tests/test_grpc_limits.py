@@ -38,6 +38,21 @@ from gemini_booster.service.ratelimit_log import RateLimitedLog
 from gemini_booster.storage import repository as repo
 
 from .conftest import AGENT, OPERATOR, Running, agent_md, make_settings, new_database
+from .http2 import (
+    ACK,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    frame,
+    literal,
+)
 
 POLICY = "p1"
 SERVICE = "/gemini.booster.v1.Booster"
@@ -268,25 +283,6 @@ def test_metadata_is_limited_to_16_kib_exactly(channel: grpc.Channel) -> None:
 
 # -- a half-sent message is cut off --------------------------------------------------------------
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 6, 7, 8
-END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
-
-
-def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return (
-        struct.pack(">I", len(payload))[1:]
-        + bytes([kind, flags])
-        + struct.pack(">I", stream)
-        + payload
-    )
-
-
-def _literal(name: bytes, value: bytes) -> bytes:
-    """An HPACK literal header without indexing, lengths in one byte (all ours are short)."""
-    assert len(name) < 127 and len(value) < 127
-    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
-
 
 class HalfSender:
     """A raw HTTP/2 client that announces a gRPC message of ``announced`` bytes, sends only
@@ -299,10 +295,10 @@ class HalfSender:
         self.closed = threading.Event()
         self._cv = threading.Condition()
         self._windows = {0: 65535, 1: 65535}
-        self.sock.sendall(PREFACE + _frame(SETTINGS, 0, 0))
+        self.sock.sendall(PREFACE + frame(SETTINGS, 0, 0))
         threading.Thread(target=self._read, daemon=True).start()
         headers = b"".join(
-            _literal(k, v)
+            literal(k, v)
             for k, v in (
                 (b":method", b"POST"),
                 (b":scheme", b"http"),
@@ -313,7 +309,7 @@ class HalfSender:
                 (b"authorization", f"Bearer {token}".encode()),
             )
         )
-        self.sock.sendall(_frame(HEADERS, END_HEADERS, 1, headers))
+        self.sock.sendall(frame(HEADERS, END_HEADERS, 1, headers))
         body = b"\x00" + struct.pack(">I", announced) + b"\x00" * sent
         self.sent = 0
         while self.sent < len(body):
@@ -327,7 +323,7 @@ class HalfSender:
                 n = min(16384, *self._windows.values(), len(body) - self.sent)
                 for k in self._windows:
                     self._windows[k] -= n
-            self.sock.sendall(_frame(DATA, 0, 1, body[self.sent : self.sent + n]))
+            self.sock.sendall(frame(DATA, 0, 1, body[self.sent : self.sent + n]))
             self.sent += n
 
     def _read(self) -> None:
@@ -359,9 +355,9 @@ class HalfSender:
                         self._windows[1] += value - 65535
             self._cv.notify_all()
         if kind == SETTINGS and not flags & ACK:
-            self.sock.sendall(_frame(SETTINGS, ACK, 0))
+            self.sock.sendall(frame(SETTINGS, ACK, 0))
         elif kind == PING and not flags & ACK:
-            self.sock.sendall(_frame(PING, ACK, 0, payload))
+            self.sock.sendall(frame(PING, ACK, 0, payload))
 
     def stream_ended(self) -> bool:
         """The server ended stream 1 (trailers or reset) though its message never came."""

@@ -24,6 +24,20 @@ from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
 from .conftest import OPERATOR, Running, agent_md, auth
+from .http2 import (
+    ACK,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    frame,
+    literal,
+)
 
 SERVICE = "gemini.booster.v1.Booster"
 GENEROUS_S = 60.0  # a bound on "returns rather than hangs", never a timing assertion
@@ -255,37 +269,6 @@ def test_readyz_false_while_the_database_cannot_write(booster: Running, db_url: 
 
 # -- (5) the metadata limit holds for a raw HTTP/2 client ---------------------------------------
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, CONTINUATION = 0, 1, 3, 4, 6, 7, 9
-END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
-
-
-def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return (
-        struct.pack(">I", len(payload))[1:]
-        + bytes([kind, flags])
-        + struct.pack(">I", stream)
-        + payload
-    )
-
-
-def _int(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    """HPACK's integer with an N-bit prefix."""
-    top = (1 << prefix_bits) - 1
-    if value < top:
-        return bytes([first | value])
-    out = [first | top]
-    value -= top
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _literal(name: bytes, value: bytes) -> bytes:
-    return b"\x00" + _int(len(name), 7) + name + _int(len(value), 7) + value
-
 
 def test_raw_http2_client_cannot_pass_a_200_kb_header(booster: Running) -> None:
     """A client that ignores the server's SETTINGS_MAX_HEADER_LIST_SIZE and sends 200 kB of
@@ -294,7 +277,7 @@ def test_raw_http2_client_cannot_pass_a_200_kb_header(booster: Running) -> None:
     port = int(booster.grpc_target.rsplit(":", 1)[1])
     body = pb.GetParametersRequest(policy="cdn", host_id="h1").SerializeToString()
     headers = b"".join(
-        _literal(k, v)
+        literal(k, v)
         for k, v in (
             (b":method", b"POST"),
             (b":scheme", b"http"),
@@ -309,14 +292,14 @@ def test_raw_http2_client_cannot_pass_a_200_kb_header(booster: Running) -> None:
     frames: list[tuple[int, int, int, bytes]] = []
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     try:
-        sock.sendall(PREFACE + _frame(SETTINGS, 0, 0))
+        sock.sendall(PREFACE + frame(SETTINGS, 0, 0))
         chunks = [headers[i : i + 16_000] for i in range(0, len(headers), 16_000)]
         out = b""
         for i, chunk in enumerate(chunks):
             kind = HEADERS if i == 0 else CONTINUATION
             flags = END_HEADERS if i == len(chunks) - 1 else 0
-            out += _frame(kind, flags, 1, chunk)
-        out += _frame(DATA, END_STREAM, 1, b"\x00" + struct.pack(">I", len(body)) + body)
+            out += frame(kind, flags, 1, chunk)
+        out += frame(DATA, END_STREAM, 1, b"\x00" + struct.pack(">I", len(body)) + body)
         with contextlib.suppress(OSError):
             sock.sendall(out)
         buf = b""
@@ -340,7 +323,7 @@ def test_raw_http2_client_cannot_pass_a_200_kb_header(booster: Running) -> None:
                 buf = buf[9 + n :]
                 if kind == SETTINGS and not flags & ACK:
                     with contextlib.suppress(OSError):
-                        sock.sendall(_frame(SETTINGS, ACK, 0))
+                        sock.sendall(frame(SETTINGS, ACK, 0))
                 if kind == GOAWAY or (stream == 1 and (kind == RST_STREAM or flags & END_STREAM)):
                     ended = True
     finally:

@@ -29,6 +29,7 @@ from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
 from gemini_booster.storage import repository as repo
 from tests.conftest import AGENT, free_port, make_settings
+from tests.sysctls import fusion_sysctls, theta_in
 
 SPEC = load_spec()
 # Yesterday at 14:30 UTC: a fixed hour of day (the context asserts it), and recent enough that
@@ -326,16 +327,7 @@ def test_agent_asks_for_theta_as_often_as_booster_says(tmp_path, db_url):
 @pytest.fixture
 def sysctl_dir(tmp_path):
     """Stand-in for /proc/sys/net/fusion (no loadable modules on this machine)."""
-    root = tmp_path / "net-fusion"
-    root.mkdir()
-    for name, value in SPEC.default().items():
-        (root / name).write_text(f"{value}\n")
-    (root / "version").write_text("1\n")
-    return root
-
-
-def _values(root) -> dict[str, int]:
-    return {n: int((root / n).read_text()) for n in SPEC.names}
+    return fusion_sysctls(tmp_path)
 
 
 def test_theta_outside_the_region_is_refused_and_never_written(sysctl_dir):
@@ -344,10 +336,10 @@ def test_theta_outside_the_region_is_refused_and_never_written(sysctl_dir):
     good = SPEC.default() | {"mult_decrease": 60}
     resp = pb.GetParametersResponse(default_theta=pb.Theta(**good))
     applier.apply(applier.plan_from(resp, []), [])
-    assert _values(sysctl_dir) == good
+    assert theta_in(sysctl_dir) == good
     bad = pb.GetParametersResponse(default_theta=pb.Theta(**(good | {"mult_decrease": 100})))
     applier.apply(applier.plan_from(bad, []), [])
-    assert _values(sysctl_dir) == good  # last good θ kept
+    assert theta_in(sysctl_dir) == good  # last good θ kept
     assert metrics.theta_refused._value.get() == 1
     place = Place("eu-west", "isp-a")
     per_ctx = pb.GetParametersResponse(
@@ -364,10 +356,10 @@ def test_falls_back_to_the_safe_default_after_the_staleness_limit(sysctl_dir):
     tuned = SPEC.default() | {"add_increase": 9}
     applier.apply(Plan(tuned, {}), [])
     applier.check_staleness([])
-    assert _values(sysctl_dir) == tuned  # within the limit: keep the last good θ
+    assert theta_in(sysctl_dir) == tuned  # within the limit: keep the last good θ
     applier.last_ok -= 61  # Booster last answered a minute and a second ago
     applier.check_staleness([])
-    assert _values(sysctl_dir) == SPEC.default()
+    assert theta_in(sysctl_dir) == SPEC.default()
     assert metrics.registry.get_sample_value("gemini_agent_fallbacks_total", {"reason": "stale"})
 
 

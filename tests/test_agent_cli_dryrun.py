@@ -19,29 +19,16 @@ from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
 from gemini_booster.storage import repository as repo
 from tests.conftest import AGENT, free_port, make_settings
+from tests.sysctls import fusion_sysctls, theta_in
 
 SPEC = load_spec()
 SECRET = "gmn_secret_value_never_shown"
 
 
-def _sysctls(tmp_path):
-    """Stand-in for the module's net.fusion.* (no loadable modules on this machine)."""
-    root = tmp_path / "net-fusion"
-    root.mkdir()
-    for name, value in SPEC.default().items():
-        (root / name).write_text(f"{value}\n")
-    (root / "version").write_text("1\n")
-    return root
-
-
-def _values(root) -> dict[str, int]:
-    return {n: int((root / n).read_text()) for n in SPEC.names}
-
-
 def _agent(tmp_path, target: str = "127.0.0.1:1", **kw) -> tuple[Agent, object]:
     table = tmp_path / "geo.csv"
     table.write_text("prefix,region,isp\n10.1.0.0/16,eu,fiber\n10.2.0.0/16,us,cable\n")
-    root = _sysctls(tmp_path)
+    root = fusion_sysctls(tmp_path)
     settings = AgentSettings(
         host_id="web-17",
         policy="default",
@@ -96,7 +83,7 @@ def test_a_dry_run_shows_the_table_and_sysctls_it_would_write(tmp_path):
     assert "1 places" in text  # the refused θ leaves its place on the default
     assert "rule 10." in text and "profile 2:" in text
     assert "experiment: none" in text and "module parameters" not in text
-    assert _values(root) == SPEC.default()  # nothing written
+    assert theta_in(root) == SPEC.default()  # nothing written
 
 
 def test_a_dry_run_of_a_host_wide_datapath_shows_its_module_parameters(tmp_path):
@@ -127,7 +114,7 @@ def test_a_dry_run_against_booster_prints_once_and_writes_nothing(tmp_path, db_u
         assert f"{root}/mult_decrease = " in out and "θ per destination (2 places" in out
         agent.refresh_theta()  # the same answer: not printed again
         assert capsys.readouterr().out == ""
-        assert _values(root) == SPEC.default()
+        assert theta_in(root) == SPEC.default()
     finally:
         server.stop()
 

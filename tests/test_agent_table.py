@@ -43,6 +43,7 @@ from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
 from gemini_booster.storage import repository as repo
 from tests.conftest import free_port, make_settings
+from tests.sysctls import fusion_sysctls
 from tests.test_agent import NOW, _settings
 
 SPEC = load_spec()
@@ -301,12 +302,7 @@ class StandInKernel(Kernel):
 @pytest.fixture
 def sysctl_dir(tmp_path) -> Path:
     """Where StandInKernel keeps the sysctls: a directory laid out like /proc/sys/net/fusion."""
-    root = tmp_path / "net-fusion"
-    root.mkdir()
-    for name, value in DEFAULT.items():
-        (root / name).write_text(f"{value}\n")
-    (root / "version").write_text("1\n")
-    return root
+    return fusion_sysctls(tmp_path)
 
 
 def _sample(metrics: AgentMetrics, name: str, **labels: str) -> float | None:

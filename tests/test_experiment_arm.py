@@ -26,6 +26,7 @@ from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 
 from .conftest import OPERATOR, agent_md, auth
+from .sysctls import fusion_sysctls
 from .test_agent_congestion import in_netns, route_congctl, sysctl_cc
 from .test_experiments_api import host_arm
 
@@ -150,10 +151,7 @@ def _agent(
         monkeypatch.setattr(reporter_module, "open_channel", channel)
     else:
         reporter_module.open_channel = channel  # type: ignore[assignment]
-    fusion = tmp / "net-fusion"
-    fusion.mkdir()
-    for name, value in SPEC.default().items():
-        (fusion / name).write_text(f"{value}\n")
+    fusion = fusion_sysctls(tmp, version=False)
     settings = AgentSettings(
         host_id="h", policy="default", spool_dir=tmp / "spool", sysctl_root=fusion
     )

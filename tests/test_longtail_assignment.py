@@ -84,3 +84,34 @@ def test_an_explorer_keeps_its_candidate_slot_when_the_window_moves():
             for s in range(12)
         } - {"inc"}
         assert picked <= {cands[assignment.candidate_slot(h, key, len(cands))]}
+
+
+def test_the_serving_path_rotates_its_explorers_with_its_clock():
+    """GetParameters' answers (``PlanCache.answer``): the one host of a context that does not
+    explore in slot 0 runs a candidate in a later slot, as the clock the cache reads moves."""
+    from gemini_api.theta import load_spec
+    from gemini_api.v1 import booster_pb2 as pb
+    from gemini_booster.models import Policy
+    from gemini_booster.service.plan_cache import PlanCache, theta_message
+    from gemini_booster.storage.repository import PlanRecord
+
+    spec = load_spec()
+    key = next(k for k in KEYS if not explores("host-0", k, SHARE, rotation_slot(T0)))
+    candidate = dict(spec.default(), init_cwnd=spec.default()["init_cwnd"] + 1)
+    now = [T0]
+    cache = PlanCache(spec, clock=lambda: now[0])
+    record = PlanRecord(1, 7, 1, spec.key(spec.default()), 1.0, (spec.key(candidate),))
+    cache.replace(1, [record], {7: key}, generation=1)
+    policy = Policy(id=1, name="p", revision=1, exploration_share=SHARE)
+    default = theta_message(spec, spec.default())
+
+    def answer() -> pb.ContextParameters:
+        return cache.answer(policy, default, "host-0", pb.Context(), key)
+
+    assert not answer().exploratory
+    for _ in range(WAIT_SLOTS):
+        now[0] += timedelta(hours=ROTATION_HOURS)
+        if answer().exploratory:
+            break
+    got = answer()
+    assert got.exploratory and spec.from_message(got.theta) == candidate

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from sqlalchemy import Engine
 
@@ -109,12 +110,24 @@ def build_overrides(spec: ThetaSpec, records: Iterable[OverrideRecord]) -> Overr
     )
 
 
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 class PlanCache:
-    def __init__(self, spec: ThetaSpec, spec_of: Callable[[int], ThetaSpec] | None = None):
+    def __init__(
+        self,
+        spec: ThetaSpec,
+        spec_of: Callable[[int], ThetaSpec] | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ):
         """``spec_of(policy_id)``: the θ spec of the datapath the policy tunes (``spec``, for
-        every policy, when not given)."""
+        every policy, when not given). ``clock``: the time whose rotation slot picks a
+        context's explorers (``policy.assignment``), so that over the slots every host of a
+        one-host context explores; replicas agree because the slot is the clock's alone."""
         self.spec = spec
         self.spec_of = spec_of or (lambda _policy_id: spec)
+        self.clock = clock
         self._plans: dict[int, dict[ContextKey, CachedPlan]] = {}
         self._generations: dict[int, int] = {}
         self._overrides: dict[int, Overrides] = {}
@@ -223,7 +236,7 @@ class PlanCache:
         if plan is None:
             return context_answer(msg, default)
         theta, explore = assign(
-            host, key, plan.incumbent, plan.candidates, policy.exploration_share
+            host, key, plan.incumbent, plan.candidates, policy.exploration_share, self.clock()
         )
         return context_answer(
             msg,

@@ -33,7 +33,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gemini_api.theta import REGIONS, load_spec
 from gemini_lab import (
@@ -54,6 +54,24 @@ if TYPE_CHECKING:
 
 DEFAULT_OUT = REPO / "var" / "lab"
 STALENESS_INTERVALS = 1.5  # tune: the agent falls back to the default θ this soon
+
+
+def _command() -> str:
+    """The command line as typed: each record names what produced it."""
+    return " ".join(["gemini-lab", *sys.argv[1:]])
+
+
+def _publish(text: str, record: Path | None, also: str = "") -> None:
+    """Print ``text`` and, with ``--record``, write it there too (``also``: more to say)."""
+    print(text)
+    if record:
+        record.write_text(text)
+        print(f"recorded in {record}{also}")
+
+
+def _set(given: dict[str, Any]) -> dict[str, Any]:
+    """The options given on the command line (unset: the config's own defaults hold)."""
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _theta(pairs: list[str]) -> dict[str, int]:
@@ -175,7 +193,9 @@ def cmd_tune(args: argparse.Namespace) -> None:
     from gemini_lab.loop import LoopConfig
     from gemini_lab.tune import initial_points, run_tune, summary_rows
 
-    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    args.scenario = args.scenario or ["ethernet"]
+    args.sigma = args.sigma or [0.1]
+    command = _command()
     for sigma in args.sigma:
         token, out = _agent_token(), args.out / f"tune-sigma-{sigma:g}"
         cfg = LoopConfig(
@@ -246,7 +266,7 @@ def _run_recorded(
 ) -> None:
     """A UML measurement's run (or ``--merge``), each experiment's line as it ends, then its
     table, written to ``--record`` unless ``--no-record``; the command line goes into it."""
-    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    command = _command()
     record = None if args.no_record else args.record
 
     def progress(label: str, result: dict) -> None:
@@ -317,7 +337,7 @@ def cmd_plannertune(args: argparse.Namespace) -> None:
         seed=args.seed,
         region=args.region,
     )
-    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    command = _command()
     history = plannertune.tune(cfg, args.out)
     text = plannertune.render(history, cfg, command)
     print(text)
@@ -355,18 +375,15 @@ def cmd_abtest(args: argparse.Namespace) -> None:
         out,
         cfg,
     )
-    text = render(result, cfg, " ".join(["gemini-lab", *sys.argv[1:]]))
-    print(text)
-    if args.record:
-        args.record.write_text(text)
-        print(f"recorded in {args.record}; run record {result.record}")
+    text = render(result, cfg, _command())
+    _publish(text, args.record, f"; run record {result.record}")
 
 
 def cmd_cubic(args: argparse.Namespace) -> None:
     """The check alone (fixed β, no Booster) with --check-only; else the whole run."""
     from gemini_lab import cubic
 
-    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    command = _command()
     given = {
         "interval_s": args.interval,
         "day_s": args.day_seconds,
@@ -374,7 +391,7 @@ def cmd_cubic(args: argparse.Namespace) -> None:
         "check_flows": args.check_flows,
         "flow_bytes": args.flow_bytes,
     }  # unset: CubicConfig's defaults, the one place they are
-    cfg = cubic.CubicConfig(**{k: v for k, v in given.items() if v is not None})
+    cfg = cubic.CubicConfig(**_set(given))
     out = args.out / "cubic"
     if args.render:
         result, cfg = cubic.from_record(args.render)
@@ -397,53 +414,44 @@ def cmd_cubic(args: argparse.Namespace) -> None:
         cfg,
     )
     text = cubic.render(result, cfg, command)
-    print(text)
-    if args.record:
-        args.record.write_text(text)
-        print(f"recorded in {args.record}; run record {result.record}")
+    _publish(text, args.record, f"; run record {result.record}")
 
 
 def cmd_datapath_loop(args: argparse.Namespace) -> None:
     """gemini_lab.cubic's closed loop for the datapath named (gemini_lab.datapath_loop)."""
     from gemini_lab import cubic, datapath_loop
 
-    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    command = _command()
     given = {
         "interval_s": args.interval,
         "day_s": args.day_seconds,
         "search_reports": args.search_reports,
         "flow_bytes": args.flow_bytes,
     }
-    base = cubic.CubicConfig(**{k: v for k, v in given.items() if v is not None})
+    base = cubic.CubicConfig(**_set(given))
     cfg = datapath_loop.loop_config(args.datapath, base)
     out = args.out / f"loop-{args.datapath}"
     operator, settings = _lab_booster(out)
     result = cubic.run_cubic(settings, args.port, operator, out, cfg)
     text = cubic.render(result, cfg, command)
-    print(text)
-    if args.record:
-        args.record.write_text(text)
-        print(f"recorded in {args.record}; run record {result.record}")
+    _publish(text, args.record, f"; run record {result.record}")
 
 
 def cmd_datapath_signals(args: argparse.Namespace) -> None:
     from gemini_lab import datapath_signals
 
-    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    command = _command()
     out = args.out / "datapath-signals"
     results = run_plan(datapath_signals.signals_plan(), out, backend="uml", progress=_progress)
     (out / "signals.json").write_text(json.dumps(results, indent=1))
     text = datapath_signals.render(results, command)
-    print(text)
-    if args.record:
-        args.record.write_text(text)
-        print(f"recorded in {args.record}")
+    _publish(text, args.record)
 
 
 def cmd_datapath_tune(args: argparse.Namespace) -> None:
     from gemini_lab import datapath_eval
 
-    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    command = _command()
     extra = tuple((k, int(v)) for k, v in (kv.split("=", 1) for kv in args.extra or []))
     cfg = plannertune.TuneConfig(
         scenarios=tuple(args.scenario),
@@ -476,16 +484,13 @@ def cmd_datapath_tune(args: argparse.Namespace) -> None:
         )
         (out / "heldout.json").write_text(json.dumps(held, indent=1))
         text += "\n" + datapath_eval.heldout_table(held, theta, args.datapath)
-    print(text)
-    if args.record:
-        args.record.write_text(text)
-        print(f"recorded in {args.record}")
+    _publish(text, args.record)
 
 
 def cmd_datapath_eval(args: argparse.Namespace) -> None:
     from gemini_lab import datapath_eval
 
-    command = " ".join(["gemini-lab", *sys.argv[1:]])
+    command = _command()
     text, _, _ = datapath_eval.run_eval(
         args.out / "datapath-eval",
         command,
@@ -494,10 +499,25 @@ def cmd_datapath_eval(args: argparse.Namespace) -> None:
         sweep=not args.no_sweep,
         only=args.only,
     )
-    print(text)
-    if args.record:
-        args.record.write_text(text)
-        print(f"recorded in {args.record}")
+    _publish(text, args.record)
+
+
+# the subcommands that print (and may record) what they measured, each its own function
+PRINTING: dict[str, Callable[[argparse.Namespace], None]] = {
+    "loop": cmd_loop,
+    "landscape": cmd_landscape,
+    "tune": cmd_tune,
+    "fairness": cmd_fairness,
+    "shortflows": cmd_shortflows,
+    "plannertune": cmd_plannertune,
+    "evaluate": cmd_evaluate,
+    "abtest": cmd_abtest,
+    "cubic": cmd_cubic,
+    "datapath-loop": cmd_datapath_loop,
+    "datapath-signals": cmd_datapath_signals,
+    "datapath-tune": cmd_datapath_tune,
+    "datapath-eval": cmd_datapath_eval,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -735,39 +755,13 @@ def main(argv: list[str] | None = None) -> None:
                 backend=args.backend,
                 progress=_progress,
             )
-            report.write_benchmark(results, " ".join(["gemini-lab", *sys.argv[1:]]))
-        elif args.cmd == "loop":
-            return cmd_loop(args)
-        elif args.cmd == "landscape":
-            return cmd_landscape(args)
-        elif args.cmd == "tune":
-            args.scenario = args.scenario or ["ethernet"]
-            args.sigma = args.sigma or [0.1]
-            return cmd_tune(args)
-        elif args.cmd == "fairness":
-            return cmd_fairness(args)
-        elif args.cmd == "shortflows":
-            return cmd_shortflows(args)
-        elif args.cmd == "plannertune":
-            return cmd_plannertune(args)
-        elif args.cmd == "evaluate":
-            return cmd_evaluate(args)
-        elif args.cmd == "abtest":
-            return cmd_abtest(args)
-        elif args.cmd == "cubic":
-            return cmd_cubic(args)
-        elif args.cmd == "datapath-loop":
-            return cmd_datapath_loop(args)
-        elif args.cmd == "datapath-signals":
-            return cmd_datapath_signals(args)
-        elif args.cmd == "datapath-tune":
-            return cmd_datapath_tune(args)
-        elif args.cmd == "datapath-eval":
-            return cmd_datapath_eval(args)
+            report.write_benchmark(results, _command())
+        elif args.cmd in PRINTING:
+            return PRINTING[args.cmd](args)
         elif args.cmd == "determinism":
             from gemini_lab import determinism
 
-            command = " ".join(["gemini-lab", *sys.argv[1:]])
+            command = _command()
             print(determinism.run(args.repeats, args.duration, args.backend, args.out, command))
             return None
         elif args.cmd == "records":
@@ -777,7 +771,7 @@ def main(argv: list[str] | None = None) -> None:
                 backend=args.backend,
                 progress=_progress,
             )
-            report.write_records(results, " ".join(["gemini-lab", *sys.argv[1:]]))
+            report.write_records(results, _command())
         else:
             sys.exit(cmd_check(args))
     except LabError as exc:

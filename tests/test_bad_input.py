@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
-import httpx
 import numpy as np
 import pytest
 from google.protobuf.message import Message
@@ -31,11 +30,10 @@ from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate, PolicyUpdate
-from gemini_booster.service.app import BoosterServer
 from gemini_booster.storage import repository as repo
 from gemini_booster.storage.ingest import IngestOutcome, ReportRow
 
-from .conftest import AGENT, Running, agent_md, make_settings
+from .conftest import AGENT, Running, agent_md, serve
 
 POLICY = "p1"
 LINGER_MS = 200  # long enough that reports sent together share one group commit
@@ -45,15 +43,10 @@ BAD_HOST = "host-bad"
 
 @pytest.fixture
 def svc(db_url: str) -> Iterator[Running]:
-    server = BoosterServer(make_settings(db_url, ingest_linger_ms=LINGER_MS)).start()
-    http = httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30)
-    try:
-        repo.create_policy(server.engine, PolicyCreate(name=POLICY), actor="test")
-        server.booster.reload_policies()
-        yield Running(server, f"127.0.0.1:{server.grpc_port}", http)
-    finally:
-        http.close()
-        server.stop()
+    with serve(db_url, ingest_linger_ms=LINGER_MS) as running:
+        repo.create_policy(running.server.engine, PolicyCreate(name=POLICY), actor="test")
+        running.booster.reload_policies()
+        yield running
 
 
 def now_ms() -> int:

@@ -17,6 +17,7 @@ from gemini_booster.domain import FlowSums
 from gemini_booster.storage import experiments as store
 
 from .conftest import AGENT, OPERATOR, auth
+from .openapi_doc import assert_refusals_documented
 
 REGIONS = {"eu": [f"eu-{i:02d}" for i in range(20)], "us": [f"us-{i:02d}" for i in range(20)]}
 HOSTS = [h for hs in REGIONS.values() for h in hs]
@@ -314,14 +315,7 @@ def test_guardrail_leaves_a_harmless_arm_running(booster) -> None:
 )
 def test_openapi_documents_each_refusal(booster, method, path, statuses) -> None:
     spec_doc = booster.http.get("/openapi.json").json()
-    responses = spec_doc["paths"][path][method]["responses"]
-    assert set(responses) == statuses
-    for status, documented in responses.items():
-        if status.startswith("2"):
-            continue
-        schema = documented["content"]["application/json"]["schema"]["$ref"]
-        expected = "HTTPValidationError" if status == "422" else "ErrorOut"
-        assert schema == f"#/components/schemas/{expected}", (status, schema)
+    assert_refusals_documented(spec_doc, path, method, statuses)
     assert spec_doc["paths"][path][method]["security"] == [{"HTTPBearer": []}]
 
 

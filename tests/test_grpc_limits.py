@@ -25,7 +25,6 @@ from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service import grpc_server
-from gemini_booster.service.app import BoosterServer
 from gemini_booster.service.auth import TokenAuthority
 from gemini_booster.service.grpc_server import (
     CANNOT_ANSWER,
@@ -37,7 +36,7 @@ from gemini_booster.service.grpc_server import (
 from gemini_booster.service.ratelimit_log import RateLimitedLog
 from gemini_booster.storage import repository as repo
 
-from .conftest import AGENT, OPERATOR, Running, agent_md, make_settings, new_database
+from .conftest import AGENT, OPERATOR, Running, agent_md, make_settings, new_database, serve
 from .http2 import (
     ACK,
     DATA,
@@ -62,18 +61,11 @@ DRIVER_TEXT = 'connection failed: host=db.example port=5432 "/run/pg/.s.PGSQL.54
 @pytest.fixture(scope="module")
 def svc(pg_admin_url: str) -> Iterator[Running]:
     """One Booster for the module (each test leaves it as it found it)."""
-    import httpx
-
-    server = BoosterServer(make_settings(new_database(pg_admin_url))).start()
-    assert server.engine is not None and server.booster is not None
-    repo.create_policy(server.engine, PolicyCreate(name=POLICY), actor="test")
-    server.booster.reload_policies()
-    http = httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30)
-    try:
-        yield Running(server, f"127.0.0.1:{server.grpc_port}", http)
-    finally:
-        http.close()
-        server.stop()
+    with serve(new_database(pg_admin_url)) as running:
+        assert running.server.engine is not None and running.booster is not None
+        repo.create_policy(running.server.engine, PolicyCreate(name=POLICY), actor="test")
+        running.booster.reload_policies()
+        yield running
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from gemini_booster import simulation as sim
 from gemini_booster.fleet import SyntheticFleet
 
 from .conftest import AGENT, OPERATOR, auth
+from .openapi_doc import assert_refusals_documented
 
 
 def create(http, token=OPERATOR, **body):
@@ -206,14 +207,7 @@ def test_database_outage_is_503_without_the_driver_message(booster, monkeypatch)
 )
 def test_openapi_documents_each_refusal_with_its_schema(booster, method, path, statuses):
     spec = booster.http.get("/openapi.json").json()
-    responses = spec["paths"][path][method]["responses"]
-    assert set(responses) == statuses
-    for status, documented in responses.items():
-        if status.startswith("2"):
-            continue
-        schema = documented["content"]["application/json"]["schema"]["$ref"]
-        expected = "HTTPValidationError" if status == "422" else "ErrorOut"
-        assert schema == f"#/components/schemas/{expected}", (status, schema)
+    assert_refusals_documented(spec, path, method, statuses)
     assert spec["components"]["schemas"]["ErrorOut"]["required"] == ["detail"]
     if path.startswith("/v1"):
         assert spec["paths"][path][method]["security"] == [{"HTTPBearer": []}]

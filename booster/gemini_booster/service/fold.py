@@ -24,6 +24,7 @@ from sqlalchemy import Engine
 from ..models import Policy
 from ..storage.fold import Folded, fold_lag_s, fold_policy, maintain_partitions
 from .metrics import Metrics
+from .periodic import FirstRound, Periodic
 from .ratelimit_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ PARTITION_CHECK_S = 3600.0  # partitions are a day wide: hourly upkeep has a day
 STOP_JOIN_S = 30.0
 
 
-class FoldService:
+class FoldService(Periodic):
     """Folds the owned policies' new aggregates on a schedule (``start``), or now
     (``fold_owned``). ``owned`` names the policies this replica holds the lease of;
     ``folded`` is called with those that got new data."""
@@ -47,34 +48,22 @@ class FoldService:
         interval_s: float,
         retention_days: int,
     ):
+        super().__init__("fold", interval_s, FirstRound.AT_START, STOP_JOIN_S)
         self.engine = engine
         self.metrics = metrics
         self.owned = owned
         self.policies = policies
         self.folded = folded
-        self.interval_s = interval_s
         self.retention_days = retention_days
-        self._stopping = threading.Event()
         self._lock = threading.Lock()  # one fold round at a time in this process
-        self._thread = threading.Thread(target=self._loop, name="fold", daemon=True)
         self._errors = RateLimitedLog(log, 30.0)
         self._next_upkeep = 0.0
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._thread.is_alive():
-            self._thread.join(STOP_JOIN_S)
-
-    def _loop(self) -> None:
-        while True:
-            if time.monotonic() >= self._next_upkeep:
-                self.upkeep()
-            self.fold_owned()
-            if self._stopping.wait(self.interval_s):
-                return
+    def round(self) -> None:
+        """The partitions' upkeep when due, then a fold of every owned policy."""
+        if time.monotonic() >= self._next_upkeep:
+            self.upkeep()
+        self.fold_owned()
 
     def upkeep(self, now: datetime | None = None) -> tuple[list[str], list[str]] | None:
         """Create coming partitions, drop expired ones; (created, dropped), or None when

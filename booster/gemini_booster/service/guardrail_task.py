@@ -19,13 +19,13 @@ GetParameters.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 
 from sqlalchemy import Engine, text
 
 from . import experiments as service
 from .metrics import Metrics
+from .periodic import FirstRound, Periodic
 from .ratelimit_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -36,38 +36,26 @@ ERROR_LOG_INTERVAL_S = 60.0  # a database outage fails every round alike: one li
 STOP_JOIN_S = 30.0  # a round under way finishes its current experiment's stops
 
 
-class GuardrailTask:
+class GuardrailTask(Periodic):
     """Runs the guardrail of every live experiment that has one, every ``interval_s`` seconds
     (never when it is 0); ``changed`` is called after a round that stopped an arm."""
 
     def __init__(
         self, engine: Engine, interval_s: float, metrics: Metrics, changed: Callable[[], None]
     ):
+        super().__init__("guardrail", interval_s, FirstRound.AFTER_INTERVAL, STOP_JOIN_S)
         self.engine = engine
-        self.interval_s = interval_s
         self.metrics = metrics
         self.changed = changed
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="guardrail", daemon=True)
         self._errors = RateLimitedLog(log, ERROR_LOG_INTERVAL_S)
 
-    @property
-    def running(self) -> bool:
-        """Whether rounds run on their own (started, with an interval above 0, not stopped)."""
-        return self._thread.is_alive()
-
     def start(self) -> None:
+        """Rounds of its own only with an interval above 0 (else ``running`` stays false)."""
         if self.interval_s > 0:
-            self._thread.start()
+            super().start()
 
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._thread.is_alive():
-            self._thread.join(STOP_JOIN_S)
-
-    def _loop(self) -> None:
-        while not self._stopping.wait(self.interval_s):
-            self.run_once()
+    def round(self) -> None:
+        self.run_once()
 
     def run_once(self) -> int | None:
         """One round: the arms it stopped, or None when another replica holds the round.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from urllib.parse import quote, unquote
 
 import grpc
@@ -231,6 +232,39 @@ def test_freeze_and_rollback(pair) -> None:
 
     r = a.http.delete(f"/v1/policies/{POLICY}/pin", headers=auth(OPERATOR))
     assert r.status_code == 200 and r.json()["changed"] == 2, r.text
+
+
+def test_dashboard_freezes_and_rolls_back_seen_by_the_other_replica(db_url: str, browser) -> None:  # noqa: F811
+    """In headless Chromium: the operator freezes the policy at its incumbents, then rolls it
+    back to a time before any plan, from replica a's dashboard; replica b answers each at the
+    next GetParameters, and both are audited."""
+    with (
+        serve(db_url, replica_name="replica-a") as a,
+        serve(db_url, replica_name="replica-b") as b,
+    ):
+        planned(a, b)
+        now_sat, now_eth = incumbent(a, SAT), incumbent(a, ETH)
+        page = Page(browser, base_url(a))
+        page.sign_in(OPERATOR)
+        page.status_contains("Signed in.")
+        page.wait.until(lambda _: len(page.rows("plans")) == 2)
+        page.el("freeze").click()  # the scope selector's default: the whole policy
+        page.status_contains("Frozen")
+        until(lambda: everywhere(b, SAT, now_sat) and everywhere(b, ETH, now_eth), "frozen on b")
+
+        # The policy's creation, to the next whole second (the field's precision), is before
+        # the first refit (planned() runs two fleet rounds first): the default θ was served.
+        created = datetime.fromisoformat(audit(a, "policy.create")[0]["at"])
+        back_to = (created.replace(microsecond=0) + timedelta(seconds=1)).astimezone(UTC)
+        field = page.el("rollback-at")
+        browser.execute_script(
+            "arguments[0].value = arguments[1]", field, back_to.strftime("%Y-%m-%dT%H:%M:%S")
+        )
+        page.el("rollback").click()
+        page.status_contains("Rolled back")
+        default = SPEC.default()
+        until(lambda: everywhere(b, SAT, default) and everywhere(b, ETH, default), "back on b")
+        assert audit(a, "override.rollback")
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gemini_lab.netem import SENDER_NS, receiver_addr, receiver_ns, sh
+from gemini_lab.netem import SENDER_NS, python_in, receiver_addr, receiver_ns, sh
 
 BASE_PORT = 5201
 FLOW_GRACE_S = 60
@@ -64,16 +64,7 @@ class RecordCollector:
 
     def __enter__(self) -> RecordCollector:
         self.proc = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                SENDER_NS,
-                sys.executable,
-                "-m",
-                "gemini_lab.records",
-                str(self.out),
-            ],
+            python_in(SENDER_NS, "gemini_lab.records", str(self.out)),
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -115,7 +106,7 @@ def cpu_busy_seconds() -> float:
 
 def _bulk(ns: str, *args: object) -> subprocess.Popen:
     return subprocess.Popen(
-        ["ip", "netns", "exec", ns, sys.executable, "-m", "gemini_lab.bulk", *map(str, args)],
+        python_in(ns, "gemini_lab.bulk", *map(str, args)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -28,7 +28,6 @@ counts), so that two identical flows filling the link score 1.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 import random
@@ -41,7 +40,7 @@ from gemini_api.theta import load_spec
 from gemini_lab.experiment import _bulk, finish_flow
 from gemini_lab.host import REPO
 from gemini_lab.netem import DELAY_LIMIT, TCP_MEM, _veth, sh, tbf_args
-from gemini_lab.recorded import Contender, Measurement
+from gemini_lab.recorded import Contender, Measurement, provenance
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "fairness.md"
 
@@ -484,9 +483,7 @@ def render(results: dict, cfg: FairnessConfig, command: str) -> str:
     parts = [
         "# RTT fairness and cubic-friendliness (Gemini paper, Figs. 7 and 8)",
         "",
-        f"Command: `{command}` (recorded {dt.date.today().isoformat()}, User-Mode Linux "
-        f"{results.get('kernel')} with time-travel=inf-cpu: figures on the guest's simulated "
-        "clock, independent of host load).",
+        provenance(command, results),
         "",
         f"Two flows share one bottleneck (tbf + netem queue; `lab/gemini_lab/fairness.py`), "
         f"each {cfg.duration_s} s from a simultaneous start, throughput counted by the "

@@ -29,7 +29,7 @@ from pathlib import Path
 from gemini_lab.bulk import HOST_CC
 from gemini_lab.cubic_guest import cubic_params, loaded_module_params
 from gemini_lab.experiment import BASE_PORT
-from gemini_lab.netem import receiver_addr, sh
+from gemini_lab.netem import python_in, receiver_addr, sh
 
 PROBE_PREFIX = "probe-"
 PROBE_POLL_S = 0.5
@@ -112,7 +112,7 @@ def start_agent(ns: str, config: Path, log: Path) -> subprocess.Popen:
     """The agent of lab host ``ns`` (as root, in that namespace, with its own config)."""
     out = log.open("w")
     return subprocess.Popen(
-        ["ip", "netns", "exec", ns, sys.executable, "-m", "gemini_agent.cli", "run"],
+        python_in(ns, "gemini_agent.cli", "run"),
         env={**os.environ, "GEMINI_AGENT_CONFIG": str(config)},
         stdout=out,
         stderr=out,

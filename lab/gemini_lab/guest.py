@@ -51,6 +51,7 @@ from gemini_lab.netem import (
     enter_netns,
     out_of_order_segments,
     path_qdiscs,
+    python_in,
     receiver_addr,
     receiver_ns,
     receiver_prefix,
@@ -209,19 +210,7 @@ def exp_cpu(e: dict, out: Path) -> dict:
 
 def _flowgen_receiver(path: int, mode: str, port: int) -> subprocess.Popen:
     """``gemini_lab.flowgen serve|hold`` in the path's receiver namespace."""
-    server = subprocess.Popen(
-        [
-            "ip",
-            "netns",
-            "exec",
-            receiver_ns(path),
-            sys.executable,
-            "-m",
-            "gemini_lab.flowgen",
-            mode,
-            str(port),
-        ]
-    )
+    server = subprocess.Popen(python_in(receiver_ns(path), "gemini_lab.flowgen", mode, str(port)))
     wait_listening(receiver_ns(path), port)
     return server
 
@@ -432,20 +421,15 @@ def _bulk_flows(
             and not (stop and stop.exists())
         ):
             client = subprocess.Popen(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
+                python_in(
                     SENDER_NS,
-                    sys.executable,
-                    "-m",
                     "gemini_lab.bulk",
                     "put",
                     receiver_addr(i),
                     str(BASE_PORT),
                     "fusion",
                     flow_bytes,
-                ],
+                ),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -505,7 +489,7 @@ def exp_agent(e: dict, out: Path) -> dict:
     config.write_text(e["agent_toml"].replace("{out}", str(out)))  # the share's path in here
     log = (out / "agent.log").open("w")
     agent = subprocess.Popen(
-        ["ip", "netns", "exec", SENDER_NS, sys.executable, "-m", "gemini_agent.cli", "run"],
+        python_in(SENDER_NS, "gemini_agent.cli", "run"),
         env={**os.environ, "GEMINI_AGENT_CONFIG": str(config)},
         stdout=log,
         stderr=log,

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -58,6 +59,12 @@ def enter_netns(name: str) -> None:
             raise OSError(ctypes.get_errno(), f"setns {name}")
     finally:
         os.close(fd)
+
+
+def python_in(ns: str, module: str, *args: str) -> list[str]:
+    """The command line that runs ``python -m module args`` (this interpreter, so the lab's own
+    packages) in network namespace ``ns``."""
+    return ["ip", "netns", "exec", ns, sys.executable, "-m", module, *args]
 
 
 def sh(*args: str, ns: str | None = None, check: bool = True) -> str:

@@ -4,6 +4,7 @@ boots' merged, and the record written with the command that made it."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,6 +78,16 @@ class Measurement(Generic[Config]):
         if record:
             record.write_text(text)
         return text
+
+
+def provenance(command: str, results: dict) -> str:
+    """The line under a record's title: the command that made it, the day, and the simulated
+    kernel its figures come from."""
+    return (
+        f"Command: `{command}` (recorded {dt.date.today().isoformat()}, User-Mode Linux "
+        f"{results.get('kernel')} with time-travel=inf-cpu: figures on the guest's simulated "
+        "clock, independent of host load)."
+    )
 
 
 def load_theta(text: str) -> dict[str, int]:

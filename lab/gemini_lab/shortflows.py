@@ -47,7 +47,6 @@ same draws); the same plan's transfers repeat from run to run as the lab's bulk 
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 import random
@@ -66,8 +65,8 @@ from gemini_lab import plans, scenario
 from gemini_lab.bulk import CHUNK_BYTES, tcp_info
 from gemini_lab.experiment import read_sysctl, set_default_theta
 from gemini_lab.host import REPO
-from gemini_lab.netem import SENDER_NS, RateSchedule, receiver_addr, receiver_ns
-from gemini_lab.recorded import Contender, Measurement
+from gemini_lab.netem import SENDER_NS, RateSchedule, python_in, receiver_addr, receiver_ns
+from gemini_lab.recorded import Contender, Measurement, provenance
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "short-flows.md"
 
@@ -150,17 +149,7 @@ def transfer(addr: str, port: int, cc: str, size: int) -> dict:
 def _start_receiver(path: int, port: int) -> subprocess.Popen:
     """``python -m gemini_lab.shortflows serve`` in the path's receiver namespace."""
     server = subprocess.Popen(
-        [
-            "ip",
-            "netns",
-            "exec",
-            receiver_ns(path),
-            sys.executable,
-            "-m",
-            GUEST_MODULE,
-            "serve",
-            str(port),
-        ],
+        python_in(receiver_ns(path), GUEST_MODULE, "serve", str(port)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -436,9 +425,7 @@ def render(results: dict, cfg: ShortConfig, command: str) -> str:
     parts = [
         "# Short flows: completion time of 1 MB transfers and of a web-object size mix",
         "",
-        f"Command: `{command}` (recorded {dt.date.today().isoformat()}, User-Mode Linux "
-        f"{results.get('kernel')} with time-travel=inf-cpu: figures on the guest's simulated "
-        "clock, independent of host load).",
+        provenance(command, results),
         "",
         "Transfers one after another, each on a fresh connection from a cold start; completion "
         "time from the sender's connect() to the receiver having read the last byte "

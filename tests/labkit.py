@@ -1,17 +1,24 @@
 """What the lab tests share: where the lab cannot run here (no guest kernel, no UML build, a
 missing tool), a lab test is skipped with the lab's own reason instead of failing; any other
-lab error still fails the test."""
+lab error still fails the test. And the fleet runs' setup: lab hosts against a Booster of
+their own."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+from gemini_booster.config import Settings
 from gemini_lab.host import Backend, run_plan
 from gemini_lab.vm import GuestKernel, LabError, find_kernel
+from tests.conftest import OPERATOR, free_port, lab_fleet_settings, new_database
+
+C = TypeVar("C")
+R = TypeVar("R")
 
 # words in a LabError's text that say the lab is not installed here, not that a run went wrong
 MISSING = ("missing",)
@@ -44,3 +51,14 @@ def lab_plan(plan: dict, out: Path, backend: Backend | None = None) -> dict:
         if backend is None:
             return run_plan(plan, out)
         return run_plan(plan, out, backend=backend)
+
+
+FleetRun = Callable[[Callable[[str], Settings], int, str, Path, C], R]
+
+
+def fleet_run(run: FleetRun[C, R], pg_admin_url: str, out: Path, cfg: C) -> R:
+    """``run`` (run_abtest, run_cubic: lab hosts against a Booster) on a database of its own,
+    the hosts with tokens bound to them; skipped where no guest kernel is installed."""
+    guest_kernel()
+    settings = lab_fleet_settings(new_database(pg_admin_url))
+    return run(settings, free_port(), OPERATOR, out, cfg)

@@ -27,8 +27,7 @@ from gemini_lab.abtest import (
     run_abtest,
 )
 from gemini_lab.fleet import parse_ss_ccs
-from tests.conftest import OPERATOR, free_port, lab_fleet_settings, new_database
-from tests.labkit import guest_kernel
+from tests.labkit import fleet_run
 
 # `ss -tin state established` in a lab host: flows to receivers and the agent's connection to
 # Booster through the relay on loopback (both of its ends live in the host's namespace; the
@@ -71,15 +70,7 @@ def test_the_lab_experiment_is_one_the_api_accepts():
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, pg_admin_url):
-    guest_kernel()
-    db_url = new_database(pg_admin_url)
-    return run_abtest(
-        lab_fleet_settings(db_url),
-        free_port(),
-        OPERATOR,
-        tmp_path_factory.mktemp("abtest"),
-        CFG,
-    )
+    return fleet_run(run_abtest, pg_admin_url, tmp_path_factory.mktemp("abtest"), CFG)
 
 
 def _kernel_cc(run, checkpoint: str) -> dict[str, str]:

@@ -32,8 +32,7 @@ from gemini_lab.cubic import (
     run_cubic,
     search_bounds,
 )
-from tests.conftest import OPERATOR, free_port, lab_fleet_settings, new_database
-from tests.labkit import guest_kernel
+from tests.labkit import fleet_run
 
 CUBIC = load_datapath("cubic")
 DEFAULTS = CUBIC.default()  # the kernel's own values (tests/test_cubic_datapath.py)
@@ -57,15 +56,7 @@ def test_the_policy_and_the_experiment_are_ones_booster_accepts():
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, pg_admin_url):
-    guest_kernel()
-    db_url = new_database(pg_admin_url)
-    return run_cubic(
-        lab_fleet_settings(db_url),
-        free_port(),
-        OPERATOR,
-        tmp_path_factory.mktemp("cubic"),
-        CFG,
-    )
+    return fleet_run(run_cubic, pg_admin_url, tmp_path_factory.mktemp("cubic"), CFG)
 
 
 @pytest.mark.lab

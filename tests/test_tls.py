@@ -33,45 +33,22 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def make_ca(d: Path, name: str) -> Path:
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        f"{name}.key",
-        "-out",
-        f"{name}.pem",
-        "-days",
-        "1",
-        "-subj",
-        f"/CN={name}",
-        cwd=d,
+def _new_key(name: str) -> tuple[str, ...]:
+    """``openssl req``'s options for a fresh P-256 key in <name>.key, Common Name ``name``."""
+    return (
+        *("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"),
+        *("-keyout", f"{name}.key", "-subj", f"/CN={name}"),
     )
+
+
+def make_ca(d: Path, name: str) -> Path:
+    _openssl("req", "-x509", *_new_key(name), "-out", f"{name}.pem", "-days", "1", cwd=d)
     return d / f"{name}.pem"
 
 
 def _signed_cert(d: Path, ca: str, name: str, *extra: str) -> tuple[Path, Path]:
     """A key and a certificate with Common Name ``name`` signed by ``ca``: (cert, key) paths."""
-    _openssl(
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        f"{name}.key",
-        "-out",
-        f"{name}.csr",
-        "-subj",
-        f"/CN={name}",
-        cwd=d,
-    )
+    _openssl("req", *_new_key(name), "-out", f"{name}.csr", cwd=d)
     _openssl(
         "x509",
         "-req",

@@ -8,7 +8,6 @@ of 0 runs nothing. Outcomes are awaited by polling up to a generous deadline, ne
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -24,6 +23,7 @@ from gemini_booster.service.guardrail_task import LOCK_KEY, GuardrailTask
 from gemini_booster.service.metrics import Metrics
 
 from .conftest import OPERATOR, Running, agent_md, auth, free_port, serve
+from .polling import until
 from .test_experiments_api import host_arm
 
 T = TypeVar("T")
@@ -39,11 +39,7 @@ HOST_SPREAD_MBPS = 0.5  # far below either difference, whichever hosts each arm 
 
 def eventually(check: Callable[[], T], what: str) -> T:
     """``check()`` once it is truthy; fails after DEADLINE_S."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not (got := check()):
-        assert time.monotonic() < deadline, f"no {what} within {DEADLINE_S} s"
-        time.sleep(POLL_S)
-    return got
+    return until(check, what, DEADLINE_S, POLL_S)
 
 
 def hosts_of(name: str) -> list[str]:

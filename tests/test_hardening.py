@@ -38,16 +38,10 @@ from .http2 import (
     frame,
     literal,
 )
+from .polling import until
 
 SERVICE = "gemini.booster.v1.Booster"
 GENEROUS_S = 60.0  # a bound on "returns rather than hangs", never a timing assertion
-
-
-def until(check, what: str, deadline_s: float = GENEROUS_S) -> None:
-    t0 = time.monotonic()
-    while not check():
-        assert time.monotonic() - t0 < deadline_s, f"{what}: not within {deadline_s:.0f} s"
-        time.sleep(0.05)
 
 
 # -- (2) an expired token is a 401, not a 500 ----------------------------------------------------

@@ -4,7 +4,6 @@ refused, and unbound (fleet-wide) agent tokens only work where a setting allows 
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -29,6 +28,7 @@ from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
 from .conftest import OPERATOR, Running, agent_md, auth, make_settings
+from .polling import until
 
 POLICY = "p1"
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -255,18 +255,11 @@ def test_only_agent_tokens_are_bound_to_a_host(strict: Running) -> None:
     assert "host_id binds agent tokens only" in r.text
 
 
-def wait_until(check, seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "not within the deadline"
-        time.sleep(0.05)
-
-
 def test_another_replica_learns_a_rotation_through_the_database(strict: Running, db_url) -> None:
     first = repo.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
     other = serve(db_url)
     try:
-        wait_until(lambda: POLICY in other.booster.policies)
+        until(lambda: POLICY in other.booster.policies, "the other replica loads the policy")
         stub = other.stub()
         stub.GetParameters(parameters("host-a"), metadata=agent_md(first), timeout=10)
         r = strict.http.post(
@@ -282,7 +275,9 @@ def test_another_replica_learns_a_rotation_through_the_database(strict: Running,
             return grpc.StatusCode.OK
 
         # The other replica was told by the `tokens` notification, not by this test.
-        wait_until(lambda: answers(second) == grpc.StatusCode.OK)
+        until(
+            lambda: answers(second) == grpc.StatusCode.OK, "the other replica takes the new token"
+        )
         assert answers(first) == UNAUTHENTICATED
     finally:
         close(other)

@@ -8,7 +8,6 @@ every change is audited with the old and new θ, and removing it restores normal
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from urllib.parse import quote, unquote
@@ -26,21 +25,14 @@ from gemini_booster.service.refit import RefitElsewhere
 from gemini_booster.storage import repository as repo
 
 from .conftest import AGENT, OPERATOR, Running, agent_md, auth, serve
+from .polling import until
 from .test_dashboard import Page, base_url, browser  # noqa: F401 (a fixture)
 
 POLICY = "cdn"
-DEADLINE_S = 60.0  # a bound on propagation that takes milliseconds: never a timing assertion
 SPEC = load_spec()
 SAT = ContextKey(*sim.SATELLITE.key).label
 ETH = ContextKey(*sim.ETHERNET.key).label
 HOSTS = [f"host-{i}" for i in range(12)]
-
-
-def until(check, what: str) -> None:
-    t0 = time.monotonic()
-    while not check():
-        assert time.monotonic() - t0 < DEADLINE_S, f"{what}: not within {DEADLINE_S:.0f} s"
-        time.sleep(0.05)
 
 
 @pytest.fixture

@@ -51,6 +51,7 @@ from gemini_lab.vm import LabError
 
 if TYPE_CHECKING:
     from gemini_booster.config import Settings
+    from gemini_lab.cubic import CubicConfig
 
 DEFAULT_OUT = REPO / "var" / "lab"
 STALENESS_INTERVALS = 1.5  # tune: the agent falls back to the default θ this soon
@@ -379,19 +380,26 @@ def cmd_abtest(args: argparse.Namespace) -> None:
     _publish(text, args.record, f"; run record {result.record}")
 
 
+def _cubic_config(args: argparse.Namespace, **more: Any) -> CubicConfig:
+    """The closed loop's config from the options given (``more``: a subcommand's own)."""
+    from gemini_lab.cubic import CubicConfig
+
+    given = {
+        "interval_s": args.interval,
+        "day_s": args.day_seconds,
+        "search_reports": args.search_reports,
+        "flow_bytes": args.flow_bytes,
+        **more,
+    }  # unset: CubicConfig's defaults, the one place they are
+    return CubicConfig(**_set(given))
+
+
 def cmd_cubic(args: argparse.Namespace) -> None:
     """The check alone (fixed β, no Booster) with --check-only; else the whole run."""
     from gemini_lab import cubic
 
     command = _command()
-    given = {
-        "interval_s": args.interval,
-        "day_s": args.day_seconds,
-        "search_reports": args.search_reports,
-        "check_flows": args.check_flows,
-        "flow_bytes": args.flow_bytes,
-    }  # unset: CubicConfig's defaults, the one place they are
-    cfg = cubic.CubicConfig(**_set(given))
+    cfg = _cubic_config(args, check_flows=args.check_flows)
     out = args.out / "cubic"
     if args.render:
         result, cfg = cubic.from_record(args.render)
@@ -422,14 +430,7 @@ def cmd_datapath_loop(args: argparse.Namespace) -> None:
     from gemini_lab import cubic, datapath_loop
 
     command = _command()
-    given = {
-        "interval_s": args.interval,
-        "day_s": args.day_seconds,
-        "search_reports": args.search_reports,
-        "flow_bytes": args.flow_bytes,
-    }
-    base = cubic.CubicConfig(**_set(given))
-    cfg = datapath_loop.loop_config(args.datapath, base)
+    cfg = datapath_loop.loop_config(args.datapath, _cubic_config(args))
     out = args.out / f"loop-{args.datapath}"
     operator, settings = _lab_booster(out)
     result = cubic.run_cubic(settings, args.port, operator, out, cfg)

@@ -30,11 +30,11 @@ from .test_replicas import (
     CALL_S,
     DEADLINE_S,
     POLICY,
-    Agent,
     Replica,
     create_policy,
     policy_on,
     report,
+    reporting,
     start_replica,
     until,
 )
@@ -193,13 +193,8 @@ def test_exactly_once_when_a_replica_is_killed_during_ingest(db_url, tmp_path) -
     a = start_replica("ingest-a", db_url, tmp_path, fold_interval_s="1")
     b = start_replica("ingest-b", db_url, tmp_path, fold_interval_s="1")
     try:
-        create_policy(a)
-        until(lambda: policy_on(b) is not None, "B serves the policy")
         stop = threading.Event()
-        agents = [Agent(i, [a, b], stop) for i in range(4)]
-        for agent in agents:
-            agent.start()
-        until(lambda: sum(len(x.acknowledged) for x in agents) >= 40, "reports acknowledged")
+        agents = reporting(a, b, stop)
         b.kill()
         flowed = [len(x.acknowledged) for x in agents]
         until(

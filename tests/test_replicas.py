@@ -30,11 +30,13 @@ from gemini_api.v1 import booster_pb2 as pb
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster import simulation as sim
 
+from . import polling
 from .conftest import OPERATOR, agent_md, auth, free_port
 from .processes import alive, children, start_booster
 
 POLICY = "cdn"
 DEADLINE_S = 60.0  # asserted bound on anything that should take about a second
+POLL_S = 0.02  # the took-seconds it returns are printed: a fine poll keeps them close
 CALL_S = 30.0  # one request's bound: a busy host must not fail the test
 
 
@@ -74,9 +76,7 @@ def pair(db_url, tmp_path) -> Iterator[tuple[Replica, Replica]]:
 def until(check, what: str, deadline_s: float = DEADLINE_S) -> float:
     """Poll ``check`` until it is true; the seconds it took."""
     t0 = time.monotonic()
-    while not check():
-        assert time.monotonic() - t0 < deadline_s, f"{what}: not within {deadline_s:.0f} s"
-        time.sleep(0.02)
+    polling.until(check, what, deadline_s, POLL_S)
     return time.monotonic() - t0
 
 
@@ -193,11 +193,11 @@ class Agent(threading.Thread):
             n += 1
 
 
-def test_one_refit_owner_and_a_takeover_when_it_is_killed(pair, db_url):
-    a, b = pair
+def reporting(a: Replica, b: Replica, stop: threading.Event) -> list[Agent]:
+    """A policy created on ``a``; once ``b`` serves it too, four agents report to both until
+    ``stop``. Returns them once their first 40 reports are acknowledged."""
     create_policy(a)
-    until(lambda: policy_on(b) is not None, "B knows the policy")
-    stop = threading.Event()
+    until(lambda: policy_on(b) is not None, "B serves the policy")
     agents = [Agent(i, [a, b], stop) for i in range(4)]
     for agent in agents:
         agent.start()
@@ -205,6 +205,13 @@ def test_one_refit_owner_and_a_takeover_when_it_is_killed(pair, db_url):
         lambda: sum(len(x.acknowledged) for x in agents) >= 40,
         f"reports acknowledged (errors: {agents[0].errors})",
     )
+    return agents
+
+
+def test_one_refit_owner_and_a_takeover_when_it_is_killed(pair, db_url):
+    a, b = pair
+    stop = threading.Event()
+    agents = reporting(a, b, stop)
 
     first, second = refit(a), refit(b)
     assert sorted([first.status_code, second.status_code]) == [200, 409], (first, second)

@@ -115,6 +115,18 @@ def lab_fleet_settings(db_url: str) -> Callable[[str], Settings]:
     )
 
 
+_END_OTHER_SESSIONS = text(
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+)
+
+
+def end_other_sessions(conn) -> None:
+    """End every session on ``conn``'s database but its own: what its clients see of a server
+    restart (their next statement fails; a pool reconnects)."""
+    conn.execute(_END_OTHER_SESSIONS)
+
+
 @contextmanager
 def serve(db_url: str, **overrides) -> Iterator[Running]:
     """A whole Booster on ``db_url`` with ``overrides`` of the test settings."""

@@ -33,7 +33,7 @@ from gemini_booster.models import PolicyCreate, PolicyUpdate
 from gemini_booster.storage import repository as repo
 from gemini_booster.storage.ingest import IngestOutcome, ReportRow
 
-from .conftest import AGENT, Running, agent_md, serve
+from .conftest import AGENT, Running, agent_md, end_other_sessions, serve
 
 POLICY = "p1"
 LINGER_MS = 200  # long enough that reports sent together share one group commit
@@ -597,12 +597,7 @@ def test_database_away_fails_the_batch_for_retry_then_recovers(svc: Running) -> 
     first = report(GOOD_HOST, seed=1)
     assert store_together(svc, first)[0].stored == 2
     with svc.engine.connect() as conn:  # drop every other connection, the writer's among them
-        conn.execute(
-            text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-        )
+        end_other_sessions(conn)
     a, b = report("host-a", seed=2), report("host-b", seed=3)
     outcomes = store_together(svc, a, b)
     assert all(o.error is not None and o.rejection is None for o in outcomes)

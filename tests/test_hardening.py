@@ -23,7 +23,7 @@ from gemini_booster.models import PolicyCreate
 from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
-from .conftest import OPERATOR, Running, agent_md, auth
+from .conftest import OPERATOR, Running, agent_md, auth, end_other_sessions
 from .http2 import (
     ACK,
     CONTINUATION,
@@ -235,25 +235,13 @@ def test_readyz_false_while_the_database_cannot_write(booster: Running, db_url: 
             conn.execute(text(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'))
             # Sessions take the setting when they start: end every other one, as a restart of
             # the server into a state where it cannot write would.
-            conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = :d AND pid <> pg_backend_pid()"
-                ),
-                {"d": name},
-            )
+            end_other_sessions(conn)
         until(lambda: booster.http.get("/readyz").status_code == 503, "not ready")
         r = booster.http.get("/readyz")
         assert "write" in r.json()["detail"]
         with admin.connect() as conn:
             conn.execute(text(f'ALTER DATABASE "{name}" RESET default_transaction_read_only'))
-            conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = :d AND pid <> pg_backend_pid()"
-                ),
-                {"d": name},
-            )
+            end_other_sessions(conn)
         until(lambda: booster.http.get("/readyz").status_code == 200, "ready again")
     finally:
         with admin.connect() as conn:

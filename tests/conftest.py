@@ -21,7 +21,7 @@ from types import CodeType, FunctionType, ModuleType
 import grpc
 import httpx
 import pytest
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import Engine, create_engine, make_url, text
 
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster.config import Settings
@@ -119,6 +119,14 @@ _END_OTHER_SESSIONS = text(
     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
     "WHERE datname = current_database() AND pid <> pg_backend_pid()"
 )
+
+
+def at_revision(engine: Engine, revision: str) -> None:
+    """Empty the test database and migrate it up to ``revision`` only: a database as an older
+    release left it, for a migration test to take on to head."""
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
+    database.migrate(engine, revision)
 
 
 def end_other_sessions(conn) -> None:

@@ -17,7 +17,7 @@ from gemini_booster.models import PolicyCreate
 from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
-from .conftest import OPERATOR, agent_md, auth, insert_old_policy_and_context
+from .conftest import OPERATOR, agent_md, at_revision, auth, insert_old_policy_and_context
 
 POLICY = "ab"
 SPEC = load_spec()
@@ -140,9 +140,7 @@ def test_comparison_per_context_against_each_baseline(svc):
 def test_migration_keeps_fusion_data_as_fusion(pg_admin_url, db_url):
     """0001 → head on a database holding a trial: it becomes a Fusion trial (cc '')."""
     engine = create_engine(db_url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
-    database.migrate(engine, "0001")
+    at_revision(engine, "0001")
     with engine.begin() as conn:
         insert_old_policy_and_context(conn)
         conn.execute(

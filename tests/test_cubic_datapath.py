@@ -35,7 +35,7 @@ from gemini_booster import simulation as sim
 from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
-from .conftest import AGENT, OPERATOR, agent_md, auth, free_port, serve
+from .conftest import AGENT, OPERATOR, agent_md, at_revision, auth, free_port, serve
 from .test_experiment_arm import HOSTS, _agent, experiment
 from .test_experiments_api import host_arm
 
@@ -274,9 +274,7 @@ def test_migration_moves_cubic_policies_into_cubics_space(db_url) -> None:
     """0006 → head: a cubic policy's bounds are CUBIC's (a custom region in Fusion's
     parameters becomes production); a Fusion policy is untouched; both load."""
     engine = create_engine(db_url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
-    database.migrate(engine, "0006")
+    at_revision(engine, "0006")
     fusion = json.dumps(load_spec().region_bounds("production"))
     with engine.begin() as conn:
         for name, target, region in (

@@ -24,7 +24,7 @@ from gemini_booster.models import PolicyCreate, PolicyUpdate
 from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
-from .conftest import OPERATOR, auth
+from .conftest import OPERATOR, at_revision, auth
 
 REPO = Path(__file__).resolve().parents[1]
 # Where no datapath's name may appear: everything of Booster and the agent. The registry and
@@ -176,9 +176,7 @@ def test_migration_names_each_policys_datapath_from_its_target_cc(db_url) -> Non
     """0010 → head: cubic stays cubic; fusion, and a CC without a spec (which searched Fusion's
     θ), become fusion; the revision moves only for the policy whose datapath was guessed."""
     engine = create_engine(db_url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
-    database.migrate(engine, "0010")
+    at_revision(engine, "0010")
     fusion = json.dumps(load_spec().region_bounds("production"))
     with engine.begin() as conn:
         for name, target in (("f", "fusion"), ("c", "cubic"), ("b", "bbr")):

@@ -31,7 +31,7 @@ from gemini_booster.experiments.domain import (
 from gemini_booster.storage import database
 from gemini_booster.storage import experiments as store
 
-from .conftest import OPERATOR, agent_md, auth
+from .conftest import OPERATOR, agent_md, at_revision, auth
 from .test_experiment_ingest import aggregate
 
 SPEC = load_spec()
@@ -345,9 +345,7 @@ def test_agents_learn_the_compressed_crossover(booster) -> None:
 def test_migration_gives_existing_experiments_calendar_days(db_url) -> None:
     """0007 → head: an experiment stored before has days of 86,400 s, the days it had."""
     engine = create_engine(db_url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
-    database.migrate(engine, "0007")
+    at_revision(engine, "0007")
     with engine.begin() as conn:
         conn.execute(
             text(

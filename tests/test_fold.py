@@ -25,7 +25,7 @@ from gemini_booster.models import PolicyCreate
 from gemini_booster.storage import fold as storage_fold
 from gemini_booster.storage import repository as repo
 
-from .conftest import Running, agent_md, serve
+from .conftest import Running, agent_md, at_revision, serve
 from .test_replicas import (
     CALL_S,
     DEADLINE_S,
@@ -272,9 +272,7 @@ def test_migration_keeps_old_sums_folds_only_new_reports_and_downgrades_with_all
     from .conftest import insert_old_policy_and_context
 
     engine = create_engine(db_url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
-    database.migrate(engine, "0010")  # the helper's policy columns, before 0011 renamed one
+    at_revision(engine, "0010")  # the helper's policy columns, before 0011 renamed one
     with engine.begin() as conn:
         insert_old_policy_and_context(conn)
         _raw_aggregate(conn, 3, bucket=False)

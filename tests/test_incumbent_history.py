@@ -21,7 +21,7 @@ from gemini_booster.models import PolicyCreate
 from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
-from .conftest import OPERATOR, agent_md, auth, insert_old_policy_and_context, serve
+from .conftest import OPERATOR, agent_md, at_revision, auth, insert_old_policy_and_context, serve
 
 POLICY = "history"
 SPEC = load_spec()
@@ -160,9 +160,7 @@ def test_overlapping_publishes_of_one_change_record_it_once(booster):
 
 def test_migration_carries_the_plans_in_force_over(db_url):
     engine = create_engine(db_url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
-    database.migrate(engine, "0008")
+    at_revision(engine, "0008")
     at = datetime(2026, 11, 1, 12, tzinfo=UTC)
     with engine.begin() as conn:
         insert_old_policy_and_context(conn)

@@ -17,7 +17,7 @@ from gemini_booster.models import PolicyCreate
 from gemini_booster.storage import database
 from gemini_booster.storage import repository as repo
 
-from .conftest import OPERATOR, agent_md, auth, insert_old_policy_and_context
+from .conftest import OPERATOR, agent_md, at_revision, auth, insert_old_policy_and_context
 
 POLICY = "buckets"
 SPEC = load_spec()
@@ -60,9 +60,7 @@ def rows(engine, sql: str) -> list[tuple]:
 
 def test_migration_makes_one_bucket_per_old_trial_and_folds_them_back(db_url):
     engine = create_engine(db_url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
-    database.migrate(engine, "0004")
+    at_revision(engine, "0004")
     seen = datetime(2026, 3, 1, 10, 42, tzinfo=UTC)
     with engine.begin() as conn:
         insert_old_policy_and_context(conn)

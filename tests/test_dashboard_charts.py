@@ -148,7 +148,7 @@ def seed_experiment(svc, rng: random.Random, now: datetime) -> None:
         ],
         "population": {"regions": {"eu": EXP_HOSTS}},
         "crossover_day": crossover_day(now).isoformat(),
-        "start": (now - timedelta(days=EXP_DAYS - 1, hours=1)).isoformat(),
+        "start": experiment_start(now).isoformat(),
         "end": (now + timedelta(days=3)).isoformat(),
     }
     r = svc.http.post("/v1/experiments", json=body, headers=auth(OPERATOR))
@@ -176,6 +176,14 @@ def experiment_clock(now: datetime) -> datetime:
     return max(now, now.replace(hour=0, minute=10, second=0, microsecond=0))
 
 
+def experiment_start(now: datetime) -> datetime:
+    """Midnight UTC of the experiment's first day: EXP_DAYS UTC days begun by ``now``, whatever
+    the hour (a start of ``now`` less whole days and an hour spanned one more date from 00:00
+    to 01:00)."""
+    first = now - timedelta(days=EXP_DAYS - 1)
+    return first.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
 @pytest.fixture
 def fleet(booster):
     """A planned policy with six rounds of Fusion and cubic flows, and a three-day experiment."""
@@ -200,6 +208,8 @@ def test_the_fixtures_clocks_hold_at_any_minute_of_the_day(minute):
         exp = experiment_clock(now)
         last_report = exp - timedelta(minutes=10)
         assert last_report.date() == now.date() and last_report <= now
+        start = experiment_start(exp)
+        assert (exp.date() - start.date()).days + 1 == EXP_DAYS and start <= last_report
 
 
 def get(svc, path: str):

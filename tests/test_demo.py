@@ -72,6 +72,9 @@ class Demo:
         return max(gaps, default=(0.0, ""))
 
 
+STOP_DEADLINE_S = 300  # how long a stopping demo may take before it counts as hung
+
+
 def run_demo(data: Path, *args: str) -> Iterator[Demo]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GEMINI_BOOSTER_")}
     env |= {"GEMINI_BOOSTER_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1"}
@@ -91,7 +94,7 @@ def run_demo(data: Path, *args: str) -> Iterator[Demo]:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             try:
-                proc.wait(timeout=60)
+                proc.wait(timeout=STOP_DEADLINE_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
@@ -144,7 +147,11 @@ def test_the_demo_serves_every_chart_with_data(demo_run, browser):  # noqa: F811
     assert errors == [], errors
 
     demo_run.proc.send_signal(signal.SIGINT)  # Ctrl-C
-    assert demo_run.proc.wait(timeout=60) == 0
+    try:  # a refit under way is finished first: generous, for a busy host, and not a timing
+        code = demo_run.proc.wait(timeout=STOP_DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the demo did not stop on Ctrl-C; its last lines: {demo_run.lines[-5:]}")
+    assert code == 0
 
 
 def test_progress_beats_while_a_step_is_slow(monkeypatch, capsys) -> None:

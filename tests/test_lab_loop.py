@@ -51,8 +51,11 @@ def test_no_report_lost_or_doubled_across_a_booster_restart(loop):
     for (_, end), (start, _) in itertools.pairwise(loop.intervals):
         assert start >= end, "two stored intervals overlap"
     stored = sum(t["flows"] for rows in loop.trials.values() for t in rows)
+    # The metrics are read before the agent stops and sends what its spool holds (its exit
+    # drain), the trials after: the last interval's report may still be spooled at the read on
+    # a busy host (seen: 1), so the spool gauge is no verdict; the trials holding every flow the
+    # agent counted, once, is.
     assert stored == m["gemini_agent_flows_total{source=fusion}"], "flows lost or doubled"
-    assert m["gemini_agent_spool_reports"] == 0
 
 
 def test_two_contexts_converge_to_their_own_theta(loop):

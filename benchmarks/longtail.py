@@ -44,7 +44,7 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from gemini_api.theta import load_spec
 from gemini_booster.policy import assignment
-from gemini_booster.policy.planner import SWITCH_Z
+from gemini_booster.policy.planner import SWITCH_Z, ContextPlan
 
 from .longtail_landscapes import FLEET_FLOW_NOISE, FLEET_LANDSCAPES, HELD_OUT, TUNING, Fleet
 from .optimiser import planner_commit, regret_pct
@@ -100,32 +100,16 @@ class FleetBooster(BoosterMethod):
         super().__init__(fleet.landscape, seed, mode)
         self.fleet, self.fixed = fleet, fixed
 
-    def plan(self, round_index: int, now: datetime) -> dict[int, RoundPlan]:
-        contexts = self.landscape.contexts
-        plans = self.planner.plan(
-            self.policy,
-            self.trials,
-            contexts,
-            contexts.keys(),
-            self.state,
-            now=now,
-            incumbents=dict(self.incumbents),
-            candidates=dict(self.candidates),
-        )
-        out = {}
-        share = self.policy.exploration_share
-        spec = load_spec()
-        for c, p in plans.items():
-            self.incumbents[c] = spec.key(p.incumbent)
-            self.candidates[c] = tuple(spec.key(t) for t in p.candidates)
-            exploring = explorers(self.fleet, c, now, share, self.fixed)
-            runs = {}
-            for h in host_names(self.fleet.hosts[c]):
-                slot = assignment.candidate_slot(h, contexts[c], max(len(p.candidates), 1))
-                explore = h in exploring and bool(p.candidates)
-                runs[h] = p.candidates[slot] if explore else p.incumbent
-            out[c] = RoundPlan(p.incumbent, runs)
-        return out
+    def host_runs(self, c: int, p: ContextPlan, now: datetime) -> dict[str, dict[str, int]]:
+        """The fleet's hosts, explorers by the rotation at ``now`` (or the fixed window)."""
+        exploring = explorers(self.fleet, c, now, self.policy.exploration_share, self.fixed)
+        key = self.landscape.contexts[c]
+        runs = {}
+        for h in host_names(self.fleet.hosts[c]):
+            slot = assignment.candidate_slot(h, key, max(len(p.candidates), 1))
+            explore = h in exploring and bool(p.candidates)
+            runs[h] = p.candidates[slot] if explore else p.incumbent
+        return runs
 
 
 class FleetTpe(TpeMethod):

@@ -32,7 +32,7 @@ from gemini_api.theta import load_spec
 from gemini_booster.domain import FlowSums, Trial
 from gemini_booster.models import Policy
 from gemini_booster.policy.assignment import assign
-from gemini_booster.policy.planner import Planner, PolicyState
+from gemini_booster.policy.planner import ContextPlan, Planner, PolicyState
 
 from .optimiser_landscapes import (
     EXPLORATION_SHARE,
@@ -149,15 +149,15 @@ class BoosterMethod(Method):
         for c, p in plans.items():
             self.incumbents[c] = _key(p.incumbent)
             self.candidates[c] = tuple(_key(t) for t in p.candidates)
-            explore, exploit = self.hosts[c]
-            runs = {
-                h: assign(h, contexts[c], p.incumbent, p.candidates, self.policy.exploration_share)[
-                    0
-                ]
-                for h in explore + exploit
-            }
-            out[c] = RoundPlan(p.incumbent, runs)
+            out[c] = RoundPlan(p.incumbent, self.host_runs(c, p, now))
         return out
+
+    def host_runs(self, c: int, p: ContextPlan, now: datetime) -> dict[str, dict[str, int]]:
+        """The θ each of context ``c``'s hosts runs under plan ``p`` (the fixed assignment)."""
+        explore, exploit = self.hosts[c]
+        key = self.landscape.contexts[c]
+        share = self.policy.exploration_share
+        return {h: assign(h, key, p.incumbent, p.candidates, share)[0] for h in explore + exploit}
 
     def observe(self, round_index: int, runs: dict[int, list[HostRun]]) -> None:
         for c, host_runs in runs.items():

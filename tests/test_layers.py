@@ -6,9 +6,8 @@ from the source's own import statements (AST, nothing imported or run):
   ``rest/errors.py`` maps to 503);
 - the ``experiments`` package is domain: it imports neither ``storage`` nor the service layer
   (``LEGACY_REEXPORTS`` lists re-export names kept while a caller moves; none today);
-- the lab reaches Booster's storage only where it does today (``LAB_STORAGE_USERS``, to be
-  moved behind service functions): a new lab module that does fails, and a listed one that
-  stops must leave the list.
+- no lab module imports Booster's storage or builds SQL: the lab talks to Booster through its
+  APIs or the service layer (``service/runs.py``), never its schema.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ SERVICE = "gemini_booster.service"
 # Re-exports of service modules under their old names, for service/core.py (ArmCache) and
 # service/guardrail_task.py (enforce_guardrail ...) until those import from the service layer.
 LEGACY_REEXPORTS: set[str] = set()
-# Lab modules that read or write Booster's tables directly today (issue #37 item 3).
-LAB_STORAGE_USERS = {"abtest.py", "cubic.py", "loop.py"}
 
 
 def module_name(path: Path) -> str:
@@ -109,10 +106,38 @@ def test_the_experiments_package_is_domain(path):
         assert upward == set()
 
 
-def test_the_lab_reaches_storage_only_where_it_did():
-    users = {p.name for p in sources(LAB) if reaches(p, STORAGE)}
-    assert users - LAB_STORAGE_USERS == set(), "a new lab module reads Booster's tables"
-    assert LAB_STORAGE_USERS - users == set(), "moved off storage: drop it from the list"
+def schema_reaches(path: Path, name: str | None = None) -> set[str]:
+    """What of Booster's schema ``path`` imports: its storage package, or SQL of its own."""
+    return reaches(path, STORAGE, name) | reaches(path, "sqlalchemy", name)
+
+
+def test_the_lab_rule_sees_a_lab_module_that_reads_the_schema(tmp_path):
+    """The rule below can fail: a lab module as abtest.py, cubic.py and loop.py were before
+    they moved onto service/runs.py (storage imported at the top, the schema inside a
+    function) is caught on both counts; one through the service layer is not."""
+    was = tmp_path / "was.py"
+    was.write_text(
+        "from gemini_booster.storage import repository as repo\n"
+        "def sums():\n"
+        "    from sqlalchemy import select\n"
+        "    from gemini_booster.storage.schema import Report\n"
+    )
+    assert schema_reaches(was, "gemini_lab.was") == {
+        STORAGE,
+        f"{STORAGE}.repository",
+        f"{STORAGE}.schema",
+        f"{STORAGE}.schema.Report",
+        "sqlalchemy",
+        "sqlalchemy.select",
+    }
+    now = tmp_path / "now.py"
+    now.write_text("from gemini_booster.service import runs\n")
+    assert schema_reaches(now, "gemini_lab.now") == set()
+
+
+@pytest.mark.parametrize("path", sources(LAB), ids=lambda p: str(p.relative_to(LAB)))
+def test_the_lab_never_imports_booster_storage(path):
+    assert schema_reaches(path) == set()
 
 
 def test_the_re_export_list_names_files_that_exist():

@@ -21,31 +21,26 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from gemini_booster.config import Settings
 from gemini_booster.models import PolicyCreate
+from gemini_booster.service import runs
 from gemini_booster.service.app import BoosterServer
-from gemini_booster.storage import repository as repo
-from gemini_lab.fleet import PROBE_PREFIX
-from gemini_lab.host import run_plan
-from gemini_lab.loop import PATHS, LabPath, write_mmdb
+from gemini_lab.driver import POLL_S, GuestDriver, fresh_guest_dir
+from gemini_lab.loop import ACTOR, PATHS, LabPath, write_mmdb
 
 CONTROL, TREATMENT = "cubic", "fusion"
 REGION = "lab"  # the lab hosts' own region, the experiment's one stratum
 RELAY_PORT = 50051  # where each lab host's agent finds Booster (gemini_lab.relay)
 METRICS_PORT = 9465  # each agent's, on its own namespace's loopback
-READING_TIMEOUT_S = 120
-POLL_S = 0.5
 REST_TIMEOUT_S = 30
 
 
@@ -164,42 +159,15 @@ def next_boundary(after: dt.datetime, day_s: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(at, dt.UTC)
 
 
-class _Guest:
-    """The guest run in a thread, and the checkpoints the host machine asks it for."""
-
-    def __init__(self, plan: dict, out: Path, timeout_s: float) -> None:
-        self.out = out
-        self.box: dict[str, Any] = {}
-        self.thread = threading.Thread(target=self._run, args=(plan, timeout_s))
-
-    def _run(self, plan: dict, timeout_s: float) -> None:
-        try:
-            self.box["results"] = run_plan(plan, self.out, timeout_s=timeout_s, backend="qemu")
-        except Exception as exc:
-            self.box["error"] = exc
-
-    def reading(self, label: str) -> dict[str, dict]:
-        """Ask the guest to read every host's kernel now, and wait for the reading."""
-        (self.out / f"{PROBE_PREFIX}{label}").touch()
-        path = self.out / f"reading-{label}.json"
-        deadline = time.monotonic() + READING_TIMEOUT_S
-        while not path.exists():
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the guest gave no reading {label!r}: {self.box}")
-            time.sleep(POLL_S)
-        time.sleep(POLL_S)  # written whole before the host reads it
-        return json.loads(path.read_text())
-
-
 def _sleep_until(at: dt.datetime) -> None:
     time.sleep(max(0.0, (at - dt.datetime.now(dt.UTC)).total_seconds()))
 
 
-def _wait_reports(engine, hosts: list[str], guest: _Guest, timeout_s: float) -> None:
+def _wait_reports(engine, hosts: list[str], guest: GuestDriver, timeout_s: float) -> None:
     """Until every host's agent has stored a report: all agents are up and reach Booster."""
     deadline, since = time.monotonic() + timeout_s, dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-    while any(repo.count_reports(engine, h, since) == 0 for h in hosts):
-        if not guest.thread.is_alive() or time.monotonic() > deadline:
+    while any(runs.count_reports(engine, h, since) == 0 for h in hosts):
+        if not guest.alive() or time.monotonic() > deadline:
             raise RuntimeError(f"not every lab host reported: {guest.box}")
         time.sleep(POLL_S)
 
@@ -213,20 +181,6 @@ def _assigned(http: httpx.Client, token: str, hosts: list[str], default_cc: str)
         held = r.json()["experiment"]
         out[h] = held["arm"]["cc"] if held else default_cc
     return out
-
-
-def fresh_guest_dir(out_dir: Path) -> Path:
-    """``out_dir``/guest, shared with the guest, without a previous run's probes, readings or
-    stop file (a stale one would answer for this run)."""
-    guest_dir = out_dir / "guest"
-    guest_dir.mkdir(parents=True, exist_ok=True)
-    for stale in [
-        *guest_dir.glob(f"{PROBE_PREFIX}*"),
-        *guest_dir.glob("reading-*"),
-        guest_dir / "stop",
-    ]:
-        stale.unlink(missing_ok=True)
-    return guest_dir
 
 
 def run_abtest(
@@ -245,31 +199,25 @@ def run_abtest(
     auth = {"authorization": f"Bearer {operator_token}"}
     try:
         policy = f"lab-{uuid.uuid4().hex[:8]}"
-        repo.create_policy(
-            server.engine, PolicyCreate(name=policy, sigma=cfg.sigma), actor="gemini-lab"
-        )
+        runs.create_policy(server.engine, PolicyCreate(name=policy, sigma=cfg.sigma), ACTOR)
         server.booster.reload_policies()
         agents = {
             h: agent_toml(
                 h,
-                repo.create_token(
-                    server.engine, repo.host_token_name(h), "agent", "gemini-lab", host_id=h
-                ),
+                runs.agent_token(server.engine, h, ACTOR),
                 policy,
                 cfg,
             )
             for h in hosts
         }
-        guest = _Guest(guest_plan(cfg, agents, port), guest_dir, cfg.boot_timeout_s + 8 * cfg.day_s)
-        guest.thread.start()
+        timeout = cfg.boot_timeout_s + 8 * cfg.day_s
+        guest = GuestDriver(guest_plan(cfg, agents, port), guest_dir, timeout)
+        guest.start()
         try:
             result = _schedule(server, http, auth, guest, hosts, policy, cfg)
         finally:
-            (guest_dir / "stop").touch()
-            guest.thread.join()
-        if "error" in guest.box:
-            raise guest.box["error"]
-        result.guest = guest.box["results"]
+            guest.stop()
+        result.guest = guest.results()
         result.readings["after-exit"] = result.guest["experiments"]["fleet"].get("after_exit", {})
         result.expected["after-exit"] = dict.fromkeys(hosts, cfg.default_cc)
     finally:
@@ -284,7 +232,7 @@ def _schedule(
     server: BoosterServer,
     http: httpx.Client,
     auth: dict[str, str],
-    guest: _Guest,
+    guest: GuestDriver,
     hosts: list[str],
     policy: str,
     cfg: AbConfig,

@@ -48,27 +48,17 @@ from typing import Any
 
 import httpx
 import numpy as np
-from sqlalchemy import func, select
 
 from gemini_api.datapaths import datapath, load_datapath
 from gemini_booster.config import Settings
 from gemini_booster.domain import FlowSums
 from gemini_booster.experiments import statistics as st
 from gemini_booster.models import PolicyCreate, PolicyUpdate
+from gemini_booster.service import runs
 from gemini_booster.service.app import BoosterServer
-from gemini_booster.storage import repository as repo
-from gemini_booster.storage.schema import Report, ReportAggregate
-from gemini_lab.abtest import (
-    POLL_S,
-    RELAY_PORT,
-    REST_TIMEOUT_S,
-    AbConfig,
-    _Guest,
-    agent_toml,
-    fresh_guest_dir,
-    next_boundary,
-)
-from gemini_lab.loop import LabPath, write_mmdb
+from gemini_lab.abtest import RELAY_PORT, REST_TIMEOUT_S, AbConfig, agent_toml, next_boundary
+from gemini_lab.driver import POLL_S, GuestDriver, fresh_guest_dir
+from gemini_lab.loop import ACTOR, LabPath, write_mmdb
 from gemini_lab.scenario import Scenario
 
 CUBIC = "cubic"
@@ -227,7 +217,7 @@ class _Run:
         server: BoosterServer,
         http: httpx.Client,
         token: str,
-        guest: _Guest,
+        guest: GuestDriver,
         name: str = CUBIC,
     ):
         self.server, self.http, self.guest = server, http, guest
@@ -250,8 +240,8 @@ class _Run:
     ) -> None:
         """Until ``n`` reports of intervals from ``since`` are stored."""
         deadline = time.monotonic() + timeout_s
-        while repo.count_reports(self.server.engine, HOST, since) < n:
-            if not self.guest.thread.is_alive() or time.monotonic() > deadline:
+        while runs.count_reports(self.server.engine, HOST, since) < n:
+            if not self.guest.alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the lab host stored fewer than {n} reports: {self.guest.box}")
             self.poll_plans(policy_id)
             time.sleep(POLL_S)
@@ -285,7 +275,7 @@ def run_cubic(
     http = httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=REST_TIMEOUT_S)
     try:
         policy_name = f"lab-{cfg.datapath}-{uuid.uuid4().hex[:6]}"
-        policy = repo.create_policy(
+        policy = runs.create_policy(
             server.engine,
             PolicyCreate(
                 name=policy_name,
@@ -296,37 +286,32 @@ def run_cubic(
                 exploration_share=1.0,
                 n_initial_points=cfg.n_initial_points,
             ),
-            actor="gemini-lab",
+            ACTOR,
         )
         host_policy = f"lab-host-{uuid.uuid4().hex[:6]}"  # Fusion's, the host's own
-        repo.create_policy(
+        runs.create_policy(
             server.engine,
             PolicyCreate(name=host_policy, sigma=cfg.sigma, exploration_share=0.0),
-            actor="gemini-lab",
+            ACTOR,
         )
         server.booster.reload_policies()
-        token = repo.create_token(
-            server.engine, repo.host_token_name(HOST), "agent", "gemini-lab", host_id=HOST
-        )
+        token = runs.agent_token(server.engine, HOST, ACTOR)
         toml = agent_toml(HOST, token, host_policy, AbConfig(interval_s=cfg.interval_s))
         timeout = cfg.boot_timeout_s + 4 * cfg.day_s + cfg.search_reports * cfg.interval_s * 3
-        guest = _Guest(guest_plan(cfg, toml, port), guest_dir, timeout)
+        guest = GuestDriver(guest_plan(cfg, toml, port), guest_dir, timeout)
         run = _Run(server, http, operator_token, guest, cfg.datapath)
-        guest.thread.start()
+        guest.start()
         try:
             experiment, results, off = _schedule(run, policy.id, policy_name, cfg)
         finally:
-            (guest_dir / "stop").touch()
-            guest.thread.join()
-        if "error" in guest.box:
-            raise guest.box["error"]
-        fleet = guest.box["results"]["experiments"]["fleet"]
+            guest.stop()
+        fleet = guest.results()["experiments"]["fleet"]
         run.readings["after-exit"] = fleet.get("after_exit", {}).get(HOST, {})
         run.arms["after-exit"] = ""
         intervals = interval_sums(server.engine, HOST)
         trials = [
             {"theta": run.spec.from_key(t.theta_key), "flows": t.sums.flow_count}
-            for t in repo.load_trials(server.engine, policy.id)
+            for t in runs.trials(server.engine, policy.id)
         ]
     finally:
         http.close()
@@ -346,7 +331,7 @@ def run_cubic(
         windows=windows,
         phases=phases["phases"],
         difference=phases["difference"],
-        guest=guest.box["results"],
+        guest=guest.results(),
         schedule=run.schedule,
         record=record,
     )
@@ -374,9 +359,7 @@ def _schedule(
     run.wait_reports(cfg.search_reports // 2, policy_id, cfg.day_s, since=start)
     run.checkpoint("search")
     run.wait_reports(cfg.search_reports, policy_id, cfg.day_s, since=start)
-    repo.update_policy(
-        run.server.engine, policy, PolicyUpdate(exploration_share=0.0), actor="gemini-lab"
-    )
+    runs.update_policy(run.server.engine, policy, PolicyUpdate(exploration_share=0.0), ACTOR)
     run.server.booster.reload_policies()
     off = dt.datetime.now(dt.UTC)
     if off + dt.timedelta(seconds=cfg.settle_s() + 2 * cfg.interval_s) > start + day:
@@ -394,37 +377,17 @@ def _schedule(
 
 def interval_sums(engine, host: str) -> list[dict]:
     """Per reporting interval of ``host``, per CC as reported ("" the policy's own flows) and θ
-    key: the summed flows, in interval order."""
-    fields = ("flow_count", "tpt_sum", "tpt_sq_sum", "delay_sum", "delay_sq_sum", "tpt_delay_sum")
-    q = (
-        select(
-            Report.interval_start,
-            Report.interval_end,
-            ReportAggregate.cc,
-            ReportAggregate.theta_key,
-            *(func.sum(getattr(ReportAggregate, f)) for f in fields),
-        )
-        .join(Report, Report.id == ReportAggregate.report_pk)
-        .where(Report.host_id == host)
-        .group_by(
-            Report.interval_start,
-            Report.interval_end,
-            ReportAggregate.cc,
-            ReportAggregate.theta_key,
-        )
-        .order_by(Report.interval_start)
-    )
-    with engine.connect() as conn:
-        return [
-            {
-                "start": start.isoformat(),
-                "end": end.isoformat(),
-                "cc": cc,
-                "theta_key": key,
-                "sums": FlowSums(int(n), *map(float, rest)).astuple(),
-            }
-            for start, end, cc, key, n, *rest in conn.execute(q)
-        ]
+    key: the summed flows, in interval order, as the record keeps them."""
+    return [
+        {
+            "start": i.start.isoformat(),
+            "end": i.end.isoformat(),
+            "cc": i.cc,
+            "theta_key": i.theta_key,
+            "sums": i.sums.astuple(),
+        }
+        for i in runs.interval_sums(engine, host)
+    ]
 
 
 def compared_windows(

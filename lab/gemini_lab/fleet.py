@@ -101,7 +101,10 @@ class Prober(threading.Thread):
                     continue
                 asked = time.time()
                 self.readings[label] = {h: probe(ns, asked) for h, ns in self.hosts.items()}
-                (self.out / f"reading-{label}.json").write_text(json.dumps(self.readings[label]))
+                # written aside and renamed: the host never reads half a reading
+                part = self.out / f".reading-{label}.part"
+                part.write_text(json.dumps(self.readings[label]))
+                part.replace(self.out / f"reading-{label}.json")
 
     def stop(self) -> None:
         self.stopped.set()

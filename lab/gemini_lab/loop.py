@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import statistics
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -23,9 +22,9 @@ from typing import cast
 from gemini_api.theta import load_spec
 from gemini_booster.config import Settings
 from gemini_booster.models import PolicyCreate, PolicyUpdate
+from gemini_booster.service import runs
 from gemini_booster.service.app import BoosterServer
-from gemini_booster.storage import repository as repo
-from gemini_lab.host import run_plan
+from gemini_lab.driver import GuestDriver, fresh_guest_dir
 from gemini_lab.netem import receiver_prefix
 from gemini_lab.scenario import Scenario
 
@@ -78,6 +77,7 @@ TUNED_UNITS: dict[str, str | tuple[int, int]] = {
 }
 METRICS_PORT = 9465
 HOST_ID = "lab-host"
+ACTOR = "gemini-lab"  # whom Booster's audit log names for the lab's writes
 
 
 @dataclass
@@ -241,7 +241,7 @@ def utility_rounds(
 ) -> dict[str, list[tuple[dt.datetime, float]]]:
     """Eq. 9 per context per reporting interval."""
     out: dict[str, list[tuple[dt.datetime, float]]] = {}
-    for g in repo.fusion_sums_by(engine, policy_id, "interval"):
+    for g in runs.fusion_sums_by(engine, policy_id, "interval"):
         interval = cast(dt.datetime, g.group)  # grouped by reporting interval
         out.setdefault(g.dst_region, []).append((interval, g.sums.utility(sigma).mean))
     return out
@@ -254,7 +254,7 @@ def trial_table(
     utility. What the model was fit on, for reading a run's incumbent against the evidence. The
     θ are those of the kernel's flow records, as the agent reported them."""
     spec, out = load_spec(), dict[str, list[dict]]()
-    for g in repo.fusion_sums_by(engine, policy_id, "theta"):
+    for g in runs.fusion_sums_by(engine, policy_id, "theta"):
         theta = spec.from_key(str(g.group))
         out.setdefault(g.dst_region, []).append(
             {
@@ -340,17 +340,17 @@ POLL_S = 0.25  # often enough to see every plan the agent could have fetched (re
 class _Timeline:
     """Polls the stored reports of the lab host, and Booster's plans meanwhile."""
 
-    def __init__(self, server: BoosterServer, guest: threading.Thread, plans: _PlanLog) -> None:
+    def __init__(self, server: BoosterServer, guest: GuestDriver, plans: _PlanLog) -> None:
         self.server, self.guest, self.plans = server, guest, plans
 
     def reports(self, since: dt.datetime | None = None) -> int:
-        return repo.count_reports(self.server.engine, HOST_ID, since or EPOCH)
+        return runs.count_reports(self.server.engine, HOST_ID, since or EPOCH)
 
     def wait_for(self, n: int, since: dt.datetime | None = None) -> bool:
         """Until ``n`` reports are stored (False if the guest ended first)."""
         while self.reports(since) < n:
             self.plans.poll()
-            if not self.guest.is_alive():
+            if not self.guest.alive():
                 return False
             time.sleep(POLL_S)
         self.plans.poll()
@@ -489,7 +489,7 @@ def run_closed_loop(
     server = BoosterServer(settings).start()
     policy_name = f"lab-{uuid.uuid4().hex[:8]}"
     custom = search.region == "custom"
-    policy = repo.create_policy(
+    policy = runs.create_policy(
         server.engine,
         PolicyCreate(
             name=policy_name,
@@ -499,33 +499,15 @@ def run_closed_loop(
             region=search.region,
             bounds=search.bounds if custom else None,
         ),
-        actor="gemini-lab",
+        ACTOR,
     )
     server.booster.reload_policies()
-    guest_dir = out_dir / "guest"  # the guest sees this directory as {out}
-    guest_dir.mkdir(exist_ok=True)
-    (guest_dir / "stop").unlink(missing_ok=True)
+    guest_dir = fresh_guest_dir(out_dir)  # the guest sees this directory as {out}
     write_mmdb(guest_dir / "paths.mmdb", search.paths)
     agent = agent_toml(port, token, policy_name, Path("{out}/paths.mmdb"), cfg)
-    plan = _guest_plan(search, cfg, agent)
-    box: dict = {}
-
-    def guest() -> None:
-        try:
-            # qemu: the agent in the guest talks to Booster here; a simulated clock would jump
-            # over its network deadlines while it waits on a process outside the guest
-            box["results"] = run_plan(
-                plan,
-                guest_dir,
-                timeout_s=cfg.duration_s + 900,
-                backend="qemu",
-            )
-        except Exception as exc:
-            box["error"] = exc
-
-    thread = threading.Thread(target=guest)
-    thread.start()
-    timeline = _Timeline(server, thread, _PlanLog(server, policy.id))
+    guest = GuestDriver(_guest_plan(search, cfg, agent), guest_dir, cfg.duration_s + 900)
+    guest.start()
+    timeline = _Timeline(server, guest, _PlanLog(server, policy.id))
     notes: list[str] = []
     eval_from = None
     evaluated: Window | None = None
@@ -539,11 +521,8 @@ def run_closed_loop(
             time.sleep(cfg.outage_s)
             timeline.restart(settings)
         if timeline.wait_for(cfg.search_reports):
-            repo.update_policy(
-                timeline.server.engine,
-                policy_name,
-                PolicyUpdate(exploration_share=0.0),
-                actor="gemini-lab",
+            runs.update_policy(
+                timeline.server.engine, policy_name, PolicyUpdate(exploration_share=0.0), ACTOR
             )
             timeline.server.booster.reload_policies()
             # the agent asks for θ at the end of each interval: the one after next is the
@@ -559,12 +538,10 @@ def run_closed_loop(
                         f"{cfg.default_reports} reports"
                     )
     finally:
-        (guest_dir / "stop").touch()
-        thread.join()
+        guest.stop()
     server = timeline.server
     try:
-        if "error" in box:
-            raise box["error"]
+        results = guest.results()
         server.booster.refit(server.booster.policies[policy_name])
         timeline.plans.poll()
         spec = load_spec()
@@ -574,7 +551,7 @@ def run_closed_loop(
         }
         rounds = utility_rounds(server.engine, policy.id, cfg.sigma)
         trials = trial_table(server.engine, policy.id, cfg.sigma, search.recorded)
-        rows = repo.host_reports(server.engine, HOST_ID)
+        rows = runs.host_reports(server.engine, HOST_ID)
     finally:
         server.stop()
     ids = [r[0] for r in rows]
@@ -601,7 +578,7 @@ def run_closed_loop(
     )
     record = out_dir / f"{search.name}.json"
     result = LoopResult(
-        guest=box["results"],
+        guest=results,
         rounds=utilities,
         evaluation=evaluation,
         incumbents=incumbents,

@@ -2,9 +2,9 @@
 
 - fusion-kmod/fusion_theta.h from Fusion's spec (``load_spec()``): θ per destination context,
   through the module's netlink table and sysctls.
-- fusion-kmod/gemini_theta.h and dcvegas_theta.h from ``specs/gemini.toml`` and
-  ``specs/dcvegas.toml``: θ as host-wide module parameters, whose writes the modules refuse
-  outside Θ' (fusion-kmod/cc_common.h).
+- fusion-kmod/gemini_theta.h, dcvegas_theta.h and gear_theta.h from ``specs/gemini.toml``,
+  ``specs/dcvegas.toml`` and ``specs/gear.toml``: θ as host-wide module parameters, whose
+  writes the modules refuse outside Θ' (fusion-kmod/cc_common.h).
 
 A kernel module never spells a θ name, scale, bound or default by hand: they all come from these
 headers, and tests/test_fusion_abi.py fails while a committed header differs from what this
@@ -53,6 +53,7 @@ HEADERS = (
     Header("fusion", HEADER_PATH),
     Header("gemini", KMOD_DIR / "gemini_theta.h"),
     Header("dcvegas", KMOD_DIR / "dcvegas_theta.h"),
+    Header("gear", KMOD_DIR / "gear_theta.h"),
 )
 
 

@@ -42,13 +42,15 @@ def _generator():
 
 
 def test_kernel_theta_headers_are_generated_from_the_specs():
-    """fusion_theta.h, gemini_theta.h and dcvegas_theta.h: each exactly its spec's rendering."""
+    """fusion_theta.h, gemini_theta.h, dcvegas_theta.h and gear_theta.h: each exactly its
+    spec's rendering."""
     gen = _generator()
     assert gen.render(load_spec()) == (ROOT / "fusion-kmod" / "fusion_theta.h").read_text()
     assert [h.path.name for h in gen.HEADERS] == [
         "fusion_theta.h",
         "gemini_theta.h",
         "dcvegas_theta.h",
+        "gear_theta.h",
     ]
     for header in gen.HEADERS:
         actual = header.path.read_text()

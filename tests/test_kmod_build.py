@@ -1,4 +1,5 @@
-"""The congestion-control modules (tcp_fusion.ko, tcp_gemini.ko, tcp_dcvegas.ko) build
+"""The congestion-control modules (tcp_fusion.ko, tcp_gemini.ko, tcp_dcvegas.ko, tcp_gear.ko
+and gear_int.ko, the lab's INT switch Gear reads) build
 warning-free with W=1 on Debian 12's 6.1 and Debian 13's 6.12, and through DKMS.
 
 - 6.1: against the host's Debian headers (linux-headers-amd64 of bookworm, which
@@ -35,7 +36,8 @@ TRIXIE_COMPLETE = TRIXIE_ROOT / ".gemini-complete"
 # silences the compiler lines the tests read (and a parent's -j or -k would change the build).
 BUILD_ENV = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
 WARNING = re.compile(r"\bwarning:", re.IGNORECASE)
-MODULES = ("tcp_fusion", "tcp_gemini", "tcp_dcvegas")  # Kbuild's obj-m, dkms.conf's modules
+# Kbuild's obj-m, dkms.conf's modules
+MODULES = ("tcp_fusion", "tcp_gemini", "tcp_dcvegas", "tcp_gear", "gear_int")
 
 
 def _copy_sources(dest: Path) -> Path:
@@ -148,6 +150,8 @@ def test_dkms_package_version_is_the_modules_version():
         "tcp_fusion": "fusion_cc.c",
         "tcp_gemini": "tcp_gemini.c",
         "tcp_dcvegas": "tcp_dcvegas.c",
+        "tcp_gear": "tcp_gear.c",
+        "gear_int": "gear_int.c",
     }
     for module in MODULES:
         source = (KMOD_DIR / sources[module]).read_text()

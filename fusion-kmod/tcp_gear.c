@@ -1,0 +1,307 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Gear: INT-based congestion control for intra- and cross-datacenter flows.
+ *
+ * Gear (seed 002_3160f14936d8e845.txt; DATAPATHS-SPEC.md section 3) sets a flow's window from
+ * In-band Network Telemetry, as HPCC does, so that intra-datacenter (intra-DC) flows keep the
+ * bottleneck at a target utilisation η and leave cross-datacenter (cross-DC) flows, whose
+ * round trips are a hundred times longer, the bandwidth they should get. Per ACK, from the
+ * bottleneck hop's queue ql, transmitted bytes tx and timestamp ts (gear_int.c brings them
+ * here in the lab):
+ *
+ *   u = (tx − tx') / ((ts − ts') · bw) + ql / (T · bw)                       (eq. 1)
+ *
+ * averaged as HPCC does, u ← u·(T − τ)/T + u_new·τ/T with τ = ts − ts' ≤ T, the base RTT T.
+ * Two windows (HPCC): the reference w^c, updated once per round (when the ACK passes the
+ * snd_nxt of the last update), and the current w, per ACK (eq. 4, Algorithm 1):
+ *
+ *   w = w^c · η / u + W_AI     if u ≥ η or incStage ≥ maxStage   (then incStage ← 0)
+ *   w = w^c + W_AI             otherwise                          (then incStage ← incStage + 1)
+ *
+ * and at a round's end w^c ← w. So a flow grows additively for maxStage rounds while the link
+ * has room, then jumps multiplicatively to η of it; above η it cuts in proportion η/u at once.
+ *
+ * The class: a flow is cross-DC when its base RTT ≥ k · the intra-DC base RTT (configured:
+ * dc_base_rtt_us). A cross-DC flow's additive step is W_AI · min(500, CRTT/IRTT) (the paper's
+ * AI ratio), and its window is also bounded by w_wan, an AIMD of its own for congestion in the
+ * WAN where there is no INT (CUBIC's β = 0.7 on loss; slow start until the first loss, then +1
+ * per round): w ← min(w, w_wan). Not implemented here (stated in docs/gear.md): the
+ * alternate-round cross-DC estimate (eqs. 5–10), by which intra-DC flows make room for the
+ * cross-DC share proactively, and multi-hop INT (eq. 3; the lab's switch is one hop).
+ *
+ * The window never exceeds the line rate's BDP bw · T (HPCC's W_max) and is paced at w / T.
+ * Without INT (a path not through gear_int's tap) the window is w_wan alone.
+ *
+ * θ (η, k, W_AI, maxStage) are bounded module parameters generated from
+ * api/gemini_api/specs/gear.toml (gear_theta.h); a write outside Θ' is refused.
+ *
+ * ss -i shows Gear's state in BBR's record: bw_lo = the last INT record's time (µs, low 32
+ * bits of the guest's monotonic clock), bw_hi = its queue (bytes), min_rtt = u in 1/65536,
+ * pacing_gain = w^c (packets), cwnd_gain = INT records read (bit 31: cross-DC).
+ *
+ * Fixed point: utilisation in 1/GEAR_U_ONE (2^16), windows in 1/GEAR_W_ONE packets (2^10).
+ */
+#include <linux/inet_diag.h>
+#include <linux/module.h>
+#include <net/tcp.h>
+
+#include "cc_common.h"
+#include "gear_int.h"
+#include "gear_theta.h"
+
+#define GEAR_U_SHIFT		16
+#define GEAR_U_ONE		(1U << GEAR_U_SHIFT)
+#define GEAR_U_MIN		(GEAR_U_ONE >> 10)	/* η / u bounded: u read as ≥ 1/1024 */
+#define GEAR_W_SHIFT		10
+#define GEAR_W_ONE		(1U << GEAR_W_SHIFT)
+#define GEAR_W_MIN_PKTS		2
+#define GEAR_AI_RATIO_MAX	500	/* cross-DC AI step ≤ 500 · W_AI (the paper's cap) */
+#define GEAR_WAN_BETA_PERCENT	70	/* w_wan's cut on loss, CUBIC's β */
+#define GEAR_PERCENT		100
+#define GEAR_NS_PER_US		1000ULL
+#define GEAR_CROSS_FLAG		BIT(31)
+
+static struct cc_param gear_theta[GEAR_THETA_NPARAMS] = {
+	GEAR_THETA_PARAMS(CC_THETA_ENTRY)
+};
+
+#define GEAR_MODULE_PARAM(name, idx, def, lo, hi, desc)			\
+	module_param_cb(name, &cc_param_ops, &gear_theta[idx], 0644);		\
+	MODULE_PARM_DESC(name, desc);
+GEAR_THETA_PARAMS(GEAR_MODULE_PARAM)
+
+/* The intra-DC base RTT the class is relative to: configured, as the paper's basertt. */
+static struct cc_param gear_dc_base_rtt = CC_PARAM_INIT(2000, 1, 10000000);
+module_param_cb(dc_base_rtt_us, &cc_param_ops, &gear_dc_base_rtt, 0644);
+MODULE_PARM_DESC(dc_base_rtt_us, "intra-DC base RTT (µs): cross-DC is RTT ≥ k times this");
+
+struct gear {
+	struct gear_int_cursor cursor;	/* where this flow's INT records are read from */
+	u64 prev_tx;			/* the previous record's tx bytes and time */
+	u64 prev_ts_ns;
+	u32 u;				/* utilisation, 1/GEAR_U_ONE (0: no INT yet) */
+	u32 wc;				/* reference window w^c, 1/GEAR_W_ONE packets */
+	u32 w_wan;			/* WAN AIMD window, packets */
+	u32 last_update_seq;		/* w^c is updated when an ACK passes this */
+	u32 ql_bytes;			/* the last record's queue, for get_info */
+	u32 ts_us;			/* ... and its time */
+	u32 records;			/* INT records read */
+	u8 inc_stage;
+	u8 cross;			/* the flow is cross-DC */
+	u8 wan_ss;			/* w_wan in slow start (no loss yet) */
+};
+
+static u32 gear_param(enum gear_theta_param p)
+{
+	return cc_param(&gear_theta[p]);
+}
+
+static void gear_init(struct sock *sk)
+{
+	struct gear *ca = inet_csk_ca(sk);
+	struct tcp_sock *tp = tcp_sk(sk);
+
+	memset(ca, 0, sizeof(*ca));
+	ca->wc = tcp_snd_cwnd(tp) << GEAR_W_SHIFT;
+	ca->w_wan = tcp_snd_cwnd(tp);
+	ca->wan_ss = 1;
+	ca->last_update_seq = tp->snd_nxt;
+	cmpxchg(&sk->sk_pacing_status, SK_PACING_NONE, SK_PACING_NEEDED);
+}
+
+/* T: the flow's base RTT (µs), 0 if not measured yet. */
+static u32 gear_base_rtt_us(const struct tcp_sock *tp)
+{
+	return cc_base_rtt_us(tp);
+}
+
+/* The RTT class, corrected by every sample (the paper's "measured at the handshake and
+ * corrected by later samples"): tcp_min_rtt follows the smallest RTT seen. */
+static void gear_classify(struct gear *ca, u32 base_us)
+{
+	ca->cross = (u64)base_us >= (u64)gear_param(GEAR_THETA_CLASS_RTT_RATIO) *
+				    cc_param(&gear_dc_base_rtt);
+}
+
+/* Eq. 1 for one INT record, averaged over time τ as HPCC does. */
+static void gear_measure(struct gear *ca, const struct gear_int_record *r, u32 base_us)
+{
+	u64 tau_ns = r->ts_ns - ca->prev_ts_ns, t_ns = base_us * GEAR_NS_PER_US;
+	u64 bw = max_t(u64, r->rate_mbit, 1);	/* bits per µs */
+	u64 u_rate, u_queue, u_new;
+	bool first = !ca->prev_ts_ns;
+
+	ca->records++;
+	ca->ql_bytes = r->qlen_bytes;
+	ca->ts_us = (u32)div_u64(r->ts_ns, GEAR_NS_PER_US);
+	if (!first && r->ts_ns > ca->prev_ts_ns && t_ns) {
+		/* bits/ns · 1000 = bits/µs, over bw in bits/µs */
+		u_rate = div64_u64((r->tx_bytes - ca->prev_tx) * BITS_PER_BYTE * GEAR_NS_PER_US
+				   << GEAR_U_SHIFT, tau_ns * bw);
+		u_queue = div64_u64((u64)r->qlen_bytes * BITS_PER_BYTE << GEAR_U_SHIFT,
+				    (u64)base_us * bw);
+		u_new = min_t(u64, u_rate + u_queue, U32_MAX);
+		tau_ns = min(tau_ns, t_ns);
+		if (!ca->u)
+			ca->u = u_new;
+		else
+			ca->u = div64_u64((u64)ca->u * (t_ns - tau_ns) + u_new * tau_ns, t_ns);
+		ca->u = max_t(u32, ca->u, 1);
+	}
+	ca->prev_tx = r->tx_bytes;
+	ca->prev_ts_ns = r->ts_ns;
+}
+
+/* W_AI in window units: cross-DC flows scale it by min(500, CRTT/IRTT). */
+static u32 gear_ai(const struct gear *ca, u32 base_us)
+{
+	u64 ai = div_u64((u64)gear_param(GEAR_THETA_AI_STEP) * GEAR_W_ONE, GEAR_AI_STEP_SCALE);
+
+	if (ca->cross)
+		ai *= clamp_t(u32, base_us / cc_param(&gear_dc_base_rtt), 1, GEAR_AI_RATIO_MAX);
+	return min_t(u64, ai, U32_MAX);
+}
+
+/* HPCC's W_max: the line rate's BDP bw · T, in window units. */
+static u64 gear_w_max(const struct sock *sk, u32 rate_mbit, u32 base_us)
+{
+	u64 bytes = div_u64((u64)rate_mbit * base_us, BITS_PER_BYTE);
+
+	return div_u64(bytes << GEAR_W_SHIFT, max_t(u32, tcp_sk(sk)->mss_cache, 1));
+}
+
+/* Eq. 4 (Algorithm 1, lines 1–16): the current window, and w^c at a round's end. */
+static u32 gear_window(struct sock *sk, struct gear *ca, u32 base_us, u32 rate_mbit, bool round)
+{
+	u32 eta = gear_param(GEAR_THETA_TARGET_UTIL) * GEAR_U_ONE / GEAR_PERCENT;
+	u64 w, w_max = gear_w_max(sk, rate_mbit, base_us);
+	bool mul = ca->u >= eta || ca->inc_stage >= gear_param(GEAR_THETA_MAX_STAGE);
+
+	if (mul)
+		w = div64_u64((u64)ca->wc * eta, max(ca->u, GEAR_U_MIN)) + gear_ai(ca, base_us);
+	else
+		w = (u64)ca->wc + gear_ai(ca, base_us);
+	w = clamp_t(u64, w, GEAR_W_MIN_PKTS << GEAR_W_SHIFT, max(w_max, (u64)GEAR_W_ONE));
+	if (round) {
+		ca->inc_stage = mul ? 0 : ca->inc_stage + 1;
+		ca->wc = w;
+	}
+	return w >> GEAR_W_SHIFT;
+}
+
+/* w_wan: slow start until the first loss, then +1 packet per round (cut in gear_ssthresh). */
+static void gear_wan_round(struct gear *ca)
+{
+	ca->w_wan = ca->wan_ss ? ca->w_wan * 2 : ca->w_wan + 1;
+}
+
+static void gear_set_pacing(struct sock *sk, u32 cwnd, u32 base_us)
+{
+	u64 rate = (u64)cwnd * tcp_sk(sk)->mss_cache * USEC_PER_SEC;
+
+	if (base_us)
+		WRITE_ONCE(sk->sk_pacing_rate,
+			   min_t(u64, div_u64(rate, base_us), READ_ONCE(sk->sk_max_pacing_rate)));
+}
+
+static void gear_on_ack(struct sock *sk)
+{
+	struct gear *ca = inet_csk_ca(sk);
+	struct tcp_sock *tp = tcp_sk(sk);
+	u32 base_us = gear_base_rtt_us(tp), cwnd = tcp_snd_cwnd(tp);
+	bool round = !before(tp->snd_una, ca->last_update_seq);
+	struct gear_int_record r;
+	bool have_int = false;
+
+	if (!base_us)
+		return;
+	gear_classify(ca, base_us);
+	if (!gear_int_read(sk, tp->snd_una, &ca->cursor, &r)) {
+		gear_measure(ca, &r, base_us);
+		have_int = ca->u;
+	}
+	if (round) {
+		ca->last_update_seq = tp->snd_nxt;
+		gear_wan_round(ca);
+	}
+	if (have_int)
+		cwnd = gear_window(sk, ca, base_us, r.rate_mbit, round);
+	else if (!ca->u)
+		cwnd = ca->w_wan;		/* no INT on this path */
+	if (ca->cross || !ca->u)
+		cwnd = min(cwnd, ca->w_wan);
+	cwnd = clamp_t(u32, cwnd, GEAR_W_MIN_PKTS, tp->snd_cwnd_clamp);
+	tcp_snd_cwnd_set(tp, cwnd);
+	gear_set_pacing(sk, cwnd, base_us);
+}
+
+#ifdef CC_CONG_CONTROL_HAS_ACK
+static void gear_cong_control(struct sock *sk, u32 ack, int flag, const struct rate_sample *rs)
+#else
+static void gear_cong_control(struct sock *sk, const struct rate_sample *rs)
+#endif
+{
+	gear_on_ack(sk);
+}
+
+/* A loss is WAN congestion to w_wan (an INT-controlled queue does not overflow at η < 1). */
+static u32 gear_ssthresh(struct sock *sk)
+{
+	struct gear *ca = inet_csk_ca(sk);
+
+	ca->wan_ss = 0;
+	ca->w_wan = max_t(u32, ca->w_wan * GEAR_WAN_BETA_PERCENT / GEAR_PERCENT, GEAR_W_MIN_PKTS);
+	return max_t(u32, tcp_snd_cwnd(tcp_sk(sk)) * GEAR_WAN_BETA_PERCENT / GEAR_PERCENT,
+		     GEAR_W_MIN_PKTS);
+}
+
+static u32 gear_undo_cwnd(struct sock *sk)
+{
+	return tcp_snd_cwnd(tcp_sk(sk));
+}
+
+static size_t gear_get_info(struct sock *sk, u32 ext, int *attr, union tcp_cc_info *info)
+{
+	const struct gear *ca = inet_csk_ca(sk);
+
+	if (!ext)
+		return 0;
+	memset(&info->bbr, 0, sizeof(info->bbr));
+	info->bbr.bbr_bw_lo = ca->ts_us;
+	info->bbr.bbr_bw_hi = ca->ql_bytes;
+	info->bbr.bbr_min_rtt = ca->u;
+	info->bbr.bbr_pacing_gain = ca->wc >> GEAR_W_SHIFT;
+	info->bbr.bbr_cwnd_gain = (ca->records & ~GEAR_CROSS_FLAG) |
+				  (ca->cross ? GEAR_CROSS_FLAG : 0);
+	*attr = INET_DIAG_BBRINFO;
+	return sizeof(info->bbr);
+}
+
+static struct tcp_congestion_ops gear_cong_ops __read_mostly = {
+	.name		= "gear",
+	.owner		= THIS_MODULE,
+	.init		= gear_init,
+	.cong_control	= gear_cong_control,
+	.ssthresh	= gear_ssthresh,
+	.undo_cwnd	= gear_undo_cwnd,
+	.get_info	= gear_get_info,
+};
+
+static int __init gear_register(void)
+{
+	BUILD_BUG_ON(sizeof(struct gear) > ICSK_CA_PRIV_SIZE);
+	return tcp_register_congestion_control(&gear_cong_ops);
+}
+
+static void __exit gear_unregister(void)
+{
+	tcp_unregister_congestion_control(&gear_cong_ops);
+}
+
+module_init(gear_register);
+module_exit(gear_unregister);
+
+MODULE_AUTHOR("Gemini");
+MODULE_LICENSE("GPL");
+MODULE_DESCRIPTION("Gear: INT-driven windows for intra- and cross-datacenter flows");
+MODULE_VERSION("0.1.0");

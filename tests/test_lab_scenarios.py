@@ -52,7 +52,7 @@ def test_the_two_cellular_traces_are_different_recordings() -> None:
 
 
 def test_an_unknown_scenario_is_refused_with_the_shipped_names() -> None:
-    with pytest.raises(scenario.ScenarioError, match=re.escape("shipped: cellular,")):
+    with pytest.raises(scenario.ScenarioError, match=re.escape("shipped: " + ", ".join(SHIPPED))):
         scenario.load("no-such-path")
 
 

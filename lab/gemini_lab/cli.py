@@ -32,6 +32,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -503,283 +504,354 @@ def cmd_datapath_eval(args: argparse.Namespace) -> None:
     _publish(text, args.record)
 
 
-# the subcommands that print (and may record) what they measured, each its own function
-PRINTING: dict[str, Callable[[argparse.Namespace], None]] = {
-    "loop": cmd_loop,
-    "landscape": cmd_landscape,
-    "tune": cmd_tune,
-    "fairness": cmd_fairness,
-    "shortflows": cmd_shortflows,
-    "plannertune": cmd_plannertune,
-    "evaluate": cmd_evaluate,
-    "abtest": cmd_abtest,
-    "cubic": cmd_cubic,
-    "datapath-loop": cmd_datapath_loop,
-    "datapath-signals": cmd_datapath_signals,
-    "datapath-tune": cmd_datapath_tune,
-    "datapath-eval": cmd_datapath_eval,
-}
+def cmd_bench(args: argparse.Namespace) -> None:
+    plan = plans.benchmark_plan(args.duration, cpu=args.backend == "qemu")
+    results = run_plan(plan, args.out, backend=args.backend, progress=_progress)
+    report.write_benchmark(results, _command())
+    _show_results(results, args.out)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="gemini-lab", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    run = sub.add_parser("run", help="flows of the given CCs over the given scenarios")
-    run.add_argument("--scenario", action="append", default=None)
-    run.add_argument("--cc", action="append", default=None)
-    run.add_argument("--theta", action="append", default=[], help="name=units, for fusion")
-    run.add_argument("--duration", type=int, default=20)
-    bench = sub.add_parser("bench", help="Table IV comparison and CPU cost")
-    bench.add_argument("--duration", type=int, default=30)
-    sub.add_parser("check", help="the acceptance plan")
-    records = sub.add_parser("records", help="flow-record delivery under many short flows")
-    records.add_argument("--flows", type=int, default=10000)
-    records.add_argument("--workers", type=int, default=8)
-    records.add_argument(
+def cmd_records(args: argparse.Namespace) -> None:
+    plan = plans.records_plan(args.flows, args.workers, args.burst)
+    results = run_plan(plan, args.out, backend=args.backend, progress=_progress)
+    report.write_records(results, _command())
+    _show_results(results, args.out)
+
+
+def cmd_flows(args: argparse.Namespace) -> None:
+    args.scenario = args.scenario or ["ethernet"]
+    args.cc = args.cc or ["fusion", "cubic"]
+    _show_results(cmd_run(args), args.out)
+
+
+def _show_results(results: dict, out: Path) -> None:
+    """A plan's results as a table, and whole in ``out``/results.json."""
+    print(report.table(results))
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"\nresults: {out / 'results.json'}")
+
+
+def cmd_determinism(args: argparse.Namespace) -> None:
+    from gemini_lab import determinism
+
+    command = _command()
+    print(determinism.run(args.repeats, args.duration, args.backend, args.out, command))
+
+
+def cmd_check_exit(args: argparse.Namespace) -> None:
+    sys.exit(cmd_check(args))
+
+
+# --- options: what several studies share, once -------------------------------------------
+
+
+def _out(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+
+
+def _summary(p: argparse.ArgumentParser) -> None:
+    """A study that prints a markdown summary and keeps its run under ``--out``."""
+    p.add_argument("--record", type=Path, help="write the summary here (markdown)")
+    _out(p)
+
+
+def _recorded(p: argparse.ArgumentParser, record: Path) -> None:
+    """A recorded UML measurement (gemini_lab.recorded): its record, or none, or a merge."""
+    p.add_argument("--record", type=Path, default=record)
+    p.add_argument("--no-record", action="store_true", help="print only")
+    p.add_argument(
+        "--merge", action="append", type=Path, help="render these results.json, run nothing"
+    )
+    _out(p)
+
+
+def _backend(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="uml",
+        help="uml: simulated clock, figures independent of host load (default); "
+        "qemu: Debian's stock kernel under emulation",
+    )
+    _out(p)
+
+
+def _closed_loop(p: argparse.ArgumentParser, port: int) -> None:
+    """gemini_lab.cubic's closed loop (cubic, datapath-loop): unset options keep CubicConfig's."""
+    p.add_argument("--day-seconds", type=int, help="a compressed day (divides 86400)")
+    p.add_argument("--interval", type=float, help="the agent's reporting interval")
+    p.add_argument("--search-reports", type=int, help="reports with exploration on day 0")
+    p.add_argument("--flow-bytes", help="size of each flow")
+    p.add_argument("--port", type=int, default=port)
+    _summary(p)
+
+
+def _tuned_theta(p: argparse.ArgumentParser, contenders: tuple[str, ...]) -> None:
+    p.add_argument("--tuned-theta", help="fusion-tuned's θ: JSON (spec units) or a JSON file")
+    p.add_argument("--tuned-source", default="given", help="where the tuned θ comes from")
+    p.add_argument("--contender", action="append", choices=contenders, help="repeat; all")
+
+
+def _scenarios(p: argparse.ArgumentParser, default: tuple[str, ...]) -> None:
+    p.add_argument("--scenario", action="append", help="repeat; " + " ".join(default))
+
+
+# --- each study's own options -------------------------------------------------------------
+
+
+def opts_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", action="append", default=None)
+    p.add_argument("--cc", action="append", default=None)
+    p.add_argument("--theta", action="append", default=[], help="name=units, for fusion")
+    p.add_argument("--duration", type=int, default=20)
+    _backend(p)
+
+
+def opts_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--duration", type=int, default=30)
+    _backend(p)
+
+
+def opts_records(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--flows", type=int, default=10000)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument(
         "--burst",
         type=int,
         default=10000,
         help="flows opened first and then ended at once (0: skip)",
     )
-    loop = sub.add_parser("loop", help="Booster (embedded PostgreSQL) + agent in the guest")
-    loop.add_argument(
+    _backend(p)
+
+
+def opts_loop(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--search-reports",
         type=int,
         default=32,
         help="reporting intervals of search (the host explores) ...",
     )
-    loop.add_argument(
+    p.add_argument(
         "--eval-reports",
         type=int,
         default=10,
         help="... then of evaluation (exploration off, the incumbent runs)",
     )
-    loop.add_argument("--interval", type=float, default=8)
-    loop.add_argument("--sigma", type=float, default=0.1)
-    loop.add_argument("--port", type=int, default=50151)
-    land = sub.add_parser("landscape", help="utility of fixed θ on the loop's two paths")
-    land.add_argument(
+    p.add_argument("--interval", type=float, default=8)
+    p.add_argument("--sigma", type=float, default=0.1)
+    p.add_argument("--port", type=int, default=50151)
+    _out(p)
+
+
+def opts_landscape(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--theta",
         action="append",
         default=[],
         help="one cell: name=units[,name=units...] (others at the defaults)",
     )
-    land.add_argument("--flows", type=int, default=6, help="flows per cell and path")
-    land.add_argument("--flow-bytes", default="3M")
-    land.add_argument("--sigma", type=float, default=0.1)
-    tune = sub.add_parser("tune", help="Booster tunes all seven parameters on scenarios")
-    tune.add_argument(
+    p.add_argument("--flows", type=int, default=6, help="flows per cell and path")
+    p.add_argument("--flow-bytes", default="3M")
+    p.add_argument("--sigma", type=float, default=0.1)
+    _out(p)
+
+
+def opts_tune(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--scenario",
         action="append",
         default=None,
         help="a scenario (repeat: one context per scenario, all tuned at once); ethernet",
     )
-    tune.add_argument(
+    p.add_argument(
         "--sigma", action="append", type=float, default=None, help="repeat: a run per σ; 0.1"
     )
-    tune.add_argument("--region", choices=REGIONS, default="production", help="Θ or Θ′")
-    tune.add_argument("--rounds", type=int, default=30, help="reporting rounds of search ...")
-    tune.add_argument(
+    p.add_argument("--region", choices=REGIONS, default="production", help="Θ or Θ′")
+    p.add_argument("--rounds", type=int, default=30, help="reporting rounds of search ...")
+    p.add_argument(
         "--eval-rounds", type=int, default=8, help="... then with exploration off (tuned θ)"
     )
-    tune.add_argument(
+    p.add_argument(
         "--default-rounds",
         type=int,
         default=8,
         help="... then on the default θ (Booster stopped: the agent falls back to it)",
     )
-    tune.add_argument("--initial-points", type=int, default=0, help="0: 6 per scenario")
-    tune.add_argument("--interval", type=float, default=8)
-    tune.add_argument("--flow-bytes", default="3M")
-    tune.add_argument("--port", type=int, default=50152)
-    det = sub.add_parser("determinism", help="the same flows idle and with the host busy")
-    det.add_argument("--repeats", type=int, default=2)
-    det.add_argument("--duration", type=int, default=20)
-    fair = sub.add_parser("fairness", help="RTT fairness and cubic-friendliness (Figs. 7, 8)")
-    fair.add_argument("--part", action="append", choices=("rtt", "friendliness"), default=None)
-    fair.add_argument("--tuned-theta", help="fusion-tuned's θ: JSON (spec units) or a JSON file")
-    fair.add_argument("--tuned-source", default="given", help="where the tuned θ comes from")
-    fair.add_argument("--rtt", action="append", type=float, help="x in ms (repeat); 10 20 40 80")
-    fair.add_argument("--buffer", action="append", type=float, help="BDPs (repeat); 0.5 1 2 4")
-    fair.add_argument(
-        "--contender", action="append", choices=fairness.CONTENDERS, help="repeat; all"
-    )
-    fair.add_argument("--rate", type=float, default=100.0, help="RTT fairness link, Mbit/s")
-    fair.add_argument("--settings", type=int, default=8, help="friendliness: random settings")
-    fair.add_argument("--seed", type=int, default=1)
-    fair.add_argument("--duration", type=int, default=25, help="seconds per pair (simulated)")
-    fair.add_argument("--omit", type=int, default=5, help="seconds of each flow not counted")
-    fair.add_argument("--record", type=Path, default=REPO / "benchmarks/results/fairness.md")
-    fair.add_argument("--no-record", action="store_true", help="print only")
-    fair.add_argument(
+    p.add_argument("--initial-points", type=int, default=0, help="0: 6 per scenario")
+    p.add_argument("--interval", type=float, default=8)
+    p.add_argument("--flow-bytes", default="3M")
+    p.add_argument("--port", type=int, default=50152)
+    _out(p)
+
+
+def opts_determinism(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--duration", type=int, default=20)
+    _backend(p)
+
+
+def opts_fairness(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--part", action="append", choices=("rtt", "friendliness"), default=None)
+    _tuned_theta(p, fairness.CONTENDERS)
+    p.add_argument("--rtt", action="append", type=float, help="x in ms (repeat); 10 20 40 80")
+    p.add_argument("--buffer", action="append", type=float, help="BDPs (repeat); 0.5 1 2 4")
+    p.add_argument("--rate", type=float, default=100.0, help="RTT fairness link, Mbit/s")
+    p.add_argument("--settings", type=int, default=8, help="friendliness: random settings")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--duration", type=int, default=25, help="seconds per pair (simulated)")
+    p.add_argument("--omit", type=int, default=5, help="seconds of each flow not counted")
+    p.add_argument(
         "--position", action="append", choices=tuple(fairness.POSITIONS), help="repeat; both"
     )
-    fair.add_argument(
-        "--merge", action="append", type=Path, help="render these results.json, run nothing"
-    )
-    short = sub.add_parser("shortflows", help="1 MB and size-mix transfer times per CC (UML)")
-    short.add_argument(
-        "--scenario", action="append", help="repeat; " + " ".join(shortflows.DEFAULT_SCENARIOS)
-    )
-    short.add_argument("--tuned-theta", help="fusion-tuned's θ: JSON (spec units) or a JSON file")
-    short.add_argument("--tuned-source", default="given", help="where the tuned θ comes from")
-    short.add_argument(
-        "--contender", action="append", choices=shortflows.CONTENDERS, help="repeat; all"
-    )
-    short.add_argument("--transfers", type=int, default=20, help="1 MB transfers per path, CC")
-    short.add_argument("--mix", type=int, default=40, help="size-mix transfers per path, CC")
-    short.add_argument("--seed", type=int, default=1, help="of the size mix")
-    short.add_argument(
+    _recorded(p, REPO / "benchmarks/results/fairness.md")
+
+
+def opts_shortflows(p: argparse.ArgumentParser) -> None:
+    _scenarios(p, shortflows.DEFAULT_SCENARIOS)
+    _tuned_theta(p, shortflows.CONTENDERS)
+    p.add_argument("--transfers", type=int, default=20, help="1 MB transfers per path, CC")
+    p.add_argument("--mix", type=int, default=40, help="size-mix transfers per path, CC")
+    p.add_argument("--seed", type=int, default=1, help="of the size mix")
+    p.add_argument(
         "--fewer", action="append", help="PATH=N_1MB,N_MIX: fewer transfers there (repeat)"
     )
-    short.add_argument("--record", type=Path, default=shortflows.RESULTS_PATH)
-    short.add_argument("--no-record", action="store_true", help="print only")
-    short.add_argument(
-        "--merge", action="append", type=Path, help="render these results.json, run nothing"
-    )
-    ptune = sub.add_parser("plannertune", help="Booster's planner tunes θ for long flows (UML)")
-    ptune.add_argument(
-        "--scenario", action="append", help="repeat; " + " ".join(evaluation.DEFAULT_SCENARIOS)
-    )
-    ptune.add_argument("--sigma", type=float, default=0.1)
-    ptune.add_argument("--rounds", type=int, default=12)
-    ptune.add_argument("--hosts", type=int, default=5, help="lab hosts per context")
-    ptune.add_argument("--explorers", type=int, default=4, help="of them, exploring")
-    ptune.add_argument("--seed", type=int, default=1, help="the policy id: the planner's draws")
-    ptune.add_argument(
-        "--region", choices=("production", "wide"), default="production", help="Θ or Θ′"
-    )
-    ptune.add_argument("--record", type=Path, default=plannertune.RESULTS_PATH)
-    ptune.add_argument("--tuned", type=Path, default=evaluation.TUNED_PATH, help="θ written here")
-    ptune.add_argument("--no-record", action="store_true", help="print only")
-    ev = sub.add_parser("evaluate", help="long flows: tuned θ, default Fusion, baselines (UML)")
-    ev.add_argument(
-        "--scenario", action="append", help="repeat; " + " ".join(evaluation.DEFAULT_SCENARIOS)
-    )
-    ev.add_argument(
+    _recorded(p, shortflows.RESULTS_PATH)
+
+
+def opts_plannertune(p: argparse.ArgumentParser) -> None:
+    _scenarios(p, evaluation.DEFAULT_SCENARIOS)
+    p.add_argument("--sigma", type=float, default=0.1)
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--hosts", type=int, default=5, help="lab hosts per context")
+    p.add_argument("--explorers", type=int, default=4, help="of them, exploring")
+    p.add_argument("--seed", type=int, default=1, help="the policy id: the planner's draws")
+    p.add_argument("--region", choices=("production", "wide"), default="production", help="Θ or Θ′")
+    p.add_argument("--record", type=Path, default=plannertune.RESULTS_PATH)
+    p.add_argument("--tuned", type=Path, default=evaluation.TUNED_PATH, help="θ written here")
+    p.add_argument("--no-record", action="store_true", help="print only")
+    _out(p)
+
+
+def opts_evaluate(p: argparse.ArgumentParser) -> None:
+    _scenarios(p, evaluation.DEFAULT_SCENARIOS)
+    p.add_argument(
         "--tuned", type=Path, default=evaluation.TUNED_PATH, help="JSON: scenario → tuned θ"
     )
-    ev.add_argument("--runs", type=int, default=3, help="runs per path and CC")
-    ev.add_argument("--no-cross", action="store_true", help="no θ tuned on the other paths")
-    ev.add_argument("--record", type=Path, default=evaluation.RESULTS_PATH)
-    ev.add_argument("--no-record", action="store_true", help="print only")
-    ev.add_argument(
-        "--merge", action="append", type=Path, help="render these results.json, run nothing"
-    )
-    ab = sub.add_parser("abtest", help="an A/B experiment over lab hosts, with a crossover")
-    ab.add_argument("--hosts", type=int, default=4, help="lab hosts (namespaces with agents)")
-    ab.add_argument("--day-seconds", type=int, default=120, help="a compressed day")
-    ab.add_argument("--interval", type=float, default=8, help="the agents' reporting interval")
-    ab.add_argument("--port", type=int, default=50153)
-    ab.add_argument("--record", type=Path, help="write the summary here (markdown)")
-    ab.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    cub = sub.add_parser("cubic", help="Booster tunes CUBIC; tuned θ vs kernel defaults")
-    cub.add_argument("--day-seconds", type=int, help="a compressed day (divides 86400)")
-    cub.add_argument("--interval", type=float, help="the agent's reporting interval")
-    cub.add_argument("--search-reports", type=int, help="reports with exploration on day 0")
-    cub.add_argument("--check-flows", type=int, help="flows per β of the check")
-    cub.add_argument("--flow-bytes", help="size of each cubic flow")
-    cub.add_argument("--check-only", action="store_true", help="only the check, no Booster")
-    cub.add_argument("--backend", choices=BACKENDS, default="qemu", help="for --check-only")
-    cub.add_argument("--render", type=Path, help="render this cubic.json again, run nothing")
-    cub.add_argument("--render-command", help="with --render: the command that made it")
-    cub.add_argument("--port", type=int, default=50163)
-    cub.add_argument("--record", type=Path, help="write the summary here (markdown)")
-    cub.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    dpl = sub.add_parser("datapath-loop", help="the closed loop for any module_params datapath")
-    dpl.add_argument("--datapath", required=True, help="gemini or dcvegas (datapath_loop.LOOPS)")
-    dpl.add_argument("--day-seconds", type=int, help="a compressed day (divides 86400)")
-    dpl.add_argument("--interval", type=float, help="the agent's reporting interval")
-    dpl.add_argument("--search-reports", type=int, help="reports with exploration on day 0")
-    dpl.add_argument("--flow-bytes", help="size of each flow")
-    dpl.add_argument("--port", type=int, default=50173)
-    dpl.add_argument("--record", type=Path, help="write the summary here (markdown)")
-    dpl.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    dps = sub.add_parser("datapath-signals", help="GEMINI's and DC-Vegas' signals (UML)")
-    dps.add_argument("--record", type=Path, help="write the summary here (markdown)")
-    dps.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    dpt = sub.add_parser("datapath-tune", help="Booster's planner tunes any datapath (UML)")
-    dpt.add_argument("--datapath", required=True)
-    dpt.add_argument("--scenario", action="append", required=True, help="a context each")
-    dpt.add_argument("--tuned", action="append", help="a searched parameter (default: all)")
-    dpt.add_argument("--time-scale", type=int, default=1, help="µs parameters' region × this")
-    dpt.add_argument("--extra", action="append", help="a non-θ module parameter, name=value")
-    dpt.add_argument("--sigma", type=float, default=0.1)
-    dpt.add_argument("--rounds", type=int, default=5)
-    dpt.add_argument("--hosts", type=int, default=4)
-    dpt.add_argument("--explorers", type=int, default=3)
-    dpt.add_argument("--seed", type=int, default=1)
-    dpt.add_argument("--heldout", action="store_true", help="default vs tuned, held out")
-    dpt.add_argument("--heldout-only", type=Path, help="a tuned.json: only the held-out boot")
-    dpt.add_argument("--record", type=Path, help="write the summary here (markdown)")
-    dpt.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    dpe = sub.add_parser("datapath-eval", help="GEMINI and DC-Vegas beside the baselines (UML)")
-    dpe.add_argument("--flow-seconds", type=float, default=10, help="datacenter flows")
-    dpe.add_argument("--wan-seconds", type=float, default=30, help="cross-dc flows")
-    dpe.add_argument("--no-sweep", action="store_true", help="no G6 sweep, no held-out boot")
-    dpe.add_argument("--only", help="only the experiments whose label starts with this")
-    dpe.add_argument("--record", type=Path, help="write the summary here (markdown)")
-    dpe.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    for p in (
-        run,
-        bench,
-        records,
-        loop,
-        land,
-        tune,
-        det,
-        fair,
-        short,
-        ev,
-        ptune,
-        sub.choices["check"],
-    ):
-        p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    for p in (run, bench, records, det):
-        p.add_argument(
-            "--backend",
-            choices=BACKENDS,
-            default="uml",
-            help="uml: simulated clock, figures independent of host load (default); "
-            "qemu: Debian's stock kernel under emulation",
-        )
-    args = ap.parse_args(argv)
-    try:
-        if args.cmd == "run":
-            args.scenario = args.scenario or ["ethernet"]
-            args.cc = args.cc or ["fusion", "cubic"]
-            results = cmd_run(args)
-        elif args.cmd == "bench":
-            results = run_plan(
-                plans.benchmark_plan(args.duration, cpu=args.backend == "qemu"),
-                args.out,
-                backend=args.backend,
-                progress=_progress,
-            )
-            report.write_benchmark(results, _command())
-        elif args.cmd in PRINTING:
-            return PRINTING[args.cmd](args)
-        elif args.cmd == "determinism":
-            from gemini_lab import determinism
+    p.add_argument("--runs", type=int, default=3, help="runs per path and CC")
+    p.add_argument("--no-cross", action="store_true", help="no θ tuned on the other paths")
+    _recorded(p, evaluation.RESULTS_PATH)
 
-            command = _command()
-            print(determinism.run(args.repeats, args.duration, args.backend, args.out, command))
-            return None
-        elif args.cmd == "records":
-            results = run_plan(
-                plans.records_plan(args.flows, args.workers, args.burst),
-                args.out,
-                backend=args.backend,
-                progress=_progress,
-            )
-            report.write_records(results, _command())
-        else:
-            sys.exit(cmd_check(args))
+
+def opts_abtest(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hosts", type=int, default=4, help="lab hosts (namespaces with agents)")
+    p.add_argument("--day-seconds", type=int, default=120, help="a compressed day")
+    p.add_argument("--interval", type=float, default=8, help="the agents' reporting interval")
+    p.add_argument("--port", type=int, default=50153)
+    _summary(p)
+
+
+def opts_cubic(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--check-flows", type=int, help="flows per β of the check")
+    p.add_argument("--check-only", action="store_true", help="only the check, no Booster")
+    p.add_argument("--backend", choices=BACKENDS, default="qemu", help="for --check-only")
+    p.add_argument("--render", type=Path, help="render this cubic.json again, run nothing")
+    p.add_argument("--render-command", help="with --render: the command that made it")
+    _closed_loop(p, port=50163)
+
+
+def opts_datapath_loop(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--datapath", required=True, help="gemini or dcvegas (datapath_loop.LOOPS)")
+    _closed_loop(p, port=50173)
+
+
+def opts_datapath_tune(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--datapath", required=True)
+    p.add_argument("--scenario", action="append", required=True, help="a context each")
+    p.add_argument("--tuned", action="append", help="a searched parameter (default: all)")
+    p.add_argument("--time-scale", type=int, default=1, help="µs parameters' region × this")
+    p.add_argument("--extra", action="append", help="a non-θ module parameter, name=value")
+    p.add_argument("--sigma", type=float, default=0.1)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--explorers", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--heldout", action="store_true", help="default vs tuned, held out")
+    p.add_argument("--heldout-only", type=Path, help="a tuned.json: only the held-out boot")
+    _summary(p)
+
+
+def opts_datapath_eval(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--flow-seconds", type=float, default=10, help="datacenter flows")
+    p.add_argument("--wan-seconds", type=float, default=30, help="cross-dc flows")
+    p.add_argument("--no-sweep", action="store_true", help="no G6 sweep, no held-out boot")
+    p.add_argument("--only", help="only the experiments whose label starts with this")
+    _summary(p)
+
+
+@dataclass(frozen=True)
+class Study:
+    """One subcommand: its help line, its options and what it runs."""
+
+    help: str
+    options: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], None]
+
+
+# the subcommands, in the order ``gemini-lab --help`` lists them
+STUDIES: dict[str, Study] = {
+    "run": Study("flows of the given CCs over the given scenarios", opts_run, cmd_flows),
+    "bench": Study("Table IV comparison and CPU cost", opts_bench, cmd_bench),
+    "check": Study("the acceptance plan", _out, cmd_check_exit),
+    "records": Study("flow-record delivery under many short flows", opts_records, cmd_records),
+    "loop": Study("Booster (embedded PostgreSQL) + agent in the guest", opts_loop, cmd_loop),
+    "landscape": Study("utility of fixed θ on the loop's two paths", opts_landscape, cmd_landscape),
+    "tune": Study("Booster tunes all seven parameters on scenarios", opts_tune, cmd_tune),
+    "determinism": Study(
+        "the same flows idle and with the host busy", opts_determinism, cmd_determinism
+    ),
+    "fairness": Study(
+        "RTT fairness and cubic-friendliness (Figs. 7, 8)", opts_fairness, cmd_fairness
+    ),
+    "shortflows": Study(
+        "1 MB and size-mix transfer times per CC (UML)", opts_shortflows, cmd_shortflows
+    ),
+    "plannertune": Study(
+        "Booster's planner tunes θ for long flows (UML)", opts_plannertune, cmd_plannertune
+    ),
+    "evaluate": Study(
+        "long flows: tuned θ, default Fusion, baselines (UML)", opts_evaluate, cmd_evaluate
+    ),
+    "abtest": Study("an A/B experiment over lab hosts, with a crossover", opts_abtest, cmd_abtest),
+    "cubic": Study("Booster tunes CUBIC; tuned θ vs kernel defaults", opts_cubic, cmd_cubic),
+    "datapath-loop": Study(
+        "the closed loop for any module_params datapath", opts_datapath_loop, cmd_datapath_loop
+    ),
+    "datapath-signals": Study(
+        "GEMINI's and DC-Vegas' signals (UML)", _summary, cmd_datapath_signals
+    ),
+    "datapath-tune": Study(
+        "Booster's planner tunes any datapath (UML)", opts_datapath_tune, cmd_datapath_tune
+    ),
+    "datapath-eval": Study(
+        "GEMINI and DC-Vegas beside the baselines (UML)", opts_datapath_eval, cmd_datapath_eval
+    ),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gemini-lab", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, study in STUDIES.items():
+        study.options(sub.add_parser(name, help=study.help))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        STUDIES[args.cmd].run(args)
     except LabError as exc:
         raise SystemExit(f"gemini-lab: {exc}") from exc
-    print(report.table(results))
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"\nresults: {args.out / 'results.json'}")
 
 
 if __name__ == "__main__":

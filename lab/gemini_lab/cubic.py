@@ -56,10 +56,10 @@ from gemini_booster.experiments import statistics as st
 from gemini_booster.models import PolicyCreate, PolicyUpdate
 from gemini_booster.service import runs
 from gemini_booster.service.app import BoosterServer
+from gemini_lab import scenario
 from gemini_lab.abtest import RELAY_PORT, REST_TIMEOUT_S, AbConfig, agent_toml, next_boundary
 from gemini_lab.driver import POLL_S, GuestDriver, fresh_guest_dir
 from gemini_lab.loop import ACTOR, LabPath, write_mmdb
-from gemini_lab.scenario import Scenario
 
 CUBIC = "cubic"
 DEFAULT_ARM, TUNED_ARM = "cubic-default", "cubic-tuned"
@@ -69,21 +69,8 @@ BASELINE_CC = CUBIC  # how the agent reports cubic flows that ran no policy θ
 TRIAL_CC = ""  # how it reports the policy's own flows (trials of the θ that ran)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
-# A loss-limited path: 1 % random loss caps CUBIC far below the link's rate, so the window the
-# sender keeps after each loss (β) sets its throughput (AIMD: rate ∝ √((1+β)/(1−β)) in the
-# TCP-friendly region), and the queue stays nearly empty whatever β is.
-LOSSY = LabPath(
-    Scenario(
-        name="cubic-lossy",
-        description="40 ms, 20 Mbit/s, 1 % random loss, 1 BDP queue",
-        rtt_ms=40,
-        rate_mbit=20,
-        loss_percent=1.0,
-        queue_bdp=1.0,
-    ),
-    "lossy",
-    "isp-b",
-)
+# loss-limited: the β CUBIC keeps after each loss sets its rate (scenarios/cubic-lossy.toml)
+LOSSY = LabPath(scenario.load("cubic-lossy"), "lossy", "isp-b")
 # The search region: β over the spec's production range, every other parameter at the kernel's
 # value. On a random-loss path the others hardly act: HyStart only ends the first slow start
 # (which a random loss ends anyway within a few RTTs), fast convergence only yields to

@@ -41,7 +41,7 @@ from pathlib import Path
 from gemini_lab import scenario
 from gemini_lab.datapath_signals import GEMINI, scaled_theta
 from gemini_lab.host import REPO
-from gemini_lab.scenario import Hop, Scenario
+from gemini_lab.scenario import Scenario
 
 # of host time for one boot: a loaded 2-core host ran this plan's 29 flows past run_plan's
 # default half hour (the guest's clock is simulated: host time only bounds the wait)
@@ -88,24 +88,7 @@ MIXED_SETUPS = (
     MixedSetup("mixed-4x4", 4, 300, "the paper's G8: 4 + 4 flows, RED at 300 packets"),
 )
 H_MIN_FAIR = 1  # h_min = 0.01: below the 2 ms flow's h = H·C·RTT_base = 0.024
-HELDOUT = Scenario(
-    name="cross-dc-heldout",
-    description="held out: a 100 Mbit/s datacenter hop marking at 50 packets, then a 60 Mbit/s "
-    "WAN hop with 5000 packets of buffer; 60 ms",
-    rtt_ms=60,
-    receiver_cc="dctcp",
-    hops=(
-        Hop(
-            name="dc-switch",
-            rate_mbit=100,
-            delay_ms=1,
-            queue_packets=450,
-            ecn_threshold_packets=50,
-            burst_packets=2,
-        ),
-        Hop(name="wan", rate_mbit=60, delay_ms=29, queue_packets=5000),
-    ),
-)
+HELDOUT = scenario.load("cross-dc-heldout")  # no setting was chosen on it
 
 
 MATCHED_K = (6, 24)  # DC-Vegas' default K_dcv, and the signal checks' second one
@@ -233,16 +216,7 @@ def eval_plan(
     }
 
 
-DC_HELDOUT = Scenario(
-    name="datacenter-heldout",
-    description="held out: 100 Mbit/s, 5 ms, 200 packets of buffer, RED marking at 40 packets",
-    rtt_ms=5,
-    rate_mbit=100,
-    queue_packets=200,
-    ecn_threshold_packets=40,
-    burst_packets=2,
-    receiver_cc="dctcp",
-)
+DC_HELDOUT = scenario.load("datacenter-heldout")  # no setting was chosen on it
 
 
 def heldout_plan(tuned: dict[str, int], wan_s: float = 30, name: str = GEMINI) -> dict:

@@ -20,24 +20,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from gemini_lab import scenario
 from gemini_lab.cubic import CubicConfig
 from gemini_lab.loop import LabPath
-from gemini_lab.scenario import Scenario
 
-ECN_PATH = LabPath(
-    Scenario(
-        name="dc-ecn",
-        description="10 ms, 20 Mbit/s, 100-packet queue marking ECN from 20 packets",
-        rtt_ms=10,
-        rate_mbit=20,
-        queue_packets=100,
-        ecn_threshold_packets=20,
-        burst_packets=2,
-        receiver_cc="dctcp",
-    ),
-    "dc",
-    "isp-b",
-)
+ECN_PATH = LabPath(scenario.load("dc-ecn"), "dc", "isp-b")
 # per datapath: the path and the θ parameter searched (the rest pinned at the spec's defaults)
 LOOPS: dict[str, tuple[LabPath, tuple[str, ...]]] = {
     "gemini": (ECN_PATH, ("ecn_k",)),

@@ -22,18 +22,10 @@ import itertools
 
 from gemini_api.datapaths import datapath
 from gemini_lab import scenario
-from gemini_lab.scenario import Scenario
 
 SCALE = 10  # DATAPATHS-SPEC.md section 0.3
 GEMINI, DCVEGAS = "gemini", "dcvegas"
-CE_MARKER = Scenario(
-    name="ce-marker",
-    description="20 Mbit/s, 20 ms, 200 packets of netem queue (a random CE marker in the checks)",
-    rtt_ms=20,
-    rate_mbit=20,
-    queue_packets=200,
-    receiver_cc="dctcp",  # DCTCP's receiver echoes each CE exactly
-)
+CE_MARKER = scenario.load("ce-marker")  # a random CE marker, not a queue, marks
 # 1 %: below 16/1024, where α in DCTCP's 1/1024 fixed point was zeroed every round and read
 # about g·F, a sixteenth of the fraction (cc_common.h); 10 and 30 %: congested rounds' fractions
 CE_PERCENTS = (1, 10, 30)

@@ -24,6 +24,7 @@ from gemini_booster.config import Settings
 from gemini_booster.models import PolicyCreate, PolicyUpdate
 from gemini_booster.service import runs
 from gemini_booster.service.app import BoosterServer
+from gemini_lab import scenario
 from gemini_lab.driver import GuestDriver, fresh_guest_dir
 from gemini_lab.netem import receiver_prefix
 from gemini_lab.scenario import Scenario
@@ -40,29 +41,8 @@ class LabPath:
 
 
 PATHS = (
-    LabPath(
-        Scenario(
-            name="wired",
-            description="40 ms, 20 Mbit/s, no loss",
-            rtt_ms=40,
-            rate_mbit=20,
-            queue_bdp=1.0,
-        ),
-        "wired",
-        "isp-a",
-    ),
-    LabPath(
-        Scenario(
-            name="lossy",
-            description="100 ms, 20 Mbit/s, 1 % loss",
-            rtt_ms=100,
-            rate_mbit=20,
-            loss_percent=1.0,
-            queue_bdp=1.0,
-        ),
-        "lossy",
-        "isp-b",
-    ),
+    LabPath(scenario.load("wired"), "wired", "isp-a"),
+    LabPath(scenario.load("lossy"), "lossy", "isp-b"),
 )
 # The loop tunes the start and the loss response and holds the rest at the spec's defaults:
 # ω over Θ, λ over Θ' (so a start can be far off) and l over 0–3 %. Θ's 1 % cap on l equals the

@@ -5,33 +5,10 @@ from __future__ import annotations
 from gemini_lab import scenario
 
 CCS = ("cubic", "bbr", "vegas", "reno")
-# A short lossy path where λ must matter: l = 0 makes every loss a signal, so the
-# reduction λ·W decides how much of the link the flow keeps.
-LOSSY = scenario.Scenario(
-    name="lossy-short",
-    description="40 ms RTT, 20 Mbit/s, 1 % loss",
-    rtt_ms=40,
-    rate_mbit=20,
-    loss_percent=1.0,
-    queue_bdp=1.0,
-)
-LAN = scenario.Scenario(
-    name="lan",
-    description="2 ms RTT, 500 Mbit/s, for many short flows",
-    rtt_ms=2,
-    rate_mbit=500,
-    queue_bdp=2.0,
-)
-# CPU per byte compares like with like only when both CCs deliver the same bytes: a rate every
-# CC fills under emulation (on the 500 Mbit/s path a delay-sensitive CC reads the emulator's
-# jitter as queueing and delivers less, which inflates its cost per byte).
-CPU_PATH = scenario.Scenario(
-    name="cpu",
-    description="2 ms RTT, 150 Mbit/s, for CPU cost",
-    rtt_ms=2,
-    rate_mbit=150,
-    queue_bdp=2.0,
-)
+# the acceptance plans' own paths (why each: its file in scenarios/)
+LOSSY = scenario.load("lossy-short")  # λ decides how much of the link a lossy flow keeps
+LAN = scenario.load("lan")
+CPU_PATH = scenario.load("cpu")  # a rate every CC fills: CPU per byte compares like with like
 
 
 def outcome_plan(duration_s: int = 20) -> dict:

@@ -34,8 +34,8 @@ from gemini_lab.cubic import (
     search_bounds,
 )
 from gemini_lab.datapath_loop import LOOPS, loop_config
-from gemini_lab.vm import LabError, find_kernel
 from tests.conftest import OPERATOR, free_port, lab_fleet_settings, new_database
+from tests.labkit import guest_kernel
 
 NAMES = tuple(LOOPS)
 # The loops run: the first by default (a qemu loop costs about 7 minutes of CI's lab tier, and
@@ -69,10 +69,7 @@ def run(request, tmp_path_factory, pg_admin_url):
     """Each datapath's loop runs in a fresh process: run one after the other in one process,
     the second run's guest found Booster unreachable for its whole boot (not understood yet;
     each alone passes), so that a test process holds no state of an earlier loop."""
-    try:
-        find_kernel()
-    except LabError as exc:
-        pytest.skip(str(exc))
+    guest_kernel()  # skipped where none is installed
     out_dir = tmp_path_factory.mktemp(f"loop-{request.param}")
     spawn = multiprocessing.get_context("spawn")
     with spawn.Pool(1) as pool:

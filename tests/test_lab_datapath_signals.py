@@ -21,8 +21,7 @@ from __future__ import annotations
 import pytest
 
 from gemini_lab import datapath_signals as ds
-from gemini_lab.host import run_plan
-from gemini_lab.vm import LabError
+from tests.labkit import lab_plan
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -34,12 +33,7 @@ GOODPUT = 1448 / 1514
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> dict:
     plan = ds.signals_plan()
-    try:
-        results = run_plan(plan, tmp_path_factory.mktemp("dp-signals"), backend="uml")
-    except LabError as exc:
-        if "missing" in str(exc):
-            pytest.skip(str(exc))
-        raise
+    results = lab_plan(plan, tmp_path_factory.mktemp("dp-signals"), backend="uml")
     assert results["guest_failure"] is None, results["guest_failure"]
     assert results["kernel_problems"] == [], results["kernel_problems"]
     return results

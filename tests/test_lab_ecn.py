@@ -14,9 +14,8 @@ from __future__ import annotations
 import pytest
 
 from gemini_lab import ecn, netem, scenario
-from gemini_lab.host import run_plan
 from gemini_lab.scenario import Link
-from gemini_lab.vm import LabError
+from tests.labkit import lab_plan
 
 WIRE = netem.WIRE_PACKET_BYTES
 
@@ -82,12 +81,7 @@ GOODPUT = 1448 / 1514  # payload per wire byte of a full-sized segment with time
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> dict:
     plan = ecn.ecn_plan()
-    try:
-        results = run_plan(plan, tmp_path_factory.mktemp("ecn"), backend="uml")
-    except LabError as exc:
-        if "missing" in str(exc):
-            pytest.skip(str(exc))
-        raise
+    results = lab_plan(plan, tmp_path_factory.mktemp("ecn"), backend="uml")
     assert results["guest_failure"] is None, results["guest_failure"]
     assert results["kernel_problems"] == [], results["kernel_problems"]
     return {**results, "plan": plan}

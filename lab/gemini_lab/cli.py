@@ -323,22 +323,30 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     _run_recorded(evaluation.MEASUREMENT, cfg, args)
 
 
-def cmd_plannertune(args: argparse.Namespace) -> None:
-    try:
-        names = _scenario_names(args, evaluation.DEFAULT_SCENARIOS)
-    except scenario.ScenarioError as exc:
-        raise SystemExit(f"gemini-lab plannertune: {exc}") from exc
+def _planner_config(
+    args: argparse.Namespace, names: tuple[str, ...], **more: Any
+) -> plannertune.TuneConfig:
+    """The planner's rounds from the options plannertune and datapath-tune share (``more``:
+    a subcommand's own), refused unless some hosts explore and some do not."""
     if not 0 < args.explorers < args.hosts or args.rounds < 1:
-        raise SystemExit("gemini-lab plannertune: need 0 < --explorers < --hosts and --rounds ≥ 1")
-    cfg = plannertune.TuneConfig(
+        raise SystemExit(f"gemini-lab {args.cmd}: need 0 < --explorers < --hosts and --rounds ≥ 1")
+    return plannertune.TuneConfig(
         scenarios=names,
         sigma=args.sigma,
         rounds=args.rounds,
         hosts=args.hosts,
         explorers=args.explorers,
         seed=args.seed,
-        region=args.region,
+        **more,
     )
+
+
+def cmd_plannertune(args: argparse.Namespace) -> None:
+    try:
+        names = _scenario_names(args, evaluation.DEFAULT_SCENARIOS)
+    except scenario.ScenarioError as exc:
+        raise SystemExit(f"gemini-lab plannertune: {exc}") from exc
+    cfg = _planner_config(args, names, region=args.region)
     command = _command()
     history = plannertune.tune(cfg, args.out)
     text = plannertune.render(history, cfg, command)
@@ -455,13 +463,9 @@ def cmd_datapath_tune(args: argparse.Namespace) -> None:
 
     command = _command()
     extra = tuple((k, int(v)) for k, v in (kv.split("=", 1) for kv in args.extra or []))
-    cfg = plannertune.TuneConfig(
-        scenarios=tuple(args.scenario),
-        sigma=args.sigma,
-        rounds=args.rounds,
-        hosts=args.hosts,
-        explorers=args.explorers,
-        seed=args.seed,
+    cfg = _planner_config(
+        args,
+        tuple(args.scenario),
         datapath=args.datapath,
         tuned=tuple(args.tuned or ()),
         time_scale=args.time_scale,

@@ -28,7 +28,6 @@ counts), so that two identical flows filling the link score 1.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import statistics
@@ -40,7 +39,7 @@ from gemini_api.theta import load_spec
 from gemini_lab.experiment import _bulk, finish_flow
 from gemini_lab.host import REPO
 from gemini_lab.netem import DELAY_LIMIT, TCP_MEM, _veth, sh, tbf_args
-from gemini_lab.recorded import Contender, Measurement, provenance
+from gemini_lab.recorded import Contender, Measurement, opening, tuned_text
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "fairness.md"
 
@@ -479,12 +478,11 @@ def build_plan(cfg: FairnessConfig) -> dict:
 
 def render(results: dict, cfg: FairnessConfig, command: str) -> str:
     cs = contenders(cfg.tuned_theta, cfg.only)
-    theta = json.dumps(cfg.tuned_theta) if cfg.tuned_theta else "none"
+    theta = tuned_text(cfg.tuned_theta)
     parts = [
-        "# RTT fairness and cubic-friendliness (Gemini paper, Figs. 7 and 8)",
-        "",
-        provenance(command, results),
-        "",
+        *opening(
+            "RTT fairness and cubic-friendliness (Gemini paper, Figs. 7 and 8)", command, results
+        ),
         f"Two flows share one bottleneck (tbf + netem queue; `lab/gemini_lab/fairness.py`), "
         f"each {cfg.duration_s} s from a simultaneous start, throughput counted by the "
         f"receiver after the first {cfg.omit_s} s. fusion-default is the θ spec's default; "

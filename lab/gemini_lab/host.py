@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Literal
 
 from gemini_lab import uml
-from gemini_lab.vm import GuestKernel, GuestRun, LabError, find_kernel, run_in_guest
+from gemini_lab.uml import KMOD_DIR
+from gemini_lab.vm import REPO_ROOT, GuestKernel, GuestRun, LabError, find_kernel, run_in_guest
 
-REPO = Path(__file__).resolve().parents[2]
-KMOD_DIR = REPO / "fusion-kmod"
+REPO = REPO_ROOT  # vm's, the one place it is found; under the name the studies import
 Backend = Literal["uml", "qemu"]
 BACKENDS: tuple[Backend, ...] = ("uml", "qemu")
 # A tcp_fusion.ko built elsewhere (against the guest kernel) to load instead of building one.

@@ -90,6 +90,16 @@ def provenance(command: str, results: dict) -> str:
     )
 
 
+def opening(title: str, command: str, results: dict) -> list[str]:
+    """A record's first lines: its title, then where its figures come from."""
+    return [f"# {title}", "", provenance(command, results), ""]
+
+
+def tuned_text(theta: dict[str, int] | None) -> str:
+    """fusion-tuned's θ as a record names it."""
+    return json.dumps(theta) if theta else "none"
+
+
 def load_theta(text: str) -> dict[str, int]:
     """θ from JSON text or a JSON file's path, checked against the spec's names and Θ′."""
     path = Path(text)

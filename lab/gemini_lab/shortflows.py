@@ -66,7 +66,7 @@ from gemini_lab.bulk import CHUNK_BYTES, tcp_info
 from gemini_lab.experiment import read_sysctl, set_default_theta
 from gemini_lab.host import REPO
 from gemini_lab.netem import SENDER_NS, RateSchedule, python_in, receiver_addr, receiver_ns
-from gemini_lab.recorded import Contender, Measurement, provenance
+from gemini_lab.recorded import Contender, Measurement, opening, tuned_text
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "short-flows.md"
 
@@ -421,12 +421,13 @@ def _mix_line(cfg: ShortConfig) -> str:
 
 def render(results: dict, cfg: ShortConfig, command: str) -> str:
     cs = contenders(cfg.tuned_theta, cfg.only)
-    theta = json.dumps(cfg.tuned_theta) if cfg.tuned_theta else "none"
+    theta = tuned_text(cfg.tuned_theta)
     parts = [
-        "# Short flows: completion time of 1 MB transfers and of a web-object size mix",
-        "",
-        provenance(command, results),
-        "",
+        *opening(
+            "Short flows: completion time of 1 MB transfers and of a web-object size mix",
+            command,
+            results,
+        ),
         "Transfers one after another, each on a fresh connection from a cold start; completion "
         "time from the sender's connect() to the receiver having read the last byte "
         "(handshake included); throughput = size / completion time, averaged over transfers. "

@@ -35,7 +35,7 @@ from gemini_booster.models import PolicyCreate
 from gemini_booster.service import runs
 from gemini_booster.service.app import BoosterServer
 from gemini_lab.driver import POLL_S, GuestDriver, fresh_guest_dir
-from gemini_lab.loop import ACTOR, PATHS, LabPath, write_mmdb
+from gemini_lab.loop import ACTOR, EPOCH, PATHS, LabPath, write_mmdb
 
 CONTROL, TREATMENT = "cubic", "fusion"
 REGION = "lab"  # the lab hosts' own region, the experiment's one stratum
@@ -165,8 +165,8 @@ def _sleep_until(at: dt.datetime) -> None:
 
 def _wait_reports(engine, hosts: list[str], guest: GuestDriver, timeout_s: float) -> None:
     """Until every host's agent has stored a report: all agents are up and reach Booster."""
-    deadline, since = time.monotonic() + timeout_s, dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-    while any(runs.count_reports(engine, h, since) == 0 for h in hosts):
+    deadline = time.monotonic() + timeout_s
+    while any(runs.count_reports(engine, h, EPOCH) == 0 for h in hosts):
         if not guest.alive() or time.monotonic() > deadline:
             raise RuntimeError(f"not every lab host reported: {guest.box}")
         time.sleep(POLL_S)

@@ -57,17 +57,22 @@ from gemini_booster.models import PolicyCreate, PolicyUpdate
 from gemini_booster.service import runs
 from gemini_booster.service.app import BoosterServer
 from gemini_lab import scenario
-from gemini_lab.abtest import RELAY_PORT, REST_TIMEOUT_S, AbConfig, agent_toml, next_boundary
+from gemini_lab.abtest import (
+    REGION,
+    RELAY_PORT,
+    REST_TIMEOUT_S,
+    AbConfig,
+    agent_toml,
+    next_boundary,
+)
 from gemini_lab.driver import POLL_S, GuestDriver, fresh_guest_dir
-from gemini_lab.loop import ACTOR, LabPath, write_mmdb
+from gemini_lab.loop import ACTOR, EPOCH, LabPath, write_mmdb
 
 CUBIC = "cubic"
 DEFAULT_ARM, TUNED_ARM = "cubic-default", "cubic-tuned"
 HOST = "lab-host-0"
-REGION = "lab"
 BASELINE_CC = CUBIC  # how the agent reports cubic flows that ran no policy θ
 TRIAL_CC = ""  # how it reports the policy's own flows (trials of the θ that ran)
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 # loss-limited: the β CUBIC keeps after each loss sets its rate (scenarios/cubic-lossy.toml)
 LOSSY = LabPath(scenario.load("cubic-lossy"), "lossy", "isp-b")

@@ -41,6 +41,7 @@ from pathlib import Path
 from gemini_lab import scenario
 from gemini_lab.datapath_signals import GEMINI, scaled_theta
 from gemini_lab.host import REPO
+from gemini_lab.recorded import flow_utility
 from gemini_lab.scenario import Scenario
 
 # of host time for one boot: a loaded 2-core host ran this plan's 29 flows past run_plan's
@@ -258,7 +259,7 @@ def heldout_plan(tuned: dict[str, int], wan_s: float = 30, name: str = GEMINI) -
 
 
 def utility(r: dict) -> float:
-    return r["throughput_mbps"] - SIGMA * r["queue_delay_ms"]
+    return flow_utility(r["throughput_mbps"], r["queue_delay_ms"], SIGMA)
 
 
 def jain(xs: list[float]) -> float:

@@ -40,7 +40,7 @@ from pathlib import Path
 from gemini_api.theta import load_spec
 from gemini_lab import scenario
 from gemini_lab.host import REPO
-from gemini_lab.recorded import Contender, Measurement, load_theta
+from gemini_lab.recorded import Contender, Measurement, flow_utility, load_theta
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "evaluation.md"
 TUNED_PATH = REPO / "benchmarks" / "results" / "tuned-theta.json"
@@ -141,7 +141,7 @@ def build_plan(cfg: EvalConfig) -> dict:
 
 def utility(flow: dict, sigma: float) -> float:
     """Eq. 9 for one flow: Mbit/s − σ · ms of queueing."""
-    return float(flow["throughput_mbps"]) - sigma * float(flow["queue_delay_ms"])
+    return flow_utility(float(flow["throughput_mbps"]), float(flow["queue_delay_ms"]), sigma)
 
 
 def _runs(results: dict, path: str, name: str) -> list[tuple[str, dict]]:

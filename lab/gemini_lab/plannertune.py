@@ -48,6 +48,7 @@ from gemini_booster.policy.planner import Planner, PolicyState
 from gemini_booster.simulation import hosts_exploring
 from gemini_lab import evaluation, scenario
 from gemini_lab.host import REPO, run_plan
+from gemini_lab.recorded import flow_utility
 
 RESULTS_PATH = REPO / "benchmarks" / "results" / "planner-tune.md"
 T0 = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)  # round r is the hour bucket T0 + r hours
@@ -273,7 +274,7 @@ def tune(
 
 
 def utility(row: dict, sigma: float) -> float:
-    return float(row["mbps"]) - sigma * float(row["queue_ms"])
+    return flow_utility(float(row["mbps"]), float(row["queue_ms"]), sigma)
 
 
 def _utility_text(row: dict, sigma: float) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from gemini_api.sums import FlowSums
 from gemini_api.theta import load_spec
 from gemini_lab.host import run_plan
 
@@ -88,6 +89,12 @@ def provenance(command: str, results: dict) -> str:
         f"{results.get('kernel')} with time-travel=inf-cpu: figures on the guest's simulated "
         "clock, independent of host load)."
     )
+
+
+def flow_utility(throughput_mbps: float, queue_delay_ms: float, sigma: float) -> float:
+    """Eq. 9 for one flow (Mbit/s − σ · ms of queueing), as gemini_api.sums computes it for
+    Booster: the lab's figures and Booster's trials are the one formula."""
+    return FlowSums.of_flow(throughput_mbps, queue_delay_ms).utility(sigma).mean
 
 
 def opening(title: str, command: str, results: dict) -> list[str]:

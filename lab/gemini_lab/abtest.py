@@ -319,12 +319,39 @@ def _record(result: AbResult, cfg: AbConfig) -> dict:
     }
 
 
-def _fmt(estimate: dict) -> str:
+def estimate_text(estimate: dict, digits: int = 2) -> str:
+    """An estimate of the results endpoint: its mean, and its 95 % interval where it has one."""
     mean = estimate.get("mean")
     if mean is None:
         return "—"
     low, high = estimate.get("low"), estimate.get("high")
-    return f"{mean:.2f}" + ("" if low is None else f" [{low:.2f}, {high:.2f}]")
+    text = f"{mean:.{digits}f}"
+    return text if low is None else f"{text} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+ArmColumn = tuple[str, Callable[[dict], str]]  # a header, and its cell from one arm's day
+
+
+def days_table(results: dict, columns: list[ArmColumn], align: str = "---") -> list[str]:
+    """The results endpoint's days as markdown: day, period and arm, then ``columns``
+    (``align``: their separator, ``---:`` to right-align)."""
+    heads = ["day", "period", "arm", *(head for head, _ in columns)]
+    lines = ["| " + " | ".join(heads) + " |", "|---|---|---|" + f"{align}|" * len(columns)]
+    for day in results.get("days", []):
+        for arm in day["arms"]:
+            cells = [day["day"], day["period"], arm["arm"], *(cell(arm) for _, cell in columns)]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return lines
+
+
+ENDPOINT_COLUMNS: list[ArmColumn] = [
+    ("hosts", lambda arm: str(arm["hosts"])),
+    ("flows", lambda arm: str(arm["flows"])),
+    ("utility", lambda arm: estimate_text(arm["utility"])),
+    ("throughput Mbit/s", lambda arm: estimate_text(arm["throughput_mbps"])),
+    ("queueing ms", lambda arm: estimate_text(arm["queue_delay_ms"])),
+    ("slow-flow share", lambda arm: estimate_text(arm["slow_flow_share"])),
+]
 
 
 def render(result: AbResult, cfg: AbConfig, command: str) -> str:
@@ -361,22 +388,14 @@ def render(result: AbResult, cfg: AbConfig, command: str) -> str:
         "",
         f"## Results endpoint (σ = {result.results.get('sigma')}; mean [95 % interval])",
         "",
-        "| day | period | arm | hosts | flows | utility | throughput Mbit/s | queueing ms "
-        "| slow-flow share |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *days_table(result.results, ENDPOINT_COLUMNS),
     ]
-    for day in result.results.get("days", []):
-        for arm in day["arms"]:
-            lines.append(
-                f"| {day['day']} | {day['period']} | {arm['arm']} | {arm['hosts']} | "
-                f"{arm['flows']} | {_fmt(arm['utility'])} | {_fmt(arm['throughput_mbps'])} | "
-                f"{_fmt(arm['queue_delay_ms'])} | {_fmt(arm['slow_flow_share'])} |"
-            )
     for d in result.results.get("overall", {}).get("differences", []):
         lines.append(
             f"\nOverall {d['arm']} − {d['control']} ({d['method']}, {d['hosts']} hosts): "
-            f"utility {_fmt(d['utility'])}, throughput {_fmt(d['throughput_mbps'])} Mbit/s, "
-            f"queueing {_fmt(d['queue_delay_ms'])} ms."
+            f"utility {estimate_text(d['utility'])}, "
+            f"throughput {estimate_text(d['throughput_mbps'])} Mbit/s, "
+            f"queueing {estimate_text(d['queue_delay_ms'])} ms."
         )
     return "\n".join(lines) + "\n"
 

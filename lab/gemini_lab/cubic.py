@@ -62,7 +62,10 @@ from gemini_lab.abtest import (
     RELAY_PORT,
     REST_TIMEOUT_S,
     AbConfig,
+    ArmColumn,
     agent_toml,
+    days_table,
+    estimate_text,
     next_boundary,
 )
 from gemini_lab.driver import POLL_S, GuestDriver, fresh_guest_dir
@@ -522,15 +525,6 @@ def reading_params(reading: dict, name: str) -> dict[str, int]:
     return reading.get("module_params", {}).get(name) or reading.get(name) or {}
 
 
-def _fmt(e: dict, digits: int = 2) -> str:
-    if e.get("mean") is None:
-        return "—"
-    text = f"{e['mean']:.{digits}f}"
-    return (
-        text if e.get("low") is None else f"{text} [{e['low']:.{digits}f}, {e['high']:.{digits}f}]"
-    )
-
-
 def _theta_text(theta: dict | None, name: str = CUBIC) -> str:
     """θ in natural units, only the parameters off the kernel's defaults ("defaults": none)."""
     if not theta:
@@ -564,6 +558,14 @@ def check_table(check: dict | None, sigma: float) -> list[str]:
             f"{d.mean():.1f} | {(x - sigma * d).mean():.2f} | {r.mean():.1f} |"
         )
     return lines
+
+
+ENDPOINT_COLUMNS: list[ArmColumn] = [  # one host: flows, and no interval
+    ("flows", lambda arm: str(arm["flows"])),
+    ("utility", lambda arm: estimate_text(arm["utility"])),
+    ("throughput Mbit/s", lambda arm: estimate_text(arm["throughput_mbps"])),
+    ("queueing ms", lambda arm: estimate_text(arm["queue_delay_ms"], 1)),
+]
 
 
 def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
@@ -609,14 +611,15 @@ def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
         theta = "; ".join(_theta_text(t, name) for t in ran) if ran else "kernel defaults"
         lines.append(
             f"| {arm} | {theta} | {phase['intervals']} | {phase['flows']} | "
-            f"{_fmt(phase['utility'])} | {_fmt(phase['throughput_mbps'])} | "
-            f"{_fmt(phase['queue_delay_ms'], 1)} |"
+            f"{estimate_text(phase['utility'])} | {estimate_text(phase['throughput_mbps'])} | "
+            f"{estimate_text(phase['queue_delay_ms'], 1)} |"
         )
     d = result.difference
     lines += [
         "",
-        f"Tuned − default: utility {_fmt(d['utility'])}, throughput "
-        f"{_fmt(d['throughput_mbps'])} Mbit/s, queueing {_fmt(d['queue_delay_ms'], 1)} ms "
+        f"Tuned − default: utility {estimate_text(d['utility'])}, throughput "
+        f"{estimate_text(d['throughput_mbps'])} Mbit/s, "
+        f"queueing {estimate_text(d['queue_delay_ms'], 1)} ms "
         f"(Welch). Ratio of utilities tuned/default: "
         f"{'—' if ratio is None else f'{ratio:.2f}'}.",
         "",
@@ -649,14 +652,6 @@ def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
         "baselines. Its tuned day includes the search, and its intervals are over hosts, so "
         "one host gives none: the comparison above is from the stored reports.",
         "",
-        "| day | period | arm | flows | utility | throughput Mbit/s | queueing ms |",
-        "|---|---|---|---:|---:|---:|---:|",
+        *days_table(result.results, ENDPOINT_COLUMNS, align="---:"),
     ]
-    for day in result.results.get("days", []):
-        for arm in day["arms"]:
-            lines.append(
-                f"| {day['day']} | {day['period']} | {arm['arm']} | {arm['flows']} | "
-                f"{_fmt(arm['utility'])} | {_fmt(arm['throughput_mbps'])} | "
-                f"{_fmt(arm['queue_delay_ms'], 1)} |"
-            )
     return "\n".join(lines) + "\n"

@@ -42,6 +42,7 @@ from gemini_lab.experiment import (
     unprivileged_record_listener,
 )
 from gemini_lab.fairness import exp_fairness
+from gemini_lab.gear_guest import exp_gear_flow, exp_gear_pair
 from gemini_lab.flowgen import FLOW_BYTES
 from gemini_lab.netem import (
     SENDER_NS,
@@ -67,6 +68,22 @@ MODULE = REPO / "fusion-kmod" / "tcp_fusion.ko"
 # the running rate schedules by path index; a flow restarts its path's schedule (see RateSchedule)
 SCHEDULES: dict[int, RateSchedule] = {}
 BOOSTER_FROM_GUEST = "10.0.2.2"  # the host machine, as qemu's user-mode network shows it
+POLL_S = 0.1  # how often a wait below looks again at what it waits for
+AGENT_UP_S = 60.0  # the agent's first θ from Booster, on a busy host under qemu
+AGENT_COUNTED_S = 30.0  # the last flows' records reaching the agent's count
+RMMOD_S = 30.0  # the module's last users (closing sockets) letting it go
+
+
+def until(done: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``done`` until it holds or ``timeout_s`` has passed; whether it held. The guest
+    waits for what it needs to have happened, not a fixed time, so a slow host only waits
+    longer (and a quick one not at all)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
 
 
 def default_theta() -> dict[str, int]:
@@ -295,8 +312,12 @@ def exp_writeback(e: dict, out: Path) -> dict:
     outside = {**default, "init_cwnd": 20, "mult_decrease": spec.param("mult_decrease").wide[1] + 5}
     applier.apply(applier.plan_from(answer(outside, outside), [place]), prefixes)
     after_refusal = kernel_state()
-    time.sleep(1.2)
-    applier.check_staleness(prefixes)
+
+    def checked_until_fallen_back() -> bool:  # the agent's own check, until past staleness_s
+        applier.check_staleness(prefixes)
+        return applier.fell_back
+
+    fell_back = until(checked_until_fallen_back, timeout_s=30 * applier.staleness_s)
     after_staleness = kernel_state()
     return {
         "default": default,
@@ -305,6 +326,7 @@ def exp_writeback(e: dict, out: Path) -> dict:
         "installed": installed,
         "after_refusal": after_refusal,
         "after_staleness": after_staleness,
+        "fell_back": fell_back,
         "refused": applier.metrics.registry.get_sample_value("gemini_agent_theta_refused_total"),
     }
 
@@ -320,7 +342,7 @@ def _gather(listener: Any, keep: Callable[[Any], bool], count: int) -> list:
     deadline = time.monotonic() + EVENTS_WAIT_S
     while len(got) < count and time.monotonic() < deadline:
         got += [f for f in listener.read() if keep(f)]
-        time.sleep(0.1)
+        time.sleep(POLL_S)
     return got + [f for f in listener.read() if keep(f)]
 
 
@@ -348,8 +370,7 @@ def exp_sockdiag(e: dict, out: Path) -> dict:
         dumper = threading.Thread(target=dump_often, daemon=True)
         dumper.start()
         flow = run_flow(path, "cubic", e["duration_s"], port=port)
-        time.sleep(1)
-        whole = [f for f in listener.read() if f.dport == port]
+        whole = _gather(listener, lambda f: f.dport == port, len(flow["ports"]))
         server = _flowgen_receiver(path, "hold", port + 1)
         raw.read()  # what came before the burst
         sent = _flowgen_send("burst", path, port + 1, e["flows"], 2, "cubic", BURST_PAUSE_S)
@@ -393,6 +414,17 @@ def _agent_metrics(port: int) -> dict[str, float]:
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
             out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
     return out
+
+
+def _agent_reading(agent: subprocess.Popen, port: int, name: str) -> float:
+    """One of the running agent's metrics; infinite once the agent has exited (nothing more
+    to wait for), zero while its metrics endpoint does not answer yet."""
+    if agent.poll() is not None:
+        return float("inf")
+    try:
+        return _agent_metrics(port).get(name, 0.0)
+    except OSError:  # not listening yet
+        return 0.0
 
 
 def _flow_servers(paths: list[int]) -> list[subprocess.Popen]:
@@ -450,8 +482,7 @@ def _bulk_flows(
 def exp_landscape(e: dict, out: Path) -> dict:
     """Utility (eq. 9) of fixed θ on each path: where a search over the loop's region has
     something to find. Each θ is installed for all paths; flows of each path run back to back."""
-    servers = _flow_servers(e["paths"])
-    time.sleep(0.5)
+    servers = _flow_servers(e["paths"])  # each listening when it returns
     sigma, spec = e["sigma"], load_spec()
     with RecordCollector(out / "records-landscape.jsonl") as rc:
         for theta in e["thetas"]:
@@ -494,11 +525,19 @@ def exp_agent(e: dict, out: Path) -> dict:
         stdout=log,
         stderr=log,
     )
-    time.sleep(3)
+    # flows start once the agent runs Booster's θ (or has exited: the result shows why)
+    until(
+        lambda: _agent_reading(agent, e["metrics_port"], "gemini_agent_theta_version") > 0,
+        AGENT_UP_S,
+    )
     flows = _bulk_flows(
         e["paths"], e["flow_bytes"], time.monotonic() + e["duration_s"], stop=out / "stop"
     )
-    time.sleep(2)
+    # the metrics are read once the agent has counted the last flows' records (sent when a
+    # socket closes, after the client has exited); a flow that failed leaves none, hence a bound
+    sent = sum(flows.values())
+    flows_seen = "gemini_agent_flows_total{source=fusion}"
+    until(lambda: _agent_reading(agent, e["metrics_port"], flows_seen) >= sent, AGENT_COUNTED_S)
     metrics = _agent_metrics(e["metrics_port"]) if agent.poll() is None else {}
     with FusionNetlink() as nl:
         version, profiles, rules = nl.get_profiles()
@@ -600,8 +639,23 @@ EXPERIMENTS = {
     "datapath_load": exp_datapath_load,
     "datapath_pair": exp_datapath_pair,
     "datapath_incast": exp_datapath_incast,
+    "gear_flow": exp_gear_flow,
+    "gear_pair": exp_gear_pair,
     "shortflows": lambda e, out: exp_shortflows(e, out, SCHEDULES),
 }
+
+
+def _unload() -> dict:
+    """rmmod tcp_fusion, again while the sockets that used it are still closing (each holds
+    the module) until RMMOD_S has passed: the last attempt's outcome."""
+    tries: list[subprocess.CompletedProcess] = []
+
+    def unloaded() -> bool:
+        tries.append(subprocess.run(["rmmod", "tcp_fusion"], capture_output=True, text=True))
+        return tries[-1].returncode == 0
+
+    until(unloaded, RMMOD_S)
+    return {"rc": tries[-1].returncode, "err": tries[-1].stderr.strip(), "tries": len(tries)}
 
 
 def main() -> None:
@@ -631,9 +685,7 @@ def main() -> None:
             s.stop()
         with FusionNetlink() as nl:
             results["stats"] = nl.stats()
-        time.sleep(1)
-        unload = subprocess.run(["rmmod", "tcp_fusion"], capture_output=True, text=True)
-        results["rmmod"] = {"rc": unload.returncode, "err": unload.stderr.strip()}
+        results["rmmod"] = _unload()
     results_path.write_text(json.dumps(results, indent=1))
 
 

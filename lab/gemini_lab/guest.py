@@ -43,6 +43,7 @@ from gemini_lab.experiment import (
 )
 from gemini_lab.fairness import exp_fairness
 from gemini_lab.flowgen import FLOW_BYTES
+from gemini_lab.gear_guest import exp_gear_flow, exp_gear_pair
 from gemini_lab.netem import (
     SENDER_NS,
     RateSchedule,
@@ -638,6 +639,8 @@ EXPERIMENTS = {
     "datapath_load": exp_datapath_load,
     "datapath_pair": exp_datapath_pair,
     "datapath_incast": exp_datapath_incast,
+    "gear_flow": exp_gear_flow,
+    "gear_pair": exp_gear_pair,
     "shortflows": lambda e, out: exp_shortflows(e, out, SCHEDULES),
 }
 

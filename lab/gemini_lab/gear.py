@@ -1,0 +1,274 @@
+"""Host side of Gear's lab checks (issue #36): the plan that runs Gear behind the lab's INT
+switch (fusion-kmod/gear_int.c) in the UML lab (simulated clock), and the readings the tests
+take from its results.
+
+The path: 100 Mbit/s, 2 ms RTT, 200 packets of drop-tail queue, a tbf burst of 2 packets (so
+the shaper's burst does not hide the queue): a datacenter hop at the spec's scale (rates / 10,
+times x 10; DATAPATHS-SPEC.md section 0.3), with its bw configured at the switch.
+
+  - ``gear/telemetry``: a Gear flow beside a cubic flow that keeps a standing, moving queue:
+    what the Gear sender read from the switch (the queue its ACKs' segments left behind them)
+    against the qdisc's own backlog, sampled by tc on the same clock;
+  - ``gear/eta-<η>``: Gear alone at η = 95 % (the paper's) and 80 %: the window is driven so
+    that u, and with it the link's rate, stand at η; out-of-region θ writes are refused.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+
+from gemini_lab.scenario import Scenario
+
+RATE_MBIT = 100
+GEAR_PATH = Scenario(
+    name="gear-dc",
+    description="100 Mbit/s, 2 ms, 200 packets of drop-tail queue, 2-packet shaper burst",
+    rtt_ms=2,
+    rate_mbit=RATE_MBIT,
+    queue_packets=200,
+    burst_packets=2,
+)
+ETAS = (95, 80)
+# Out of Θ' (specs/gear.toml's wide bounds): each write must be refused.
+OUT_OF_REGION = {"target_util": 101, "class_rtt_ratio": 1, "ai_step": 0, "max_stage": 101}
+U_ONE = 1 << 16  # the module's utilisation fixed point
+CROSS_FLAG = 1 << 31
+WIRE_BYTES_PER_US = RATE_MBIT / 8  # the line rate in bytes per µs
+PACKET_BYTES = 1514
+
+
+def gear_plan(telemetry_s: float = 1.5, eta_s: float = 5) -> dict:
+    experiments: list[dict] = [
+        {
+            "label": "gear/telemetry",
+            "kind": "gear_flow",
+            "path": 0,
+            "rate_mbit": RATE_MBIT,
+            "duration_s": telemetry_s,
+            "competitor_cc": "cubic",
+            "sample_s": 0.003,
+        },
+        *(
+            {
+                "label": f"gear/eta-{eta}",
+                "kind": "gear_flow",
+                "path": 0,
+                "rate_mbit": RATE_MBIT,
+                "duration_s": eta_s,
+                "theta": {"target_util": eta},
+                "refuse": OUT_OF_REGION,
+                "sample_s": 0.05,
+            }
+            for eta in ETAS
+        ),
+    ]
+    for i, e in enumerate(experiments):
+        e["port_offset"] = i
+    return {"paths": [GEAR_PATH.to_dict()], "experiments": experiments}
+
+
+# --- readings -------------------------------------------------------------------------------
+
+
+def reads(result: dict) -> list[dict]:
+    """The sender's distinct INT reads: (time µs, queue bytes), one per change of its count."""
+    out, seen = [], None
+    for s in gear_samples(result):
+        n = (s.get("bbr_cwnd_gain") or 0) & ~CROSS_FLAG
+        if n and n != seen:
+            out.append({"ts_us": s["bbr_bw_lo"], "ql": s["bbr_bw_hi"], "n": n})
+            seen = n
+    return out
+
+
+def unwrap(us: int, near: int) -> int:
+    """A low-32-bit µs stamp as the full one closest to ``near``."""
+    wrap = 1 << 32
+    return near + ((us - near + wrap // 2) % wrap) - wrap // 2
+
+
+def telemetry_pairs(result: dict) -> list[dict]:
+    """Each INT read of the sender beside tc's backlog sampled just before and just after the
+    record's time: the queue the switch saw must lie between them, give or take what can
+    arrive or leave in between (``telemetry_error_bound``)."""
+    s = result["samples"]
+    times = [x["now_us"] for x in s]
+    base = times[0]
+    times = [unwrap(t, base) for t in times]
+    pairs = []
+    for r in reads(result):  # tc's samples are all there; the socket's may miss the first
+        ts = unwrap(r["ts_us"], base)
+        i = bisect.bisect_right(times, ts)
+        if i == 0 or i == len(times):
+            continue
+        lo, hi = s[i - 1]["backlog"], s[i]["backlog"]
+        pairs.append(
+            {
+                "ql": r["ql"],
+                "before": lo,
+                "after": hi,
+                "dt_us": times[i] - times[i - 1],
+                "interp": lo + (hi - lo) * (ts - times[i - 1]) / max(1, times[i] - times[i - 1]),
+            }
+        )
+    return pairs
+
+
+def telemetry_error_bound(pair: dict) -> float:
+    """How far the switch's queue at the record's time may be from the nearer of tc's two
+    samples around it: two packets (the one departing, the one the shaper holds) plus what
+    the line drains in the time between the samples. Arrivals are not bounded by the line
+    rate (a sender's burst lands at once), so a read outside [before, after] ± this bound
+    counts as a miss."""
+    return 2 * PACKET_BYTES + WIRE_BYTES_PER_US * pair["dt_us"]
+
+
+def within(pair: dict) -> bool:
+    lo, hi = sorted((pair["before"], pair["after"]))
+    slack = telemetry_error_bound(pair)
+    return lo - slack <= pair["ql"] <= hi + slack
+
+
+def mean_u(result: dict, skip_s: float) -> float:
+    """The utilisation the sender computed (eq. 1, HPCC's average), mean after ``skip_s``."""
+    return statistics.fmean(s["bbr_min_rtt"] / U_ONE for s in gear_samples(result, skip_s))
+
+
+def mean_queue_packets(result: dict, skip_s: float) -> float:
+    return statistics.fmean(s["qlen"] for s in result["samples"] if s["t"] >= skip_s)
+
+
+def wire_utilisation(result: dict) -> float:
+    """The link's use by the flow: its goodput with each segment's headers put back."""
+    return result["throughput_mbps"] * PACKET_BYTES / 1448 / RATE_MBIT
+
+
+def gear_samples(result: dict, skip_s: float = 0) -> list[dict]:
+    """The samples that caught the Gear socket (its record answered), after ``skip_s``."""
+    return [s for s in result["samples"] if "bbr_min_rtt" in s and s["t"] >= skip_s]
+
+
+# --- the 2-flow micro-benchmark (issue #36 item 3) ------------------------------------------
+
+PAIR_RTTS_MS = [2, 40]  # intra-DC, cross-DC: CRTT/IRTT = 20 (the paper's ≈ 2500 is ns-3 scale)
+PAIR_QUEUE = 500  # packets: a deep switch buffer (the paper's 10 MB per port)
+PAIR_ECN_K = 20  # the datacenter path's K (DCTCP's and GEMINI's marking, RED)
+PAIR_DURATIONS_S = (15, 20, 25)  # three runs; the simulated clock repeats a run exactly
+PAIR_BASELINES = ("gemini", "dctcp", "cubic", "bbr")
+GEAR_PAIR_THETA = {"class_rtt_ratio": 10}  # cross-DC from 20 ms (k · 2 ms); CRTT/IRTT = 20
+
+
+def pair_plan(durations: tuple[int, ...] = PAIR_DURATIONS_S) -> dict:
+    """Each CC's intra/cross pair once per duration: Gear behind the INT switch on a drop-tail
+    queue, the baselines with RED marking at K (``datapath_pair``)."""
+    from gemini_lab.datapath_signals import gemini_extra, scaled_theta
+
+    experiments: list[dict] = []
+    for d in durations:
+        experiments.append(
+            {
+                "label": f"pair/gear/{d}s",
+                "kind": "gear_pair",
+                "rate_kbit": RATE_MBIT * 1000,
+                "queue_packets": PAIR_QUEUE,
+                "rtts_ms": PAIR_RTTS_MS,
+                "starts_s": [0, 0],
+                "dc_base_rtt_us": PAIR_RTTS_MS[0] * 1000,
+                "theta": GEAR_PAIR_THETA,
+                "duration_s": d,
+            }
+        )
+        for cc in PAIR_BASELINES:
+            e: dict = {
+                "label": f"pair/{cc}/{d}s",
+                "kind": "datapath_pair",
+                "rate_kbit": RATE_MBIT * 1000,
+                "queue_packets": PAIR_QUEUE,
+                "ecn_k": PAIR_ECN_K,
+                "rtts_ms": PAIR_RTTS_MS,
+                "duration_s": d,
+                "sample_s": 1.0,
+            }
+            if cc == "gemini":
+                e |= {"datapath": cc, "theta": scaled_theta(cc), "module_extra": gemini_extra(100)}
+            else:
+                e["cc"] = cc
+            experiments.append(e)
+    return {"paths": [GEAR_PATH.to_dict()], "experiments": experiments}
+
+
+def pair_share(result: dict) -> float:
+    """Intra-DC over cross-DC goodput (the paper's normalized intra/cross throughput ratio
+    with one flow each)."""
+    intra, cross = (f["throughput_mbps"] for f in result["flows"])
+    return intra / cross if cross else float("inf")
+
+
+def render_pairs(results: dict, command: str, date: str, commit: str) -> str:
+    ex = results["experiments"]
+    lines = [
+        "# Gear: intra-DC vs cross-DC throughput share, one flow each (UML lab)",
+        "",
+        f"Command: `{command}`  ",
+        f"Date: {date}; commit {commit}; UML guest on its simulated clock (figures do not move "
+        "with host load; a run repeats exactly, so the three runs differ by their length).",
+        "",
+        f"One bottleneck of {RATE_MBIT} Mbit/s, {PAIR_QUEUE} packets of buffer; an intra-DC flow "
+        f"with {PAIR_RTTS_MS[0]} ms RTT and a cross-DC flow with {PAIR_RTTS_MS[1]} ms RTT, started "
+        "together. Gear behind the lab's INT switch (fusion-kmod/gear_int.c) on a drop-tail "
+        f"queue, θ = defaults with k = {GEAR_PAIR_THETA['class_rtt_ratio']}; the baselines with "
+        f"RED marking at K = {PAIR_ECN_K} packets (ECN for dctcp and gemini; a drop for cubic "
+        "and bbr, which do not negotiate ECN), receivers running dctcp. GEMINI at its spec's "
+        "defaults scaled by s = 10 (T = 50 ms), C = 100 Mbit/s.",
+        "",
+        "| CC | intra / cross goodput (min–max over runs) | intra Mbit/s | cross Mbit/s | runs |",
+        "|---|---|---|---|---:|",
+    ]
+    for cc in ("gear", *PAIR_BASELINES):
+        runs = [r for k, r in ex.items() if k.startswith(f"pair/{cc}/") and "flows" in r]
+        if not runs:
+            lines.append(f"| {cc} | error | | | 0 |")
+            continue
+        shares = [pair_share(r) for r in runs]
+        intra = [r["flows"][0]["throughput_mbps"] for r in runs]
+        cross = [r["flows"][1]["throughput_mbps"] for r in runs]
+        lines.append(
+            f"| {cc} | {min(shares):.2f}–{max(shares):.2f} | {min(intra):.1f}–{max(intra):.1f} "
+            f"| {min(cross):.1f}–{max(cross):.1f} | {len(runs)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+RESULTS_NAME = "gear.md"
+
+
+def main() -> None:
+    """``python -m gemini_lab.gear``: run the pair benchmark in one UML boot and write
+    benchmarks/results/gear.md."""
+    import datetime
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from gemini_lab.host import REPO, run_plan
+
+    with tempfile.TemporaryDirectory(prefix="gear-pairs-") as tmp:
+        results = run_plan(pair_plan(), Path(tmp), backend="uml", timeout_s=3600)
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    text = render_pairs(
+        results,
+        f"{Path(sys.executable).name} -m gemini_lab.gear",
+        datetime.datetime.now(datetime.UTC).date().isoformat(),
+        commit,
+    )
+    out = REPO / "benchmarks" / "results" / RESULTS_NAME
+    out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

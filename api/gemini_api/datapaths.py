@@ -10,9 +10,15 @@ A datapath is four things (docs/datapaths.md is the recipe for adding one):
      table, and per network namespace through its sysctls (Fusion);
    - ``apply = "module_params"``: one θ per host, written to the module's parameters under
      ``target`` (CUBIC, GEMINI, DC-Vegas); the kernel refuses values outside Θ′;
+   - ``apply = "config_file"``: one θ per host, written atomically to the file ``target``
+     that a user-space transport reads at each flow's start (FlashPass's lab prototype; it
+     has no kernel part, so its ``module`` names nothing to load); the transport refuses
+     values outside Θ′;
    - ``records = "flow_records"``: the module reports each finished flow with the θ it ran;
    - ``records = "sock_diag"``: flows are read from sock_diag destroy events and attributed
      to the θ the host ran;
+   - ``records = "flow_log"``: a user-space transport appends one JSON line per finished flow
+     (with the θ it ran) to ``<target>.flows``; the agent has no reader for it yet;
 4. its planning space in Booster — the spec's regions, searched by the same planner.
 
 ``message`` says which field of the wire protocol carries its θ: ``theta`` (the fixed Theta
@@ -44,6 +50,7 @@ class Apply(StrEnum):
 
     PROFILE_TABLE = "profile_table"
     MODULE_PARAMS = "module_params"
+    CONFIG_FILE = "config_file"
 
 
 class Records(StrEnum):
@@ -51,6 +58,7 @@ class Records(StrEnum):
 
     FLOW_RECORDS = "flow_records"
     SOCK_DIAG = "sock_diag"
+    FLOW_LOG = "flow_log"
 
 
 class Message(StrEnum):
@@ -65,6 +73,7 @@ _APPLY_BY_SCOPE = {"context": Apply.PROFILE_TABLE, "host": Apply.MODULE_PARAMS}
 _RECORDS_BY_APPLY = {
     Apply.PROFILE_TABLE: Records.FLOW_RECORDS,
     Apply.MODULE_PARAMS: Records.SOCK_DIAG,
+    Apply.CONFIG_FILE: Records.FLOW_LOG,
 }
 
 

@@ -1,0 +1,226 @@
+"""FlashPass's sender: one flow, from its arrival at T until the receiver has every packet.
+
+Three things happen on one thread, each at its own simulated instant (the lab's clock is
+UML's, so waiting in select until the next instant costs no guest time and keeps exact
+timing):
+  - emulation: 84-byte packets at the flow's emulation rate, ECT while the credits expected
+    (eq. 4.2: unused credits + emulation in flight · (1 − max_target_loss)) fall short of the
+    data still to send, non-ECT beyond that (over-provisioning: the switch drops these first);
+  - data: each credit carries its emulation packet's send time e; the sender sends one data
+    packet at e + T_wait, the next unsent (or retransmitted) one; a credit with nothing left
+    to send is wasted;
+  - control: once per RTT, Algorithm 2 (gemini_lab.flashpass.control).
+When everything has been sent, a tail-loss probe after two RTTs asks the receiver what is
+missing; the answer's packets go back on the send queue and wait for credits like new data.
+
+Usage (in the sender's namespace):
+    python -m gemini_lab.flashpass.sender ADDR --flow 1 --bytes 300000 --link-mbit 10 \
+        --theta /etc/gemini/flashpass.toml --log flow1.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import heapq
+import json
+import selectors
+import socket
+import time
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+
+from gemini_lab.flashpass import wire
+from gemini_lab.flashpass.control import EmulationRate
+from gemini_lab.flashpass.theta import Theta, read_theta
+from gemini_lab.flashpass.wire import Kind, Packet
+
+NS = 1_000_000_000
+ECT0 = 0x02  # the IP header's ECN field: ECN-capable transport (0)
+NOT_ECT = 0x00
+# Algorithm 2 judges, once per RTT, the emulation packets whose credits are surely back: those
+# sent more than an RTT plus a full emulation queue's wait ago, so loss is not read early.
+PROBE_RTTS = 2  # a tail-loss probe waits this many RTTs after the last data packet
+GIVE_UP_S = 60.0  # a flow that has not finished by then is reported as failed
+
+
+def payload(flow: int, seq: int) -> bytes:
+    """The data a packet carries: derived from its flow and sequence number, so the receiver
+    can check every byte that arrived is the byte that was sent."""
+    word = flow.to_bytes(4, "big") + seq.to_bytes(4, "big")
+    return (word * (wire.DATA_PAYLOAD // len(word) + 1))[: wire.DATA_PAYLOAD]
+
+
+class Sender:
+    def __init__(
+        self, addr: str, flow: int, size_bytes: int, theta: Theta, link_bps: float
+    ) -> None:
+        self.addr, self.flow, self.theta = addr, flow, theta
+        self.total = max(1, -(-size_bytes // wire.DATA_PAYLOAD))
+        max_rate = link_bps * wire.EMULATION_SHARE / (wire.EMULATION_IP_BYTES * 8)
+        self.rate = EmulationRate(max_rate, theta.min_target_loss, theta.max_target_loss)
+        self.emu = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.data = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sel = selectors.SelectSelector()  # select's timeout is in µs, epoll's in ms
+        for s in (self.emu, self.data):
+            s.setblocking(False)
+            self.sel.register(s, selectors.EVENT_READ)
+        self.tos = -1
+        self.pending: deque[int] = deque(range(self.total))  # data waiting for a credit
+        self.due: list[tuple[int, int, int]] = []  # (send at, emulation ts, credit seq)
+        self.emu_sent: deque[int] = deque()  # send times of the last RTT's emulation
+        self.rtt_ns = int(theta.t_wait_s * NS)  # until the first credit measures it
+        self.log: dict = {"flow": flow, "packets": self.total, "theta": asdict(theta)}
+        self.credits: list[tuple[int, int, int]] = []  # (emulation seq, its ts, arrival)
+        self.sends: list[tuple[int, int, int]] = []  # (send time, emulation ts, data seq)
+        self.rates: list[tuple[int, float]] = []
+        self.emu_out = self.emu_ect = self.wasted = self.retransmits = self.probes = 0
+        self.answered: set[int] = set()  # emulation seqs a credit came back for
+        self.emu_times: list[int] = []  # each emulation packet's send time, by seq
+        self.judged = 0  # emulation seqs before this one have been through Algorithm 2
+        self.queue_wait_ns = int(wire.EMULATION_BUFFER_PACKETS * NS / max_rate)
+        self.done_ns = 0
+
+    # -- emulation ------------------------------------------------------------------------
+    def _in_flight(self, now: int) -> int:
+        while self.emu_sent and self.emu_sent[0] < now - self.rtt_ns:
+            self.emu_sent.popleft()
+        return len(self.emu_sent)
+
+    def _emulate(self, now: int) -> None:
+        """One emulation packet, ECT unless the credits expected already cover the demand."""
+        expected = len(self.due) + self._in_flight(now) * (1 - self.theta.max_target_loss)
+        tos = ECT0 if expected < len(self.pending) else NOT_ECT
+        if tos != self.tos:
+            self.emu.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+            self.tos = tos
+        packet = wire.emulation(self.flow, self.emu_out, now)
+        self.emu.sendto(packet, (self.addr, wire.EMULATION_PORT))
+        self.emu_out += 1
+        self.emu_ect += tos == ECT0
+        self.emu_sent.append(now)
+        self.emu_times.append(now)
+
+    def _emulating(self) -> bool:
+        return bool(self.pending) and len(self.due) < len(self.pending)
+
+    # -- data -----------------------------------------------------------------------------
+    def _send_due(self, now: int) -> None:
+        while self.due and self.due[0][0] <= now:
+            _, emu_ts, _ = heapq.heappop(self.due)
+            if not self.pending:
+                self.wasted += 1
+                continue
+            seq = self.pending.popleft()
+            packet = Packet(Kind.DATA, self.flow, seq, emu_ts, self.total, payload(self.flow, seq))
+            self.data.sendto(packet.encode(), (self.addr, wire.DATA_PORT))
+            self.sends.append((time.monotonic_ns(), emu_ts, seq))
+
+    def _receive(self, now: int) -> None:
+        for key, _ in self.sel.select(0):
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            while True:
+                try:
+                    raw = sock.recv(2048)
+                except BlockingIOError:
+                    break
+                self._handle(Packet.decode(raw), time.monotonic_ns())
+
+    def _handle(self, p: Packet, now: int) -> None:
+        if p.flow != self.flow:
+            return
+        if p.kind is Kind.CREDIT:
+            self.credits.append((p.seq, p.emu_ts_ns, now))
+            self.answered.add(p.seq)
+            self.rtt_ns = min(self.rtt_ns, now - p.emu_ts_ns)
+            send_at = p.emu_ts_ns + int(self.theta.t_wait_s * NS)
+            heapq.heappush(self.due, (send_at, p.emu_ts_ns, p.seq))
+        elif p.kind is Kind.NACK:
+            missing = [s for s in wire.nack_missing(p.body) if s not in self.pending]
+            self.pending.extend(missing)
+            self.retransmits += len(missing)
+        elif p.kind is Kind.DONE:
+            self.done_ns = now
+
+    def _control(self, now: int, start: int) -> None:
+        """Algorithm 2 on the emulation sent since the last step whose credits are due back."""
+        horizon = now - self.rtt_ns - self.queue_wait_ns
+        end = bisect.bisect_right(self.emu_times, horizon)
+        if end > self.judged:
+            got = sum(s in self.answered for s in range(self.judged, end))
+            self.rates.append((now - start, self.rate.update(end - self.judged, got)))
+            self.judged = end
+
+    def _probe(self) -> None:
+        self.data.sendto(Packet(Kind.PROBE, self.flow, 0).encode(), (self.addr, wire.DATA_PORT))
+        self.probes += 1
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self) -> dict:
+        start = time.monotonic_ns()
+        next_emu = next_control = start
+        next_probe = 0
+        deadline = start + int(GIVE_UP_S * NS)
+        while not self.done_ns and time.monotonic_ns() < deadline:
+            now = time.monotonic_ns()
+            if self._emulating() and now >= next_emu:
+                self._emulate(now)
+                next_emu = max(next_emu + int(NS / self.rate.rate_pps), now)
+            self._send_due(now)
+            if now >= next_control:
+                self._control(now, start)
+                next_control = now + self.rtt_ns
+            idle = not self.pending and not self.due
+            if idle and not next_probe:
+                next_probe = now + PROBE_RTTS * self.rtt_ns
+            elif not idle:
+                next_probe = 0
+            if next_probe and now >= next_probe:
+                self._probe()
+                next_probe = now + PROBE_RTTS * self.rtt_ns
+            wakes = [next_control, deadline] + ([next_emu] if self._emulating() else [])
+            wakes += [self.due[0][0]] if self.due else []
+            wakes += [next_probe] if next_probe else []
+            self.sel.select(max(0, min(wakes) - time.monotonic_ns()) / NS)
+            self._receive(now)
+        return self._report(start)
+
+    def _report(self, start: int) -> dict:
+        return self.log | {
+            "start_ns": start,
+            "finished": bool(self.done_ns),
+            "fct_s": (self.done_ns - start) / NS if self.done_ns else None,
+            "emulation_out": self.emu_out,
+            "emulation_ect": self.emu_ect,
+            "credits": self.credits,
+            "data_sends": self.sends,
+            "rates": self.rates,
+            "wasted_credits": self.wasted,
+            "retransmits": self.retransmits,
+            "probes": self.probes,
+            "t_wait_ns": int(self.theta.t_wait_s * NS),
+        }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("addr")
+    ap.add_argument("--flow", type=int, required=True)
+    ap.add_argument("--bytes", type=int, required=True)
+    ap.add_argument("--link-mbit", type=float, required=True)
+    ap.add_argument("--theta", type=Path, help="θ file (the spec's default when absent)")
+    ap.add_argument("--log", type=Path, required=True)
+    a = ap.parse_args()
+    theta = read_theta(a.theta)
+    report = Sender(a.addr, a.flow, a.bytes, theta, a.link_mbit * 1e6).run()
+    a.log.write_text(json.dumps(report))
+    if a.theta is not None:  # the flow's record, with the θ it ran (records = "flow_log")
+        summary = {k: report[k] for k in ("flow", "packets", "theta", "finished", "fct_s")}
+        with a.theta.with_suffix(".flows").open("a") as f:
+            f.write(json.dumps(summary) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The emulated FlashPass switch port as real qdiscs at the bottleneck's egress (§4.4 of the
+paper: a separate, rate-limited emulation queue with single-threshold ECN, and the data queue).
+
+    htb 1:  ── 1:1  the link (rate = ceil = the link)
+                ├─ 1:10 emulation: rate = ceil = 84/(84+1500) of the link, never borrows
+                │    └─ red 10:  limit 8 packets, marks ECT / drops non-ECT above 2 packets
+                └─ 1:20 data (default): the rest, may borrow the emulation's idle share
+                     └─ bfifo 20:  the shallow data buffer
+    u32 on the emulation port → 1:10   (the emulation class's burst: one packet)
+
+RED with ``ecn`` (and without ``nodrop``) is the paper's selective drop: above its threshold an
+ECN-capable packet is marked CE and one that is not is dropped, so the over-provisioned
+(non-ECT) emulation packets are the first to go. min = 2 packets, max = 3, probability 1: a
+single threshold, as the lab's DCTCP marking (gemini_lab.netem.red_args) sets one; ``burst`` 2
+is the smallest tc takes (averaging weight 1/2). Packet sizes as HTB and RED count them
+include the 14-byte Ethernet header.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gemini_lab.flashpass import wire
+
+ETHERNET_HEADER = 14
+EMULATION_WIRE = wire.EMULATION_IP_BYTES + ETHERNET_HEADER
+DATA_WIRE = wire.DATA_IP_BYTES + ETHERNET_HEADER
+MARK_THRESHOLD_PACKETS = 2  # the paper's single threshold (§4.3.4)
+# The emulation class's token bucket: one packet, so it sends at its rate and never in a burst
+# (HTB's default burst, rate/HZ + an MTU, is some twenty emulation packets back to back, and
+# every burst of survivors becomes a burst of data at the shallow data queue).
+EMULATION_BURST_PACKETS = 1
+EMULATION_CLASS = "1:10"
+DATA_CLASS = "1:20"
+EMULATION_QDISC = "10:"
+DATA_QDISC = "20:"
+
+
+@dataclass(frozen=True)
+class SwitchPort:
+    """One emulated switch port: its link rate and the data queue's depth."""
+
+    rate_kbit: int
+    data_buffer_packets: int
+
+    @property
+    def emulation_kbit(self) -> int:
+        return max(1, round(self.rate_kbit * wire.EMULATION_SHARE))
+
+    def red_args(self) -> list[str]:
+        k = MARK_THRESHOLD_PACKETS
+        return [
+            "limit", str(wire.EMULATION_BUFFER_PACKETS * EMULATION_WIRE),
+            "min", str(k * EMULATION_WIRE),
+            "max", str((k + 1) * EMULATION_WIRE),
+            "avpkt", str(EMULATION_WIRE),
+            "burst", str(k),
+            "probability", "1.0",
+            "bandwidth", f"{self.emulation_kbit}kbit",
+            "ecn",
+        ]  # fmt: skip
+
+    def commands(self, dev: str) -> list[list[str]]:
+        """The tc commands that make ``dev``'s egress this port."""
+        tc = ["tc"]
+        rate, emu = f"{self.rate_kbit}kbit", f"{self.emulation_kbit}kbit"
+        data = f"{self.rate_kbit - self.emulation_kbit}kbit"
+        burst = f"{EMULATION_BURST_PACKETS * EMULATION_WIRE}b"
+        cls = [*tc, "class", "add", "dev", dev, "parent"]
+        qd = [*tc, "qdisc", "add", "dev", dev, "parent"]
+        return [
+            [*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20"],
+            [*cls, "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate],
+            [*cls, "1:1", "classid", EMULATION_CLASS, "htb", "rate", emu, "ceil", emu,
+             "burst", burst, "cburst", burst],
+            [*cls, "1:1", "classid", DATA_CLASS, "htb", "rate", data, "ceil", rate],
+            [*qd, EMULATION_CLASS, "handle", EMULATION_QDISC, "red", *self.red_args()],
+            [*qd, DATA_CLASS, "handle", DATA_QDISC, "bfifo", "limit",
+             str(self.data_buffer_packets * DATA_WIRE)],
+            [*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
+             "u32", "match", "ip", "dport", str(wire.EMULATION_PORT), "0xffff",
+             "flowid", EMULATION_CLASS],
+        ]  # fmt: skip

@@ -20,16 +20,22 @@
  *
  * and at a round's end w^c ← w. So a flow grows additively for maxStage rounds while the link
  * has room, then jumps multiplicatively to η of it; above η it cuts in proportion η/u at once.
+ * (The paper's intra-DC flows also estimate the cross-DC flows' share every other round, eqs.
+ * 5–7: not applied here, see gear_intra_window().)
  *
  * The class: a flow is cross-DC when its base RTT ≥ k · the intra-DC base RTT (configured:
- * dc_base_rtt_us). A cross-DC flow's additive step is W_AI · min(500, CRTT/IRTT) (the paper's
- * AI ratio), and its window is also bounded by w_wan, an AIMD of its own for congestion in the
- * WAN where there is no INT (CUBIC's β = 0.7 on loss; slow start until the first loss, then +1
- * per round): w ← min(w, w_wan). Not implemented here (stated in docs/gear.md): the
- * alternate-round cross-DC estimate (eqs. 5–10), by which intra-DC flows make room for the
- * cross-DC share proactively, and multi-hop INT (eq. 3; the lab's switch is one hop).
+ * dc_base_rtt_us). A cross-DC flow (lines 17–22) keeps w^c for its round (a CRTT) and moves
+ * twice what u asks, w = (2η/u − 1) · w^c + min(500, CRTT/IRTT) · W_AI (eqs. 8–9: the intra-DC
+ * flows did its part meanwhile); at the round's end it takes that doubled move out of u
+ * (eq. 10) and sets w^c = (η/u) · w^c. Its window is also bounded by w_wan, an AIMD of its own
+ * for congestion in the WAN where there is no INT (CUBIC's β = 0.7 on loss; slow start until
+ * the first loss, then +1 per round): w ← min(w, w_wan). Not implemented: multi-hop INT (eq. 3;
+ * the lab's switch is one hop) and the asynchronous model (eqs. 11–12).
  *
- * The window never exceeds the line rate's BDP bw · T (HPCC's W_max) and is paced at w / T.
+ * The window is paced at w / T and capped at 2 · bw · T. (HPCC's cap W_max is bw · T; but T,
+ * the minimum RTT, misses the delayed ACKs and per-packet serialisation that a window of data
+ * meets, and at the lab's 16-packet BDP a window of exactly bw · T ran the link at 78 %,
+ * below any η: the cap then decided the rate, not u. u keeps the window near η · bw · T.)
  * Without INT (a path not through gear_int's tap) the window is w_wan alone.
  *
  * θ (η, k, W_AI, maxStage) are bounded module parameters generated from
@@ -55,6 +61,7 @@
 #define GEAR_W_SHIFT		10
 #define GEAR_W_ONE		(1U << GEAR_W_SHIFT)
 #define GEAR_W_MIN_PKTS		2
+#define GEAR_W_MAX_BDPS		2	/* the window's cap, in line-rate BDPs (bw · T) */
 #define GEAR_AI_RATIO_MAX	500	/* cross-DC AI step ≤ 500 · W_AI (the paper's cap) */
 #define GEAR_WAN_BETA_PERCENT	70	/* w_wan's cut on loss, CUBIC's β */
 #define GEAR_PERCENT		100
@@ -162,30 +169,76 @@ static u32 gear_ai(const struct gear *ca, u32 base_us)
 	return min_t(u64, ai, U32_MAX);
 }
 
-/* HPCC's W_max: the line rate's BDP bw · T, in window units. */
+/* The window's cap, GEAR_W_MAX_BDPS · bw · T, in window units. */
 static u64 gear_w_max(const struct sock *sk, u32 rate_mbit, u32 base_us)
 {
 	u64 bytes = div_u64((u64)rate_mbit * base_us, BITS_PER_BYTE);
 
-	return div_u64(bytes << GEAR_W_SHIFT, max_t(u32, tcp_sk(sk)->mss_cache, 1));
+	return div_u64(bytes * GEAR_W_MAX_BDPS << GEAR_W_SHIFT, max_t(u32, tcp_sk(sk)->mss_cache, 1));
 }
 
-/* Eq. 4 (Algorithm 1, lines 1–16): the current window, and w^c at a round's end. */
-static u32 gear_window(struct sock *sk, struct gear *ca, u32 base_us, u32 rate_mbit, bool round)
+static u32 gear_eta(void)
 {
-	u32 eta = gear_param(GEAR_THETA_TARGET_UTIL) * GEAR_U_ONE / GEAR_PERCENT;
-	u64 w, w_max = gear_w_max(sk, rate_mbit, base_us);
+	return gear_param(GEAR_THETA_TARGET_UTIL) * GEAR_U_ONE / GEAR_PERCENT;
+}
+
+/* x · num / den for a window x and utilisations num, den (den ≥ GEAR_U_MIN). */
+static s64 gear_scale(s64 x, s64 num, u32 den)
+{
+	return div64_s64(x * num, max(den, GEAR_U_MIN));
+}
+
+/*
+ * Algorithm 1, lines 1–16 (intra-DC), eq. 4 in every multiplicative round. The paper's other
+ * rounds (eqs. 5–7: estimate the cross-DC flows' share from u before and one IRTT after this
+ * flow's own move, and take over their part of it) are not applied: built and run in the lab,
+ * a lone intra-DC flow read the noise in u(t + IRTT) − η as a cross-DC share and yielded it,
+ * running its link at 0.53–0.68 of the line instead of η (docs/gear.md).
+ */
+static s64 gear_intra_window(struct gear *ca, u32 eta, u32 ai, bool round)
+{
 	bool mul = ca->u >= eta || ca->inc_stage >= gear_param(GEAR_THETA_MAX_STAGE);
 
-	if (mul)
-		w = div64_u64((u64)ca->wc * eta, max(ca->u, GEAR_U_MIN)) + gear_ai(ca, base_us);
-	else
-		w = (u64)ca->wc + gear_ai(ca, base_us);
-	w = clamp_t(u64, w, GEAR_W_MIN_PKTS << GEAR_W_SHIFT, max(w_max, (u64)GEAR_W_ONE));
-	if (round) {
+	if (round)
 		ca->inc_stage = mul ? 0 : ca->inc_stage + 1;
-		ca->wc = w;
+	return (mul ? gear_scale(ca->wc, eta, ca->u) : (s64)ca->wc) + ai;
+}
+
+/*
+ * Algorithm 1, lines 17–22 (cross-DC): within a CRTT the intra-DC flows did this flow's move
+ * Δ = (η/u − 1) · w^c (eq. 8), so it moves 2Δ (eq. 9); at the CRTT's end it takes its own
+ * doubled move out of u (eq. 10: u − Δ/bw) and sets w^c to the right rate for that u.
+ */
+static s64 gear_cross_window(struct sock *sk, struct gear *ca, u32 eta, u32 ai, u32 base_us,
+			     u32 rate_mbit, bool round)
+{
+	s64 w = 2 * gear_scale(ca->wc, eta, ca->u) - ca->wc + ai;
+	s64 delta, du, bdp;
+
+	if (round) {
+		delta = gear_scale(ca->wc, eta, ca->u) - ca->wc;
+		bdp = max_t(s64, gear_w_max(sk, rate_mbit, base_us) / GEAR_W_MAX_BDPS, 1);
+		du = div64_s64(delta << GEAR_U_SHIFT, bdp);	/* Δ / (bw · T) */
+		ca->u = clamp_t(s64, (s64)ca->u - du, GEAR_U_MIN, U32_MAX);
+		ca->wc = clamp_t(s64, gear_scale(ca->wc, eta, ca->u), GEAR_W_MIN_PKTS << GEAR_W_SHIFT,
+				 U32_MAX);
 	}
+	return w;
+}
+
+/* The window this ACK sets, by the flow's class; w^c moves at a round's end. */
+static u32 gear_window(struct sock *sk, struct gear *ca, u32 base_us, u32 rate_mbit, bool round)
+{
+	u32 eta = gear_eta(), ai = gear_ai(ca, base_us);
+	s64 w_max = max_t(s64, gear_w_max(sk, rate_mbit, base_us), GEAR_W_ONE), w;
+
+	if (ca->cross)
+		w = gear_cross_window(sk, ca, eta, ai, base_us, rate_mbit, round);
+	else
+		w = gear_intra_window(ca, eta, ai, round);
+	w = clamp_t(s64, w, GEAR_W_MIN_PKTS << GEAR_W_SHIFT, w_max);
+	if (round && !ca->cross)
+		ca->wc = w;
 	return w >> GEAR_W_SHIFT;
 }
 

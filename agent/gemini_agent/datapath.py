@@ -1,5 +1,5 @@
-"""θ of a host-wide datapath (Linux CUBIC's module parameters) into the kernel, checked first,
-restored on exit.
+"""θ of a host-wide datapath (Linux CUBIC's module parameters, or the θ file of a user-space
+transport such as FlashPass's) into place, checked first, restored on exit.
 
 A datapath's spec (api/gemini_api/specs/<datapath>.toml) names where its θ goes (``target``:
 for CUBIC /sys/module/tcp_cubic/parameters, one file per parameter) and its scope. Module
@@ -23,9 +23,14 @@ Booster's θ again once it answers (gemini_agent.daemon).
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
+from gemini_api.datapaths import Apply, Datapath
 from gemini_api.theta import Bounds, ThetaError, ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 
@@ -95,6 +100,90 @@ class ModuleParams:
         self._write_all(self.saved)
         log.info("%s parameters restored to %s", self.spec.datapath, self.saved)
         self.saved = self.written = None
+
+
+class ConfigFile:
+    """A datapath's θ as the file at its spec's ``target`` (``path`` overrides it), one
+    ``name = units`` a line, which a user-space transport reads at each flow's start
+    (``apply = "config_file"``). The file is replaced in one rename, so a flow starting
+    during a write reads the old θ or the new one, never a mix or half a file."""
+
+    def __init__(self, spec: ThetaSpec, path: Path | None = None) -> None:
+        if spec.scope != "host":
+            raise ThetaError(f"datapath {spec.datapath!r} is not host-wide")
+        self.spec = spec
+        self.path = path or Path(spec.target)
+        self.saved: dict[str, int] | None = None  # the θ in force before the first write
+        self.written: dict[str, int] | None = None
+        self._before: str | None = None  # the file's text then (None: there was none)
+
+    def available(self) -> bool:
+        """Is the transport installed here? Its configuration directory is."""
+        return self.path.parent.is_dir()
+
+    def read(self) -> dict[str, int]:
+        """The θ the next flow runs: the file's, the spec's default without one."""
+        if not self.path.exists():
+            return self.spec.default()
+        return {k: int(v) for k, v in tomllib.loads(self.path.read_text()).items()}
+
+    def _replace(self, text: str) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def write(self, theta: Mapping[str, int], bounds: Bounds | None = None) -> dict[str, int]:
+        """Check ``theta`` against ``bounds`` (Θ' by default) and write it; ThetaError before
+        any write when it does not fit."""
+        checked = self.spec.validate(theta, bounds or self.spec.limits)
+        if self.saved is None:
+            self.saved = self.read()
+            self._before = self.path.read_text() if self.path.exists() else None
+        if checked != self.written:
+            self._replace("".join(f"{n} = {checked[n]}\n" for n in self.spec.names))
+            self.written = checked
+        return checked
+
+    def restore(self) -> None:
+        """The file as it was before the first write (no file, if there was none)."""
+        if self.saved is None:
+            return
+        if self._before is None:
+            self.path.unlink(missing_ok=True)
+        else:
+            self._replace(self._before)
+        log.info("%s θ file restored to %s", self.spec.datapath, self.saved)
+        self.saved = self.written = self._before = None
+
+
+class HostTheta(Protocol):
+    """What the agent needs of a host-wide datapath's θ, however it is applied."""
+
+    spec: ThetaSpec
+    saved: dict[str, int] | None
+    written: dict[str, int] | None
+
+    def available(self) -> bool: ...
+    def read(self) -> dict[str, int]: ...
+    def write(self, theta: Mapping[str, int], bounds: Bounds | None = None) -> dict[str, int]: ...
+    def restore(self) -> None: ...
+
+
+HOST_WRITERS: dict[Apply, type[ModuleParams] | type[ConfigFile]] = {
+    Apply.MODULE_PARAMS: ModuleParams,
+    Apply.CONFIG_FILE: ConfigFile,
+}
+
+
+def host_writer(d: Datapath) -> HostTheta | None:
+    """The writer of a host-wide datapath's θ, by its apply kind (None for the table's)."""
+    writer = HOST_WRITERS.get(d.apply)
+    return writer(d.spec) if writer else None
 
 
 def datapath_message(spec: ThetaSpec, theta: Mapping[str, int]) -> pb.DatapathTheta:

@@ -1,0 +1,157 @@
+"""FlashPass's prototype in parts (issue #36): Algorithm 2, the wire format, θ from the file the
+agent writes (and refused outside Θ'), the switch port's tc commands, the receiver's answers,
+and one flow over the host's loopback (real UDP sockets, no qdiscs: the lab test,
+tests/test_lab_flashpass.py, puts the switch between them)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from gemini_agent.datapath import ConfigFile, host_writer
+from gemini_api.datapaths import Apply, Records, datapath
+from gemini_api.theta import ThetaError
+from gemini_lab.flashpass import wire
+from gemini_lab.flashpass.control import EmulationRate
+from gemini_lab.flashpass.receiver import Receiver
+from gemini_lab.flashpass.sender import Sender, payload
+from gemini_lab.flashpass.switch import EMULATION_WIRE, SwitchPort
+from gemini_lab.flashpass.theta import Theta, read_theta
+from gemini_lab.flashpass.wire import Kind, Packet, WireError
+
+DP = datapath("flashpass")
+
+
+def _rate() -> EmulationRate:
+    return EmulationRate(1000.0, min_target_loss=0.01, max_target_loss=0.10)
+
+
+def test_algorithm_2_cuts_to_what_survived_above_the_band() -> None:
+    r = _rate()
+    assert r.rate_pps == 1000.0  # starts at the maximum
+    assert r.update(100, 60) == pytest.approx(1000 * 0.6 * 1.01)
+
+
+def test_algorithm_2_grows_below_the_band_up_to_the_maximum_and_holds_inside_it() -> None:
+    r = _rate()
+    r.update(100, 50)
+    held = r.rate_pps
+    assert r.update(100, 95) == held  # 5 % loss: inside [1 %, 10 %]
+    assert r.update(100, 100) == pytest.approx(held * 1.1)
+    for _ in range(20):
+        r.update(100, 100)
+    assert r.rate_pps == 1000.0
+    assert r.update(0, 0) == 1000.0  # nothing sent: nothing learnt
+
+
+def test_algorithm_2_refuses_a_band_upside_down() -> None:
+    with pytest.raises(ValueError, match="min < max"):
+        EmulationRate(1000.0, min_target_loss=0.2, max_target_loss=0.1)
+
+
+def test_packets_round_trip_and_a_foreign_datagram_is_named() -> None:
+    p = Packet(Kind.DATA, 7, 42, 123_456, 99, payload(7, 42))
+    assert Packet.decode(p.encode()) == p
+    assert len(p.encode()) + wire.IP_UDP_HEADER == wire.DATA_IP_BYTES
+    assert len(wire.emulation(1, 2, 3)) + wire.IP_UDP_HEADER == wire.EMULATION_IP_BYTES
+    with pytest.raises(WireError, match="shorter than the header"):
+        Packet.decode(b"\x01\x02")
+    with pytest.raises(WireError, match="unknown packet kind 9"):
+        Packet.decode(bytes([9]) + bytes(wire.HEADER.size - 1))
+
+
+def test_the_receiver_credits_each_emulation_packet_and_answers_probes() -> None:
+    r = Receiver.__new__(Receiver)
+    r.flows = {}
+    credit = r.handle(Packet(Kind.EMULATION, 1, 5, 777), tos=0x02)
+    assert credit == Packet(Kind.CREDIT, 1, 5, 777)
+    for seq in (0, 2):
+        assert r.handle(Packet(Kind.DATA, 1, seq, 0, 3, payload(1, seq)), tos=0) is None
+    nack = r.handle(Packet(Kind.PROBE, 1, 0), tos=0)
+    assert nack is not None and wire.nack_missing(nack.body) == [1]
+    done = r.handle(Packet(Kind.DATA, 1, 1, 0, 3, payload(1, 1)), tos=0)
+    assert done == Packet(Kind.DONE, 1, 0)
+    assert r.report()["1"] == {
+        "total": 3,
+        "received": 3,
+        "bytes": 3 * wire.DATA_PAYLOAD,
+        "emulation_in": 1,
+        "emulation_ect": 1,
+        "corrupt": 0,
+        "duplicates": 0,
+    }
+
+
+def test_the_switch_port_is_an_emulation_class_of_its_share_with_single_threshold_red() -> None:
+    port = SwitchPort(rate_kbit=10_000, data_buffer_packets=16)
+    assert port.emulation_kbit == round(10_000 * 84 / 1584)
+    red = port.red_args()
+    assert red[red.index("limit") + 1] == str(8 * EMULATION_WIRE)
+    assert red[red.index("min") + 1] == str(2 * EMULATION_WIRE)
+    assert red[red.index("max") + 1] == str(3 * EMULATION_WIRE)
+    assert "ecn" in red and "nodrop" not in red  # non-ECT above the threshold is dropped
+    cmds = [" ".join(c) for c in port.commands("eth0")]
+    assert any("classid 1:10 htb rate 530kbit ceil 530kbit" in c for c in cmds)
+    assert any(f"dport {wire.EMULATION_PORT} 0xffff flowid 1:10" in c for c in cmds)
+
+
+def test_flashpass_is_a_host_datapath_applied_through_a_config_file() -> None:
+    assert (DP.apply, DP.records, DP.spec.scope) == (Apply.CONFIG_FILE, Records.FLOW_LOG, "host")
+    for bounds in ("production", "wide"):  # every θ of Θ' has min < max, as Algorithm 2 needs
+        b = DP.spec.region_bounds(bounds)
+        assert b["min_target_loss"][1] < b["max_target_loss"][0]
+    assert Theta.default() == Theta(0.01, 0.10, 0.040)  # the paper's defaults
+
+
+def test_the_agent_writes_theta_the_prototype_reads_and_restores_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "flashpass.toml"
+    writer = host_writer(DP)
+    assert isinstance(writer, ConfigFile)
+    params = ConfigFile(DP.spec, path)
+    assert params.available() and params.read() == DP.spec.default()
+    params.write({"min_target_loss": 5, "max_target_loss": 200, "t_wait": 1200})
+    assert read_theta(path) == Theta(0.005, 0.20, 0.120)
+    assert [p.name for p in tmp_path.iterdir()] == ["flashpass.toml"]  # no temporary left
+    params.restore()
+    assert not path.exists() and read_theta(path) == Theta.default()
+
+
+def test_a_theta_outside_the_region_is_refused_and_the_file_kept(tmp_path: Path) -> None:
+    path = tmp_path / "flashpass.toml"
+    params = ConfigFile(DP.spec, path)
+    params.write(DP.spec.default())
+    before = path.read_text()
+    with pytest.raises(ThetaError, match="max_target_loss"):
+        params.write({"min_target_loss": 10, "max_target_loss": 950, "t_wait": 400})
+    assert path.read_text() == before
+
+
+def test_the_prototype_refuses_a_theta_file_outside_the_region(tmp_path: Path) -> None:
+    path = tmp_path / "flashpass.toml"
+    path.write_text("min_target_loss = 10\nmax_target_loss = 100\nt_wait = 0\n")
+    with pytest.raises(ThetaError, match="t_wait"):
+        read_theta(path)
+    path.write_text("min_target_loss = 10\nmax_target_loss = 100\n")
+    with pytest.raises(ThetaError, match="t_wait: missing"):
+        read_theta(path)
+    path.write_text("min_target_loss = [\n")
+    with pytest.raises(ThetaError, match=str(path)):
+        read_theta(path)
+
+
+def test_a_flow_over_loopback_delivers_every_byte_one_data_packet_per_credit() -> None:
+    receiver = Receiver()
+    thread = threading.Thread(target=receiver.run)
+    thread.start()
+    try:
+        report = Sender("127.0.0.1", 3, 100_000, Theta(0.01, 0.1, 0.005), 10e6).run()
+    finally:
+        receiver.stopped = True
+        thread.join()
+    got = receiver.report()["3"]
+    assert report["finished"] and got["received"] == got["total"] == report["packets"]
+    assert got["corrupt"] == 0
+    assert len(report["credits"]) == got["emulation_in"]
+    assert len(report["data_sends"]) + report["wasted_credits"] <= len(report["credits"])

@@ -21,13 +21,9 @@ import statistics
 from gemini_lab.scenario import Scenario
 
 RATE_MBIT = 100
+PATH_TEXT = "100 Mbit/s, 2 ms, 200 packets of drop-tail queue, 2-packet shaper burst"
 GEAR_PATH = Scenario(
-    name="gear-dc",
-    description="100 Mbit/s, 2 ms, 200 packets of drop-tail queue, 2-packet shaper burst",
-    rtt_ms=2,
-    rate_mbit=RATE_MBIT,
-    queue_packets=200,
-    burst_packets=2,
+    "gear-dc", PATH_TEXT, rtt_ms=2, rate_mbit=RATE_MBIT, queue_packets=200, burst_packets=2
 )
 ETAS = (95, 80)
 # Out of Θ' (specs/gear.toml's wide bounds): each write must be refused.

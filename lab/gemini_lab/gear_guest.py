@@ -26,7 +26,8 @@ from gemini_lab.netem import ROUTER_NS, link_device, qdisc_stats, sh
 GEAR, GEAR_CC = "gear", "gear"
 INT_PARAMS = Path("/sys/module/gear_int/parameters")
 GEAR_PORT = BASE_PORT + 160
-US_WRAP = 1 << 32  # the sender reports the record's time in µs, low 32 bits
+US_WRAP = 1 << 32
+PAIR_BURST_PACKETS = 2  # the sender reports the record's time in µs, low 32 bits
 
 
 def _load_int() -> dict:
@@ -127,8 +128,7 @@ def exp_gear_pair(e: dict, out: Path) -> dict:
     first; each flow's goodput over the run comes back."""
     from gemini_lab import fairness as fx
     from gemini_lab.experiment import _bulk
-    from gemini_lab.netem import link_qdisc_commands
-    from gemini_lab.scenario import Link
+    from gemini_lab.netem import tbf_args
 
     loaded = {"int": _load_int()}
     if loaded["int"]["rc"] == 0:
@@ -136,14 +136,11 @@ def exp_gear_pair(e: dict, out: Path) -> dict:
     if any(v["rc"] != 0 for v in loaded.values()):
         return {"insmod": loaded}
     fx._ensure_topology()
-    link = Link(rate_kbit=e["rate_kbit"], queue_limit=e["queue_packets"], burst_packets=2)
-    sh("tc", "qdisc", "del", "dev", fx.BOTTLENECK_IF, "root", ns=fx.ROUTER, check=False)
-    for cmd in link_qdisc_commands(fx.BOTTLENECK_IF, link):
-        sh(*cmd, ns=fx.ROUTER)
-    for i, rtt in enumerate(e["rtts_ms"]):
-        sh("tc", "qdisc", "del", "dev", f"s{i}", "root", ns=fx.ROUTER, check=False)
-        sh("tc", "qdisc", "add", "dev", f"s{i}", "root", "netem", "delay", f"{rtt}ms",
-           "limit", "100000", ns=fx.ROUTER)  # fmt: skip
+    fx._configure(e["rate_kbit"], e["queue_packets"], e["rtts_ms"])
+    # a shaper burst of 2 packets, not the lab's 2 ms of tokens, which would hide the DC queue
+    tbf = tbf_args(e["rate_kbit"], PAIR_BURST_PACKETS)
+    sh("tc", "qdisc", "change", "dev", fx.BOTTLENECK_IF, "root", "handle", "1:", "tbf", *tbf,
+       ns=fx.ROUTER)  # fmt: skip
     extra = {"dc_base_rtt_us": e["dc_base_rtt_us"]}
     before = read_params(GEAR, tuple(extra))
     duration_s = e["duration_s"]

@@ -1,0 +1,72 @@
+"""Gear is a datapath like GEMINI and DC-Vegas (issue #36, acceptance "both run as
+datapaths"): its spec loads as a host-wide module_params datapath of tcp_gear, a policy
+targets it and Booster plans in its own θ space, an experiment runs it against DCTCP, and the
+agent writes its θ into the module's parameters, refuses one outside Θ' and restores the
+module's values. The three checks are test_new_datapaths' (GEMINI's and DC-Vegas's), run for
+"gear"; the lab's INT readings are unit-checked on hand-made samples.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gemini_api.datapaths import Apply, registry
+from gemini_lab import gear
+
+from . import test_new_datapaths as nd
+
+GEAR = "gear"
+
+
+def test_gear_is_a_host_wide_module_params_datapath() -> None:
+    dp = registry().get(GEAR)
+    assert (dp.cc, dp.module, dp.apply) == ("gear", "tcp_gear", Apply.MODULE_PARAMS)
+    assert dp.spec.target == "/sys/module/tcp_gear/parameters"
+    assert dp.spec.names == ("target_util", "class_rtt_ratio", "ai_step", "max_stage")
+    assert dp.spec.default()["target_util"] == 95  # the paper's η
+
+
+def test_booster_plans_and_learns_gear_in_its_own_space(booster) -> None:
+    nd.test_booster_plans_and_learns_a_new_datapath_in_its_own_space(booster, GEAR)
+
+
+def test_an_experiment_sets_dctcp_against_gear_tuned(booster) -> None:
+    nd.test_an_experiment_sets_dctcp_at_defaults_against_the_datapath_tuned(booster, GEAR)
+
+
+def test_the_agent_writes_reports_and_restores_gears_theta(tmp_path, monkeypatch) -> None:
+    nd.test_the_agent_writes_reports_and_restores_a_new_datapaths_theta(tmp_path, monkeypatch, GEAR)
+
+
+def _sample(t_us: int, backlog: int, read: tuple[int, int, int] | None = None) -> dict:
+    s = {"t": t_us / 1e6, "now_us": t_us, "backlog": backlog, "qlen": backlog // 1514}
+    if read:
+        n, ts, ql = read
+        s |= {"bbr_cwnd_gain": n, "bbr_bw_lo": ts, "bbr_bw_hi": ql, "bbr_min_rtt": 1 << 16}
+    return s
+
+
+def test_a_read_is_judged_against_tc_s_samples_around_its_time() -> None:
+    # tc at 0 and 3000 µs (10 and 40 packets); the sender's read of a record at 1000 µs
+    p = 1514
+    good = {"samples": [_sample(0, 10 * p), _sample(3000, 40 * p, (1, 1000, 20 * p))]}
+    (pair,) = gear.telemetry_pairs(good)
+    assert (pair["before"], pair["after"], pair["dt_us"]) == (10 * p, 40 * p, 3000)
+    assert pair["interp"] == pytest.approx(20 * p)
+    assert gear.within(pair)
+    # 3 ms of line drain (25 packets) + 2 packets of slack above the bracket's top: a miss
+    far = {"samples": [_sample(0, 10 * p), _sample(3000, 40 * p, (1, 1000, 68 * p))]}
+    assert not gear.within(gear.telemetry_pairs(far)[0])
+
+
+def test_reads_count_each_record_once_and_unwrap_the_clock() -> None:
+    wrap = 1 << 32
+    s = [
+        _sample(wrap - 10, 0, (1, wrap - 20, 0)),
+        _sample(wrap + 5, 0, (1, wrap - 20, 0)),
+        _sample(wrap + 50, 0, (2, 30, 1514)),
+    ]
+    for x in s:
+        x["now_us"] %= wrap
+    assert [r["n"] for r in gear.reads({"samples": s})] == [1, 2]
+    assert gear.unwrap(30, wrap - 10) == wrap + 30

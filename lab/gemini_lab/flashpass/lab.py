@@ -1,14 +1,20 @@
 """A FlashPass run in the lab guest: sender, switch and receiver namespaces, the switch port's
-qdiscs, the receiver and one sender process per flow, and what each side and the qdiscs
-counted.
+qdiscs, the receiver and one process per flow, and what each side and the qdiscs counted.
 
-    fps (10.60.0.1) ── fpw (switch; its egress to fpr is the FlashPass port) ── fpr (10.61.0.2)
+    fps0 (10.60.0.1) ──┐
+    fps1 (10.60.1.1) ──┼── fpw (switch; its egress to fpr is the FlashPass port) ── fpr
+    ...                ┘                                                   (10.61.0.2)
 
-The round trip's delay is a netem on the receiver's egress (credits, DONE and NACK wait
-there), as the lab's other paths delay their ACKs. Runs as root in the guest:
+Each sender's own delay to the switch is a netem on its egress (the paper's one-way delay to
+the bottleneck, mixed RTTs); the return delay is a netem on the receiver's egress (credits,
+DONE, NACK and TCP's ACKs wait there), as the lab's other paths delay their ACKs. The same
+topology carries TCP flows (``transport`` cubic or bbr: gemini_lab.bulk put to a
+gemini_lab.flowgen receiver) for the comparison; their data meets the same shallow data queue.
+Runs as root in the guest:
     python -m gemini_lab.flashpass.lab PLAN.json RESULT.json
-with PLAN {"rate_kbit", "data_buffer_packets", "rtt_ms", "flows": [{"flow", "bytes"}],
-"theta": {units} or absent}.
+PLAN: {"runs": [{"transport", "rate_kbit", "data_buffer_packets", "return_ms",
+"sender_delays_ms": [...], "flows": [{"flow", "bytes", "sender", "start_ms"}], "theta"}]};
+a plan without "runs" is one run of FlashPass.
 """
 
 from __future__ import annotations
@@ -18,83 +24,150 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gemini_lab.flashpass.switch import SwitchPort
-from gemini_lab.netem import _veth, python_in, sh
+from gemini_lab.netem import _veth, allow_cc, python_in, sh
 
-SENDER_NS, SWITCH_NS, RECEIVER_NS = "fps", "fpw", "fpr"
+SWITCH_NS, RECEIVER_NS = "fpw", "fpr"
 RECEIVER_ADDR = "10.61.0.2"
 PORT_DEV = "fpw-r"  # the switch's interface toward the receiver: the FlashPass port
+TCP_PORT = 5201
+FLASHPASS = "flashpass"
 READY_S = 120.0  # the receiver's interpreter starting under emulation
 POLL_S = 0.05
 RUN_S = 300.0  # every flow done or given up (senders give up after sender.GIVE_UP_S)
 
 
-def build(port: SwitchPort, rtt_ms: float) -> None:
-    for ns in (SENDER_NS, SWITCH_NS, RECEIVER_NS):
+def sender_ns(i: int) -> str:
+    return f"fps{i}"
+
+
+def build(port: SwitchPort, return_ms: float, sender_delays_ms: list[float]) -> None:
+    for ns in (SWITCH_NS, RECEIVER_NS, *map(sender_ns, range(len(sender_delays_ms)))):
         sh("ip", "netns", "add", ns)
         sh("ip", "link", "set", "lo", "up", ns=ns)
-    _veth(SENDER_NS, "fps-w", "10.60.0.1", SWITCH_NS, "fpw-s", "10.60.0.2")
     _veth(SWITCH_NS, PORT_DEV, "10.61.0.1", RECEIVER_NS, "fpr-w", RECEIVER_ADDR)
-    sh("ip", "route", "add", "default", "via", "10.60.0.2", ns=SENDER_NS)
     sh("ip", "route", "add", "default", "via", "10.61.0.1", ns=RECEIVER_NS)
+    for i, delay in enumerate(sender_delays_ms):
+        ns = sender_ns(i)
+        _veth(ns, "w", f"10.60.{i}.1", SWITCH_NS, f"fpw-s{i}", f"10.60.{i}.2")
+        sh("ip", "route", "add", "default", "via", f"10.60.{i}.2", ns=ns)
+        if delay:
+            sh("tc", "qdisc", "add", "dev", "w", "root", "netem", "delay", f"{delay:g}ms",
+               "limit", "100000", ns=ns)  # fmt: skip
     sh("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=SWITCH_NS)
     for cmd in port.commands(PORT_DEV):
         sh(*cmd, ns=SWITCH_NS)
-    sh("tc", "qdisc", "add", "dev", "fpr-w", "root", "netem", "delay", f"{rtt_ms:g}ms",
+    sh("tc", "qdisc", "add", "dev", "fpr-w", "root", "netem", "delay", f"{return_ms:g}ms",
        "limit", "100000", ns=RECEIVER_NS)  # fmt: skip
 
 
-def _until(done: object, timeout_s: float, what: str) -> None:
+def teardown(senders: int) -> None:
+    for ns in (SWITCH_NS, RECEIVER_NS, *map(sender_ns, range(senders))):
+        sh("ip", "netns", "del", ns, check=False)
+
+
+def _until(done: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
-    while not done():  # type: ignore[operator]
+    while not done():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} within {timeout_s:.0f} s")
         time.sleep(POLL_S)
 
 
-def port_stats() -> dict:
+def port_stats() -> list[dict]:
     """The switch port's qdiscs as the kernel counts them (each class's leaf counts what the
     class sent and dropped)."""
     return json.loads(sh("tc", "-s", "-j", "qdisc", "show", "dev", PORT_DEV, ns=SWITCH_NS))
 
 
-def run(plan: dict, out: Path) -> dict:
-    port = SwitchPort(int(plan["rate_kbit"]), int(plan["data_buffer_packets"]))
-    build(port, float(plan["rtt_ms"]))
-    theta_file = None
-    if plan.get("theta") is not None:
-        theta_file = out / "flashpass.toml"
-        theta_file.write_text("".join(f"{k} = {v}\n" for k, v in plan["theta"].items()))
+def _flow_command(run: dict, f: dict, out: Path, theta_file: Path | None) -> list[str]:
+    ns = sender_ns(int(f.get("sender", 0)))
+    if run.get("transport", FLASHPASS) != FLASHPASS:
+        args = [RECEIVER_ADDR, str(TCP_PORT), run["transport"], str(f["bytes"])]
+        return python_in(ns, "gemini_lab.bulk", "put", *args)
+    args = [RECEIVER_ADDR, "--flow", str(f["flow"]), "--bytes", str(f["bytes"])]
+    args += [
+        "--link-mbit",
+        str(run["rate_kbit"] / 1000),
+        "--log",
+        str(out / f"flow{f['flow']}.json"),
+    ]
+    args += ["--theta", str(theta_file)] if theta_file else []
+    return python_in(ns, "gemini_lab.flashpass.sender", *args)
+
+
+def _start_receiver(run: dict, out: Path) -> subprocess.Popen:
+    if run.get("transport", FLASHPASS) != FLASHPASS:
+        allow_cc(run["transport"])
+        cmd = python_in(RECEIVER_NS, "gemini_lab.flowgen", "serve", str(TCP_PORT))
+        proc = subprocess.Popen(cmd)
+        _until(lambda: f":{TCP_PORT}" in sh("ss", "-ltn", ns=RECEIVER_NS), READY_S, "tcp rcv")
+        return proc
     rlog = out / "receiver.json"
-    receiver = subprocess.Popen(
+    proc = subprocess.Popen(
         python_in(RECEIVER_NS, "gemini_lab.flashpass.receiver", "--log", str(rlog))
     )
     _until(rlog.with_suffix(".ready").exists, READY_S, "the receiver listening")
-    senders = []
-    for f in plan["flows"]:
-        args = [RECEIVER_ADDR, "--flow", str(f["flow"]), "--bytes", str(f["bytes"])]
-        log = out / f"flow{f['flow']}.json"
-        args += ["--link-mbit", str(port.rate_kbit / 1000), "--log", str(log)]
-        args += ["--theta", str(theta_file)] if theta_file else []
-        senders.append(subprocess.Popen(python_in(SENDER_NS, "gemini_lab.flashpass.sender", *args)))
-    for s in senders:
-        s.wait(timeout=RUN_S)
+    return proc
+
+
+def run_one(run: dict, out: Path) -> dict:
+    """One run: the topology built, every flow started at its offset, waited for, counted."""
+    out.mkdir(parents=True, exist_ok=True)
+    delays = [float(d) for d in run.get("sender_delays_ms", [0])]
+    port = SwitchPort(int(run["rate_kbit"]), int(run["data_buffer_packets"]))
+    build(port, float(run.get("return_ms", run.get("rtt_ms", 0))), delays)
+    theta_file = None
+    if run.get("theta") is not None:
+        theta_file = out / "flashpass.toml"
+        theta_file.write_text("".join(f"{k} = {v}\n" for k, v in run["theta"].items()))
+    receiver = _start_receiver(run, out)
+    flows = sorted(run["flows"], key=lambda f: f.get("start_ms", 0))
+    start = time.monotonic()
+    procs: list[tuple[subprocess.Popen, float]] = []
+    for f in flows:
+        time.sleep(max(0.0, start + f.get("start_ms", 0) / 1000 - time.monotonic()))
+        cmd = _flow_command(run, f, out, theta_file)
+        procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL), time.monotonic()))
+    fcts = []
+    for proc, began in procs:
+        proc.wait(timeout=RUN_S)
+        fcts.append(time.monotonic() - began)
+    makespan = time.monotonic() - start
     receiver.send_signal(signal.SIGTERM)
     receiver.wait(timeout=READY_S)
-    return {
+    result = {
+        "transport": run.get("transport", FLASHPASS),
         "qdiscs": port_stats(),
-        "receiver": json.loads(rlog.read_text()),
-        "senders": [json.loads((out / f"flow{f['flow']}.json").read_text()) for f in plan["flows"]],
-        "sender_rc": [s.returncode for s in senders],
+        "fct_s": fcts,
+        "makespan_s": makespan,
+        "sender_rc": [p.returncode for p, _ in procs],
     }
+    if result["transport"] == FLASHPASS:
+        result["receiver"] = json.loads((out / "receiver.json").read_text())
+        result["senders"] = [json.loads((out / f"flow{f['flow']}.json").read_text()) for f in flows]
+    teardown(len(delays))
+    return result
 
 
 def main() -> None:
     plan_path, result_path = Path(sys.argv[1]), Path(sys.argv[2])
-    result = run(json.loads(plan_path.read_text()), result_path.parent)
-    result_path.write_text(json.dumps(result))
+    plan = json.loads(plan_path.read_text())
+    out = result_path.parent
+    if "runs" not in plan:
+        result_path.write_text(json.dumps(run_one(plan, out)))
+        return
+    results = []
+    for i, run in enumerate(plan["runs"]):
+        try:
+            results.append(run_one(run, out / f"run{i}"))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            teardown(len(run.get("sender_delays_ms", [0])))
+            results.append({"transport": run.get("transport"), "error": str(exc)})
+        result_path.write_text(json.dumps(results))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+"""FlashPass against CUBIC and BBR on a shallow buffer with mixed RTTs, at the lab's scale.
+
+The paper's static experiment (§4.5.2: a dumbbell, 10 Gbit/s, N senders whose one-way delay
+to the bottleneck is drawn from U(0, 20 ms), flows starting within 0.2 s, a 20 KB/Gbit/s
+buffer) scaled by 1/1000 in rate: 10 Mbit/s, the same delays, and "shallow" redefined in
+packets (the paper's buffer is 200 KB = 133 packets at 10 Gbit/s; at 10 Mbit/s the same
+20 KB/Gbit/s is 200 bytes, less than a packet, so the data buffer is 16 packets, about half
+the longest path's BDP). Each seed draws the senders' delays and the flows' start offsets; one
+UML boot per seed runs FlashPass, CUBIC and BBR on the same draw, each on a fresh topology.
+
+    python -m gemini_lab.flashpass.evaluate --seeds 1 2 3 --held-out 4
+(the table on stdout and in var/flashpass-eval/table.md, every run's figures in raw.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gemini_lab.flashpass.switch import DATA_QDISC, EMULATION_QDISC
+from gemini_lab.uml import run_in_uml
+
+TRANSPORTS = ("flashpass", "cubic", "bbr")
+RATE_KBIT = 10_000
+BUFFER_PACKETS = 16
+RETURN_MS = 10.0
+MAX_ONE_WAY_MS = 20.0  # the paper's U(0, 20 ms)
+STARTS_WITHIN_MS = 200.0
+SENDERS = 4
+FLOW_BYTES = 1_000_000
+THETA = {"min_target_loss": 10, "max_target_loss": 100, "t_wait": 400}  # the paper's defaults
+
+
+def seed_runs(seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    delays = [round(rng.uniform(0, MAX_ONE_WAY_MS), 1) for _ in range(SENDERS)]
+    flows = [
+        {
+            "flow": i + 1,
+            "bytes": FLOW_BYTES,
+            "sender": i,
+            "start_ms": rng.uniform(0, STARTS_WITHIN_MS),
+        }
+        for i in range(SENDERS)
+    ]
+    base = {
+        "rate_kbit": RATE_KBIT,
+        "data_buffer_packets": BUFFER_PACKETS,
+        "return_ms": RETURN_MS,
+        "sender_delays_ms": delays,
+        "flows": flows,
+        "theta": THETA,
+    }
+    return [base | {"transport": t} for t in TRANSPORTS]
+
+
+def _qdisc(result: dict, handle: str) -> dict:
+    (q,) = [q for q in result["qdiscs"] if q["handle"] == handle]
+    return q
+
+
+def summary(result: dict) -> dict:
+    """Utilisation over the run, the data queue's loss, the mean FCT."""
+    data = _qdisc(result, DATA_QDISC)
+    delivered = len(result["fct_s"]) * FLOW_BYTES
+    row = {
+        "utilisation": delivered * 8 / (RATE_KBIT * 1000 * result["makespan_s"]),
+        "data_loss": data["drops"] / max(1, data["packets"] + data["drops"]),
+        "mean_fct_s": sum(result["fct_s"]) / len(result["fct_s"]),
+        "complete": all(rc == 0 for rc in result["sender_rc"]),
+    }
+    if result["transport"] == "flashpass":
+        emu = _qdisc(result, EMULATION_QDISC)
+        row["emulation_loss"] = emu["drops"] / max(1, emu["packets"] + emu["drops"])
+        row["complete"] &= all(s["finished"] for s in result["senders"])
+    return row
+
+
+def run_seed(seed: int, out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    runs = seed_runs(seed)
+    (out / "plan.json").write_text(json.dumps({"runs": runs}))
+    files = '"$GEMINI_LAB_OUT/plan.json" "$GEMINI_LAB_OUT/result.json"'
+    cmd = f"{sys.executable} -m gemini_lab.flashpass.lab {files}"
+    run_in_uml(cmd, out, timeout_s=1500)
+    results = json.loads((out / "result.json").read_text())
+    rows = {}
+    for run, res in zip(runs, results, strict=True):
+        if "error" in res:
+            raise RuntimeError(f"seed {seed} {run['transport']}: {res['error']}")
+        rows[run["transport"]] = summary(res)
+    return {"seed": seed, "delays_ms": runs[0]["sender_delays_ms"], "rows": rows}
+
+
+def _span(values: list[float], fmt: str) -> str:
+    return f"{format(min(values), fmt)}–{format(max(values), fmt)}"
+
+
+def table(seeds: list[dict]) -> list[str]:
+    lines = [
+        "| transport | utilisation | data-queue loss | mean FCT (s) | emulation loss | complete |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in TRANSPORTS:
+        rows = [s["rows"][t] for s in seeds]
+        emu = _span([r["emulation_loss"] for r in rows], ".1%") if t == "flashpass" else "—"
+        lines.append(
+            f"| {t} | {_span([r['utilisation'] for r in rows], '.1%')} "
+            f"| {_span([r['data_loss'] for r in rows], '.2%')} "
+            f"| {_span([r['mean_fct_s'] for r in rows], '.2f')} | {emu} "
+            f"| {sum(r['complete'] for r in rows)}/{len(rows)} |"
+        )
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--held-out", type=int, nargs="*", default=[4])
+    ap.add_argument("--work", type=Path, default=Path("var/flashpass-eval"))
+    a = ap.parse_args()
+    main_runs = [run_seed(s, a.work / f"seed{s}") for s in a.seeds]
+    held = [run_seed(s, a.work / f"seed{s}") for s in a.held_out]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    lines = [
+        f"Seeds {a.seeds} (min–max over seeds):",
+        "",
+        *table(main_runs),
+        "",
+        f"Held-out seeds {a.held_out} (no setting was looked at on them):",
+        "",
+        *table(held),
+        "",
+        "Per seed (senders' one-way delays, ms): "
+        + "; ".join(f"{s['seed']}: {s['delays_ms']}" for s in main_runs + held),
+        "",
+        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at commit {commit.stdout.strip()}.",
+    ]
+    print("\n".join(lines))
+    (a.work / "raw.json").write_text(json.dumps(main_runs + held, indent=1))
+    (a.work / "table.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -86,6 +86,12 @@ class Settings(BaseSettings):
         description="reports waiting to be stored, per process, beyond which more are refused "
         "at once (RESOURCE_EXHAUSTED with a retry hint) instead of queueing past deadlines",
     )
+    gc_freeze_at_start: bool = Field(
+        default=True,
+        description="move every object alive once the agent port serves out of the garbage "
+        "collector's reach (gc.freeze): its full passes then walk only what was made since, "
+        "instead of stopping every call for 100-600 ms while the replica ingests",
+    )
     refit_interval_s: float = Field(default=10.0, gt=0)
     refresh_after_s: int = Field(default=300, ge=1)
     replica_name: str | None = Field(

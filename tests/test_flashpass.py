@@ -31,19 +31,20 @@ def _rate() -> EmulationRate:
 def test_algorithm_2_cuts_to_what_survived_above_the_band() -> None:
     r = _rate()
     assert r.rate_pps == 1000.0  # starts at the maximum
-    assert r.update(100, 60) == pytest.approx(1000 * 0.6 * 1.01)
+    assert r.update(100, 60, 1.0) == pytest.approx(1000 * 0.6 * 1.01)
 
 
 def test_algorithm_2_grows_below_the_band_up_to_the_maximum_and_holds_inside_it() -> None:
     r = _rate()
-    r.update(100, 50)
+    r.update(100, 50, 1.0)
     held = r.rate_pps
-    assert r.update(100, 95) == held  # 5 % loss: inside [1 %, 10 %]
-    assert r.update(100, 100) == pytest.approx(held * 1.1)
+    assert r.update(100, 95, 1.0) == held  # 5 % loss: inside [1 %, 10 %]
+    assert r.update(100, 100, 1.0) == pytest.approx(held * 1.1)
     for _ in range(20):
-        r.update(100, 100)
+        r.update(100, 100, 1.0)
     assert r.rate_pps == 1000.0
-    assert r.update(0, 0) == 1000.0  # nothing sent: nothing learnt
+    assert r.update(0, 0, 1.0) == 1000.0  # nothing sent: nothing learnt
+    assert r.update(2, 0, 50.0) == 50.0  # all lost: the floor, one packet per RTT
 
 
 def test_algorithm_2_refuses_a_band_upside_down() -> None:

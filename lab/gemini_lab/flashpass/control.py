@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MIN_RATE_FRACTION = 1e-3  # the floor, as a fraction of max_rate: a flow never stops emulating
-
 
 @dataclass
 class EmulationRate:
@@ -32,9 +30,11 @@ class EmulationRate:
             )
         self.rate_pps = self.rate_pps or self.max_rate_pps
 
-    def update(self, emulation_out: int, credits_in: int) -> float:
+    def update(self, emulation_out: int, credits_in: int, floor_pps: float) -> float:
         """The new rate after one RTT in which ``emulation_out`` packets left and
-        ``credits_in`` credits came back; unchanged when nothing was sent."""
+        ``credits_in`` credits came back; unchanged when nothing was sent. Never below
+        ``floor_pps`` (the sender's one packet per RTT: a flow that stopped emulating would
+        learn nothing more, and a sample of one or two packets can read 100 % loss)."""
         if emulation_out <= 0:
             return self.rate_pps
         loss = max(0.0, 1.0 - credits_in / emulation_out)
@@ -42,6 +42,5 @@ class EmulationRate:
             self.rate_pps *= (1 - loss) * (1 + self.min_target_loss)
         elif loss < self.min_target_loss:
             self.rate_pps *= 1 + self.max_target_loss
-        floor = self.max_rate_pps * MIN_RATE_FRACTION
-        self.rate_pps = min(self.max_rate_pps, max(floor, self.rate_pps))
+        self.rate_pps = min(self.max_rate_pps, max(floor_pps, self.rate_pps))
         return self.rate_pps

@@ -102,6 +102,8 @@ def _span(values: list[float], fmt: str) -> str:
 
 
 def table(seeds: list[dict]) -> list[str]:
+    if not seeds:
+        return ["(none)"]
     lines = [
         "| transport | utilisation | data-queue loss | mean FCT (s) | emulation loss | complete |",
         "|---|---|---|---|---|---|",

@@ -150,7 +150,8 @@ class Sender:
         end = bisect.bisect_right(self.emu_times, horizon)
         if end > self.judged:
             got = sum(s in self.answered for s in range(self.judged, end))
-            self.rates.append((now - start, self.rate.update(end - self.judged, got)))
+            floor = NS / self.rtt_ns  # one emulation packet per RTT
+            self.rates.append((now - start, self.rate.update(end - self.judged, got, floor)))
             self.judged = end
 
     def _probe(self) -> None:
@@ -167,7 +168,9 @@ class Sender:
             now = time.monotonic_ns()
             if self._emulating() and now >= next_emu:
                 self._emulate(now)
-                next_emu = max(next_emu + int(NS / self.rate.rate_pps), now)
+            # the next emulation packet one interval after the last, at the rate now in force
+            if self.emu_times:
+                next_emu = self.emu_times[-1] + int(NS / self.rate.rate_pps)
             self._send_due(now)
             if now >= next_control:
                 self._control(now, start)

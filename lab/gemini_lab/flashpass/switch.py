@@ -42,10 +42,11 @@ class SwitchPort:
 
     rate_kbit: int
     data_buffer_packets: int
+    emulation_kbit: int = 0  # the emulation class's rate: the link's emulation share
 
-    @property
-    def emulation_kbit(self) -> int:
-        return max(1, round(self.rate_kbit * wire.EMULATION_SHARE))
+    def __post_init__(self) -> None:
+        share = max(1, round(self.rate_kbit * wire.EMULATION_SHARE))
+        object.__setattr__(self, "emulation_kbit", self.emulation_kbit or share)
 
     def red_args(self) -> list[str]:
         k = MARK_THRESHOLD_PACKETS

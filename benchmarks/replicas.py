@@ -134,6 +134,7 @@ class Replica:
     url: str
     work: Path
     tree: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)  # settings of this replica's own
     proc: subprocess.Popen | None = None
     grpc_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
@@ -160,6 +161,7 @@ class Replica:
                 "GEMINI_BOOSTER_LOG_LEVEL": "WARNING",
                 "GEMINI_BOOSTER_REFIT_PROCESSES": "1",
             }
+            | self.env
         )
         log = open(self.work / f"{self.name}.log", "ab")  # noqa: SIM115 (lives with the process)
         self.proc = subprocess.Popen(
@@ -362,6 +364,8 @@ def loadgen(binary: Path, target: str, data: Path, tokens: Path, method: str, se
 
 
 def merged(results: list[dict]) -> dict:
+    if not results:
+        return {"calls": 0, "p50_ms": 0.0, "p99_ms": 0.0, "codes": {}}
     codes: dict[str, int] = {}
     for r in results:
         for k, v in r["codes"].items():
@@ -430,9 +434,10 @@ def measure(
     booster_pids = [r.proc.pid for r in side.replicas if r.proc is not None]
     n0, b0, p0, t0 = side.stored(), cpu_s(booster_pids), cpu_s([pg_pid]), time.monotonic()
     conc, gconc = max(args.concurrency // n, 1), max(args.get_concurrency // n, 1)
-    procs = [
+    procs = [  # --concurrency 0: GetParameters alone, the control for its latency under ingest
         loadgen(binary, r.target, d, t, "ReportAggregates", args.seconds, conc)
         for r, (d, t) in zip(serving, files["reports"], strict=True)
+        if args.concurrency > 0
     ]
     get_procs = [
         loadgen(binary, r.target, d, t, "GetParameters", args.seconds, gconc)
@@ -533,6 +538,14 @@ def main() -> None:
     ap.add_argument("--get-concurrency", type=int, default=4)
     ap.add_argument("--max-rate", type=int, default=1500, help="distinct reports per second")
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout to compare")
+    ap.add_argument("--record", default="replicas", help="benchmarks/results/<record>.md")
+    ap.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="a setting for this checkout's replicas only (e.g. a variant against --baseline)",
+    )
     args = ap.parse_args()
     binary = loadgen_binary()
     work = Path(tempfile.mkdtemp(prefix="gemini-fleet-"))
@@ -558,8 +571,10 @@ def main() -> None:
         for label, tree in trees:
             url = create_database(admin, f"fleet_{label}")
             migrate(url, tree, work)
+            env = dict(kv.split("=", 1) for kv in args.env or ()) if tree is None else {}
             reps = [
-                Replica(f"{label}-{i + 1}", url, work, tree).start() for i in range(args.replicas)
+                Replica(f"{label}-{i + 1}", url, work, tree, env).start()
+                for i in range(args.replicas)
             ]
             side = Side(label, url, reps, host_tokens(url, fleet.hosts))
             seed_plans(side, fleet)
@@ -606,9 +621,14 @@ def main() -> None:
         ],
     ]
     write_result(
-        "replicas",
+        args.record,
         "python -m benchmarks.replicas "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
+        + " ".join(
+            f"--{k.replace('_', '-')} {v}"
+            for k, vs in vars(args).items()
+            if vs is not None
+            for v in (vs if isinstance(vs, list) else [vs])
+        ),
         lines,
     )
 

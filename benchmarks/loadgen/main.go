@@ -1,5 +1,6 @@
-// Command loadgen drives one unary gRPC method of Booster at a fixed concurrency, the way a
-// fleet of agents would, and prints a JSON summary.
+// Command loadgen drives one unary gRPC method of Booster at a fixed concurrency (closed loop),
+// or starts calls at a fixed rate whatever the answers (-rate, open loop: as a fleet whose
+// agents each report once a minute does), and prints a JSON summary.
 //
 // Requests are pre-serialized protobuf messages read from a file (each prefixed with its
 // length as a varint) and sent as raw bytes, round-robin, so that the load generator spends
@@ -40,11 +41,12 @@ func (rawCodec) Unmarshal(b []byte, v any) error {
 func (rawCodec) Name() string { return "proto" }
 
 type summary struct {
-	Calls   int            `json:"calls"`
-	Codes   map[string]int `json:"codes"`
-	Seconds float64        `json:"seconds"`
-	P50Ms   float64        `json:"p50_ms"`
-	P99Ms   float64        `json:"p99_ms"`
+	Calls    int            `json:"calls"`
+	Codes    map[string]int `json:"codes"`
+	Messages map[string]int `json:"messages"`
+	Seconds  float64        `json:"seconds"`
+	P50Ms    float64        `json:"p50_ms"`
+	P99Ms    float64        `json:"p99_ms"`
 }
 
 func readRequests(path string) ([][]byte, error) {
@@ -112,6 +114,8 @@ func main() {
 	duration := flag.Duration("duration", 15*time.Second, "how long to start new calls")
 	token := flag.String("token", "", "bearer token")
 	tokens := flag.String("tokens", "", "file of bearer tokens, one a line: request i is sent with token i (a host's own)")
+	rate := flag.Float64("rate", 0, "calls started per second (open loop); 0: closed loop at -concurrency")
+	timeout := flag.Duration("timeout", 0, "each call's deadline (0: none)")
 	flag.Parse()
 
 	reqs, err := readRequests(*requests)
@@ -135,43 +139,66 @@ func main() {
 	var next atomic.Int64
 	var mu sync.Mutex
 	codes := map[string]int{}
+	messages := map[string]int{}
 	var latencies []time.Duration
 	var wg sync.WaitGroup
+	// call sends request i on conn and records its latency, code and (for a failure) message.
+	call := func(conn *grpc.ClientConn, i int) {
+		req := reqs[i%len(reqs)]
+		ctx := ctxs[i%len(ctxs)]
+		if *timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, *timeout)
+			defer cancel()
+		}
+		var resp []byte
+		t0 := time.Now()
+		err := conn.Invoke(ctx, *method, &req, &resp)
+		took := time.Since(t0)
+		mu.Lock()
+		latencies = append(latencies, took)
+		code := status.Code(err).String()
+		codes[code]++
+		if err != nil {
+			messages[code+": "+status.Convert(err).Message()]++
+		}
+		mu.Unlock()
+	}
 	start := time.Now()
 	deadline := start.Add(*duration)
-	for w := 0; w < *concurrency; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			conn := conns[w%len(conns)]
-			var mine []time.Duration
-			local := map[string]int{}
-			for time.Now().Before(deadline) {
-				i := int(next.Add(1)-1) % len(reqs)
-				req := reqs[i]
-				var resp []byte
-				t0 := time.Now()
-				err := conn.Invoke(ctxs[i%len(ctxs)], *method, &req, &resp)
-				mine = append(mine, time.Since(t0))
-				local[status.Code(err).String()]++
+	if *rate > 0 {
+		interval := time.Duration(float64(time.Second) / *rate)
+		for k := 0; time.Now().Before(deadline); k++ {
+			if wait := time.Until(start.Add(time.Duration(k) * interval)); wait > 0 {
+				time.Sleep(wait)
 			}
-			mu.Lock()
-			latencies = append(latencies, mine...)
-			for k, v := range local {
-				codes[k] += v
-			}
-			mu.Unlock()
-		}(w)
+			wg.Add(1)
+			go func(k int) {
+				defer wg.Done()
+				call(conns[k%len(conns)], k)
+			}(k)
+		}
+	} else {
+		for w := 0; w < *concurrency; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				for time.Now().Before(deadline) {
+					call(conns[w%len(conns)], int(next.Add(1)-1))
+				}
+			}(w)
+		}
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
 	sort.Slice(latencies, func(i, j int) bool { return latencies[i] < latencies[j] })
 	out, _ := json.Marshal(summary{
-		Calls:   len(latencies),
-		Codes:   codes,
-		Seconds: elapsed.Seconds(),
-		P50Ms:   percentile(latencies, 50),
-		P99Ms:   percentile(latencies, 99),
+		Calls:    len(latencies),
+		Codes:    codes,
+		Messages: messages,
+		Seconds:  elapsed.Seconds(),
+		P50Ms:    percentile(latencies, 50),
+		P99Ms:    percentile(latencies, 99),
 	})
 	fmt.Println(string(out))
 }

@@ -16,6 +16,7 @@ times x 10; DATAPATHS-SPEC.md section 0.3), with its bw configured at the switch
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import statistics
 
 from gemini_lab.scenario import Scenario
@@ -191,7 +192,10 @@ def pair_plan(durations: tuple[int, ...] = PAIR_DURATIONS_S) -> dict:
             else:
                 e["cc"] = cc
             experiments.append(e)
-    return {"paths": [GEAR_PATH.to_dict()], "experiments": experiments}
+    # a path whose receivers run dctcp: the guest then allows dctcp as a namespace's default,
+    # which datapath_pair sets in the fairness receiver
+    path = dataclasses.replace(GEAR_PATH, receiver_cc="dctcp")
+    return {"paths": [path.to_dict()], "experiments": experiments}
 
 
 def pair_share(result: dict) -> float:

@@ -120,12 +120,15 @@ def table(seeds: list[dict]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def options(ap: argparse.ArgumentParser) -> None:
+    """The study's options (also for a row of the lab CLI's STUDIES table)."""
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--held-out", type=int, nargs="*", default=[4])
     ap.add_argument("--work", type=Path, default=Path("var/flashpass-eval"))
-    a = ap.parse_args()
+
+
+def run(a: argparse.Namespace) -> None:
+    """Every seed in UML, then the tables (stdout and ``work``/table.md)."""
     main_runs = [run_seed(s, a.work / f"seed{s}") for s in a.seeds]
     held = [run_seed(s, a.work / f"seed{s}") for s in a.held_out]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
@@ -146,6 +149,12 @@ def main() -> None:
     print("\n".join(lines))
     (a.work / "raw.json").write_text(json.dumps(main_runs + held, indent=1))
     (a.work / "table.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    options(ap)
+    run(ap.parse_args())
 
 
 if __name__ == "__main__":

@@ -346,7 +346,17 @@ class Run:
     lock_waits: list[LockWait]
 
 
-def loadgen(binary: Path, target: str, data: Path, tokens: Path, method: str, secs: int, conc: int):
+def loadgen(
+    binary: Path,
+    target: str,
+    data: Path,
+    tokens: Path,
+    method: str,
+    secs: int,
+    conc: int,
+    *flags: str,
+):
+    """The Go load generator on ``method``; ``flags`` add its other options (-rate, -timeout)."""
     return subprocess.Popen(
         [
             str(binary),
@@ -357,6 +367,7 @@ def loadgen(binary: Path, target: str, data: Path, tokens: Path, method: str, se
             f"-concurrency={conc}",
             f"-connections={max(conc // 8, 1)}",
             f"-duration={secs}s",
+            *flags,
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -19,7 +19,7 @@ import numpy as np
 from gemini_api.theta import load_spec
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 
 from .common import AGENT, start_booster, write_result
 
@@ -83,7 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     server = start_booster()
     try:
-        repo.create_policy(
+        policy_store.create_policy(
             server.engine, PolicyCreate(name=POLICY, n_initial_points=1000), actor="bench"
         )
         server.booster.reload_policies()

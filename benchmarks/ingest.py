@@ -31,7 +31,7 @@ from sqlalchemy import text
 from gemini_api.theta import load_spec
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 
 from .common import AGENT, start_booster, write_result
 
@@ -118,7 +118,7 @@ def main() -> None:
     binary = loadgen_binary()
     server = start_booster(grpc_processes=args.processes)
     try:
-        repo.create_policy(server.engine, PolicyCreate(name=POLICY), actor="bench")
+        policy_store.create_policy(server.engine, PolicyCreate(name=POLICY), actor="bench")
         server.booster.reload_policies()
         time.sleep(2.5)  # front processes pick the new policy up at their next sync
         runs = [measure(server, binary, args) for _ in range(args.runs)]

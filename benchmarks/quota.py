@@ -26,7 +26,8 @@ from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster import simulation as sim
 from gemini_booster.fleet import SyntheticFleet
 from gemini_booster.models import PolicyCreate
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
+from gemini_booster.storage import trials as trial_store
 
 from .common import AGENT, start_booster, write_result
 
@@ -76,7 +77,7 @@ def main() -> None:
     target = f"127.0.0.1:{server.grpc_port}"
     try:
         for name in ("victim", "flood"):
-            repo.create_policy(server.engine, PolicyCreate(name=name), actor="bench")
+            policy_store.create_policy(server.engine, PolicyCreate(name=name), actor="bench")
         server.booster.reload_policies()
         fleet = SyntheticFleet(
             target, AGENT, "victim", contexts=victim_contexts(), hosts_per_context=4
@@ -102,7 +103,7 @@ def main() -> None:
                 message = e.details()
         flood_s = time.perf_counter() - t0
         flood_id = server.booster.policies["flood"].id
-        admitted = len(repo.admitted_contexts(server.engine, flood_id))
+        admitted = len(trial_store.admitted_contexts(server.engine, flood_id))
 
         after = timed_refits(server, "victim", args.refits)
         flood_refits: list[float] = []

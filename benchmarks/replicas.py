@@ -55,7 +55,7 @@ from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster import simulation as sim
-from gemini_booster.storage import database, repository
+from gemini_booster.storage import credentials, database
 
 from . import report_size as mix
 from .common import OPERATOR, write_result
@@ -251,7 +251,7 @@ def host_tokens(url: str, hosts: list[str]) -> list[str]:
     engine = database.make_engine(url)
     try:
         return [
-            repository.create_token(engine, f"agent-{h}", "agent", actor="bench", host_id=h)
+            credentials.create_token(engine, f"agent-{h}", "agent", actor="bench", host_id=h)
             for h in hosts
         ]
     finally:

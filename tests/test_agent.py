@@ -27,7 +27,7 @@ from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 from tests.conftest import AGENT, free_port, make_settings
 from tests.sysctls import fusion_sysctls, theta_in
 
@@ -182,7 +182,7 @@ def _report(i: int) -> pb.ReportRequest:
 
 def test_reports_survive_booster_outage_and_agent_restart_in_order_once(tmp_path, db_url):
     server = BoosterServer(make_settings(db_url)).start()
-    repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+    policy_store.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
     server.booster.reload_policies()
     target = f"127.0.0.1:{server.grpc_port}"
     reporter = Reporter(
@@ -224,7 +224,7 @@ class _NoSources(Agent):
 def _booster_and_agent(tmp_path, booster_settings) -> tuple[BoosterServer, Agent]:
     """Booster with policy "default", and an agent of 60 s intervals that reports to it."""
     server = BoosterServer(booster_settings).start()
-    repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+    policy_store.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
     server.booster.reload_policies()
     settings = _settings(
         tmp_path,
@@ -257,7 +257,7 @@ def test_a_report_through_after_an_outage_brings_theta_at_once(tmp_path, db_url)
     GetParameters at once, not at the end of the (600 s) interval, so a host that fell back
     to the safe default takes Booster's θ again within seconds."""
     server = BoosterServer(make_settings(db_url)).start()
-    repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+    policy_store.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
     target = f"127.0.0.1:{server.grpc_port}"
     server.stop()  # Booster goes away before the agent starts
     settings = _settings(

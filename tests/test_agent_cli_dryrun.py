@@ -17,7 +17,7 @@ from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 from tests.conftest import AGENT, free_port, make_settings
 from tests.sysctls import fusion_sysctls, theta_in
 
@@ -105,7 +105,7 @@ def test_a_dry_run_of_a_host_wide_datapath_shows_its_module_parameters(tmp_path)
 def test_a_dry_run_against_booster_prints_once_and_writes_nothing(tmp_path, db_url, capsys):
     server = BoosterServer(make_settings(db_url)).start()
     try:
-        repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+        policy_store.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
         server.booster.reload_policies()
         agent, root = _agent(tmp_path, f"127.0.0.1:{server.grpc_port}")
         agent.refresh_theta()

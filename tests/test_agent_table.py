@@ -41,7 +41,7 @@ from gemini_api.fusion_genl import MAX_PROFILES, MAX_RULES, FusionError, Rule
 from gemini_api.theta import load_spec
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 from tests.conftest import free_port, make_settings
 from tests.sysctls import fusion_sysctls
 from tests.test_agent import NOW, _settings
@@ -345,7 +345,7 @@ def test_the_daemon_keeps_running_when_the_module_refuses_every_table(
     """The whole agent against a real Booster, with the real-size database: each interval's
     table is refused (the module is gone), and the daemon goes on to the next interval."""
     server = BoosterServer(make_settings(db_url)).start()
-    repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+    policy_store.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
     server.booster.reload_policies()
     try:
         settings = _agent_settings(

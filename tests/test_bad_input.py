@@ -30,7 +30,7 @@ from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate, PolicyUpdate
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 from gemini_booster.storage.ingest import IngestOutcome, ReportRow
 
 from .conftest import AGENT, Running, agent_md, end_other_sessions, serve
@@ -44,7 +44,7 @@ BAD_HOST = "host-bad"
 @pytest.fixture
 def svc(db_url: str) -> Iterator[Running]:
     with serve(db_url, ingest_linger_ms=LINGER_MS) as running:
-        repo.create_policy(running.server.engine, PolicyCreate(name=POLICY), actor="test")
+        policy_store.create_policy(running.server.engine, PolicyCreate(name=POLICY), actor="test")
         running.booster.reload_policies()
         yield running
 
@@ -425,7 +425,7 @@ def admitted(svc: Running) -> int:
 
 def test_policy_quota_refuses_a_report_adding_contexts_whole(svc: Running) -> None:
     svc.booster.writer.max_new_contexts_per_host_day = 100
-    repo.update_policy(svc.engine, POLICY, PolicyUpdate(max_contexts=3), actor="test")
+    policy_store.update_policy(svc.engine, POLICY, PolicyUpdate(max_contexts=3), actor="test")
     svc.booster.reload_policies()
     first = report("host-a", contexts=sim.DEFAULT_CONTEXTS)
     assert store_together(svc, first)[0].stored == 2
@@ -651,7 +651,7 @@ def test_agent_sets_aside_only_what_can_never_be_accepted(svc: Running, tmp_path
     assert agent.drain() == 1  # good; stops at `early`, to retry with backoff
     assert set_aside(agent, "INVALID_ARGUMENT") == 1 and set_aside(agent, "quota") == 1
     assert len(agent.spool) == 2 and len(list((tmp_path / "spool" / "rejected").iterdir())) == 2
-    repo.create_policy(svc.engine, PolicyCreate(name="later"), actor="test")
+    policy_store.create_policy(svc.engine, PolicyCreate(name="later"), actor="test")
     svc.booster.reload_policies()
     deadline = time.monotonic() + 10
     while len(agent.spool) and time.monotonic() < deadline:

@@ -15,7 +15,8 @@ from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
 from gemini_booster.storage import database
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
+from gemini_booster.storage import trials as trial_store
 
 from .conftest import OPERATOR, agent_md, at_revision, auth, insert_old_policy_and_context
 
@@ -26,7 +27,7 @@ CTX = sim.ETHERNET.message()
 
 @pytest.fixture
 def svc(booster):
-    repo.create_policy(booster.engine, PolicyCreate(name=POLICY, sigma=0.5), actor="test")
+    policy_store.create_policy(booster.engine, PolicyCreate(name=POLICY, sigma=0.5), actor="test")
     booster.booster.reload_policies()
     return booster
 
@@ -71,9 +72,9 @@ def test_baseline_flows_are_stored_apart_and_never_train_the_model(svc):
         ("cubic",),
     ]
     policy = svc.booster.policies[POLICY]
-    trials = repo.load_trials(svc.engine, policy.id)
+    trials = trial_store.load_trials(svc.engine, policy.id)
     assert [t.theta_key for t in trials] == [SPEC.key(tuned)]
-    assert set(repo.load_baselines(svc.engine, policy.id)) == {"bbr", "cubic"}
+    assert set(trial_store.load_baselines(svc.engine, policy.id)) == {"bbr", "cubic"}
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 
 import gemini_booster
+from gemini_booster.storage import credentials as token_store
 from gemini_booster.storage import database
-from gemini_booster.storage import repository as repo
 
 
 @pytest.fixture
@@ -138,15 +138,15 @@ def test_host_tokens_from_the_command_line(db_url, tmp_path) -> None:
 
     engine = database.make_engine(db_url)
     try:
-        found = repo.lookup_tokens(engine)
-        old, new = found[repo.hash_token(first)], found[repo.hash_token(second)]
+        found = token_store.lookup_tokens(engine)
+        old, new = found[token_store.hash_token(first)], found[token_store.hash_token(second)]
         assert old.host_id == new.host_id == "h1"
         assert old.expires_at is not None and new.expires_at is None
     finally:
         engine.dispose()
 
     listed = booster("token", "list", db=db_url, tmp=tmp_path).stdout
-    assert "h1" in listed and first not in listed and repo.hash_token(first) not in listed
+    assert "h1" in listed and first not in listed and token_store.hash_token(first) not in listed
 
     message = one_line_error(
         booster("token", "create", "--role", "viewer", "--host", "h1", db=db_url, tmp=tmp_path)

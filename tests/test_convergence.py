@@ -20,7 +20,7 @@ import pytest
 from gemini_booster import simulation as sim
 from gemini_booster.fleet import SyntheticFleet, theta_of
 from gemini_booster.models import PolicyCreate
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import AGENT
 
@@ -30,7 +30,7 @@ MIN_SHARE = 0.97  # of each context's optimum, after ROUNDS (see the module docs
 
 def run(booster, mode: str) -> dict[str, float]:
     """Utility of the incumbent per context after ROUNDS reporting rounds, as a share of optimum."""
-    repo.create_policy(
+    policy_store.create_policy(
         booster.engine, PolicyCreate(name=mode, mode=mode, exploration_share=0.75), actor="test"
     )
     booster.booster.reload_policies()

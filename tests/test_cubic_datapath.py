@@ -33,7 +33,7 @@ from gemini_api.theta import ThetaError, load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.storage import database
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import AGENT, OPERATOR, agent_md, at_revision, auth, free_port, serve
 from .test_experiment_arm import HOSTS, _agent, experiment
@@ -292,7 +292,7 @@ def test_migration_moves_cubic_policies_into_cubics_space(db_url) -> None:
                 {"n": name, "r": region, "b": fusion, "t": target},
             )
     database.migrate(engine)
-    policies = {p.name: p for p in repo.list_policies(engine)}
+    policies = {p.name: p for p in policy_store.list_policies(engine)}
     engine.dispose()
     assert policies["f"].resolved_bounds() == load_spec().region_bounds("production")
     assert policies["c"].region == "production" and policies["c"].revision == 2

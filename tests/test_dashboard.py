@@ -12,7 +12,7 @@ import pytest
 
 from gemini_api.theta import load_spec
 from gemini_booster.models import PolicyCreate
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import OPERATOR, auth
 from .test_baselines import POLICY, aggregate, send
@@ -58,7 +58,7 @@ def browser(tmp_path):
 @pytest.fixture
 def ab(booster):
     """A policy with a tuned and a default Fusion θ and cubic flows in one context, planned."""
-    repo.create_policy(booster.engine, PolicyCreate(name=POLICY, sigma=0.5), actor="test")
+    policy_store.create_policy(booster.engine, PolicyCreate(name=POLICY, sigma=0.5), actor="test")
     booster.booster.reload_policies()
     tuned = SPEC.default() | {"mult_decrease": 70}
     send(

@@ -30,7 +30,7 @@ from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service.rest import DASHBOARD_DIR
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import OPERATOR, agent_md, auth
 from .test_cli import booster as booster_cli
@@ -91,7 +91,7 @@ def age_history(svc, generation: int, at_ms: int) -> None:
 def refit(svc, policy: str) -> int:
     """Refit ``policy`` now; the plan generation it published."""
     svc.booster.refit(svc.booster.policies[policy])
-    return repo.policy_generations(svc.engine)[svc.booster.policies[policy].id][1]
+    return policy_store.policy_generations(svc.engine)[svc.booster.policies[policy].id][1]
 
 
 def round_thetas(k: int) -> list[dict[str, int]]:
@@ -137,7 +137,7 @@ def crossover_day(now: datetime) -> date:
 def seed_experiment(svc, rng: random.Random, now: datetime) -> None:
     """Cubic against Fusion on eight hosts over three UTC days, swapping host groups on the
     second (a crossover), declared through REST."""
-    repo.create_policy(svc.engine, PolicyCreate(name=EXP_POLICY), actor="test")
+    policy_store.create_policy(svc.engine, PolicyCreate(name=EXP_POLICY), actor="test")
     svc.booster.reload_policies()
     body = {
         "name": EXPERIMENT,
@@ -187,7 +187,7 @@ def experiment_start(now: datetime) -> datetime:
 @pytest.fixture
 def fleet(booster):
     """A planned policy with six rounds of Fusion and cubic flows, and a three-day experiment."""
-    repo.create_policy(booster.engine, PolicyCreate(name=POLICY, sigma=0.5), actor="test")
+    policy_store.create_policy(booster.engine, PolicyCreate(name=POLICY, sigma=0.5), actor="test")
     booster.booster.reload_policies()
     rng = random.Random(15)
     now = datetime.now(UTC)
@@ -567,7 +567,7 @@ def test_vendored_chart_library_ships_in_the_package():
 def test_a_new_booster_says_what_is_missing_without_errors(booster, browser):  # noqa: F811
     """No policy, no experiment: the page says so and draws nothing, and the browser logs no
     error (a chart fed nothing must not throw)."""
-    repo.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
+    policy_store.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
     booster.booster.reload_policies()
     page = Page(browser, base_url(booster))
     page.sign_in(OPERATOR)

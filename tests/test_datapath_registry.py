@@ -22,7 +22,7 @@ from gemini_api.datapaths import (
 from gemini_api.theta import SPECS_DIR, ThetaError, load_spec
 from gemini_booster.models import PolicyCreate, PolicyUpdate
 from gemini_booster.storage import database
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import OPERATOR, at_revision, auth
 
@@ -190,7 +190,7 @@ def test_migration_names_each_policys_datapath_from_its_target_cc(db_url) -> Non
                 {"n": name, "b": fusion, "t": target},
             )
     database.migrate(engine)
-    policies = {p.name: p for p in repo.list_policies(engine)}
+    policies = {p.name: p for p in policy_store.list_policies(engine)}
     engine.dispose()
     got = {n: (p.datapath, p.target_cc, p.revision) for n, p in policies.items()}
     assert got == {

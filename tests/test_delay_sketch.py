@@ -18,7 +18,7 @@ from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import OPERATOR, agent_md, auth
 
@@ -49,7 +49,7 @@ def at_rank(values: list[float], q: float) -> float:
 
 @pytest.fixture
 def svc(booster):
-    repo.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
+    policy_store.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
     booster.booster.reload_policies()
     return booster
 

@@ -14,7 +14,8 @@ from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
+from gemini_booster.storage import trials as trial_store
 
 from .conftest import OPERATOR, agent_md, auth
 
@@ -32,7 +33,7 @@ def aggregate(mbps: float, flows: int, cc: str) -> pb.Aggregate:
 
 
 def test_each_hosts_flows_of_its_arm_count_once(booster):
-    repo.create_policy(booster.engine, PolicyCreate(name="cdn"), actor="test")
+    policy_store.create_policy(booster.engine, PolicyCreate(name="cdn"), actor="test")
     booster.booster.reload_policies()
     now = datetime.now(UTC)
     body = {
@@ -120,6 +121,6 @@ def test_a_cubic_policys_hosts_count_in_the_default_and_the_tuned_cubic_arm(boos
     assert by_arm["default"]["throughput_mbps"]["mean"] == pytest.approx(20.0, rel=1e-3)
     assert by_arm["tuned"]["throughput_mbps"]["mean"] == pytest.approx(10.0, rel=1e-3)
     policy = booster.booster.policies["tcp"]
-    assert set(repo.load_baselines(booster.engine, policy.id)) == {"bbr", "cubic"}
-    [trial] = repo.load_trials(booster.engine, policy.id)
+    assert set(trial_store.load_baselines(booster.engine, policy.id)) == {"bbr", "cubic"}
+    [trial] = trial_store.load_trials(booster.engine, policy.id)
     assert trial.flow_count == 6

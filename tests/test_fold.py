@@ -23,7 +23,7 @@ from gemini_booster import simulation as sim
 from gemini_booster.config import Settings
 from gemini_booster.models import PolicyCreate
 from gemini_booster.storage import fold as storage_fold
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import Running, agent_md, at_revision, serve
 from .test_replicas import (
@@ -64,7 +64,7 @@ def folded_up(engine) -> bool:
 @pytest.fixture
 def owner(db_url) -> Iterator[Running]:
     with serve(db_url, fold_interval_s=60) as running:  # folds here only when a test asks
-        repo.create_policy(running.engine, PolicyCreate(name=POLICY), actor="test")
+        policy_store.create_policy(running.engine, PolicyCreate(name=POLICY), actor="test")
         running.booster.reload_policies()
         running.booster.refit(running.booster.policies[POLICY])  # takes the policy's lease
         yield running
@@ -99,7 +99,7 @@ def test_a_report_reaches_the_trial_sums_within_the_fold_interval(db_url) -> Non
     """With the default fold interval, a stored report is in ``trial_sums`` within twice that
     (a fold round, plus the round under way when it was stored)."""
     with serve(db_url) as svc:
-        repo.create_policy(svc.engine, PolicyCreate(name=POLICY), actor="test")
+        policy_store.create_policy(svc.engine, PolicyCreate(name=POLICY), actor="test")
         svc.booster.reload_policies()
         svc.booster.refit(svc.booster.policies[POLICY])  # owned, so its fold thread folds it
         send(svc, 2)

@@ -23,7 +23,7 @@ from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
 from gemini_booster.service.fronts import METRICS_EVERY_S
 from gemini_booster.storage import database
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import agent_md, make_settings
 
@@ -34,7 +34,7 @@ CONNECTIONS = 16  # the kernel spreads connections, not calls: 16 miss a process
 @pytest.fixture
 def server(db_url):
     engine = database.make_engine(db_url)
-    repo.create_policy(engine, PolicyCreate(name=POLICY, n_initial_points=2), actor="test")
+    policy_store.create_policy(engine, PolicyCreate(name=POLICY, n_initial_points=2), actor="test")
     engine.dispose()
     s = BoosterServer(make_settings(db_url, grpc_processes=2, refit_interval_s=0.2)).start()
     try:

@@ -34,7 +34,8 @@ from gemini_booster.service.grpc_server import (
     GrpcLimits,
 )
 from gemini_booster.service.ratelimit_log import RateLimitedLog
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import credentials as token_store
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import AGENT, OPERATOR, Running, agent_md, make_settings, new_database, serve
 from .http2 import (
@@ -63,7 +64,7 @@ def svc(pg_admin_url: str) -> Iterator[Running]:
     """One Booster for the module (each test leaves it as it found it)."""
     with serve(new_database(pg_admin_url)) as running:
         assert running.server.engine is not None and running.booster is not None
-        repo.create_policy(running.server.engine, PolicyCreate(name=POLICY), actor="test")
+        policy_store.create_policy(running.server.engine, PolicyCreate(name=POLICY), actor="test")
         running.booster.reload_policies()
         yield running
 
@@ -118,7 +119,7 @@ def call(
 def test_operator_and_viewer_tokens_are_refused_on_the_agent_port(
     svc: Running, channel: grpc.Channel, method: str, request_fn: Callable[[], Any]
 ) -> None:
-    viewer = repo.create_token(svc.engine, f"viewer-{method}", "viewer", actor="test")
+    viewer = token_store.create_token(svc.engine, f"viewer-{method}", "viewer", actor="test")
     for token in (OPERATOR, viewer):
         req = request_fn()
         err = call(channel, method, req, agent_md(token))

@@ -20,8 +20,9 @@ from sqlalchemy import create_engine, make_url, text
 
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster.models import PolicyCreate
+from gemini_booster.storage import credentials as token_store
 from gemini_booster.storage import database
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import OPERATOR, Running, agent_md, auth, end_other_sessions
 from .http2 import (
@@ -48,7 +49,7 @@ GENEROUS_S = 60.0  # a bound on "returns rather than hangs", never a timing asse
 
 
 def test_expired_token_is_401_over_rest(booster: Running) -> None:
-    old = repo.create_token(booster.engine, "old-viewer", "viewer", "test")
+    old = token_store.create_token(booster.engine, "old-viewer", "viewer", "test")
     with booster.engine.begin() as conn:
         conn.execute(
             text("UPDATE api_tokens SET expires_at = now() - interval '1 hour' WHERE name = :n"),
@@ -66,7 +67,7 @@ def test_expired_token_is_401_over_rest(booster: Running) -> None:
 
 
 def test_rotated_token_after_grace_is_401(booster: Running) -> None:
-    token = repo.create_token(booster.engine, "h1", "agent", "test", host_id="host-1")
+    token = token_store.create_token(booster.engine, "h1", "agent", "test", host_id="host-1")
     r = booster.http.post(
         "/v1/tokens/rotate", headers=auth(OPERATOR), json={"host_id": "host-1", "grace_s": 0}
     )
@@ -188,13 +189,13 @@ def test_psycopg_connect_with_the_timeouts_to_a_silent_peer_fails() -> None:
 
 
 def _policy(booster: Running, name: str = "cdn") -> None:
-    repo.create_policy(booster.engine, PolicyCreate(name=name), "test")
+    policy_store.create_policy(booster.engine, PolicyCreate(name=name), "test")
     booster.server.booster.reload_policies()
 
 
 def test_long_host_id_is_not_echoed_whole_in_permission_denied(booster: Running) -> None:
     _policy(booster)
-    token = repo.create_token(booster.engine, "h1", "agent", "test", host_id="host-a")
+    token = token_store.create_token(booster.engine, "h1", "agent", "test", host_id="host-a")
     booster.server.booster.tokens_changed()
     long_host = "h" * 10_000
     stub = grpc.insecure_channel(booster.grpc_target).unary_unary(f"/{SERVICE}/GetParameters")

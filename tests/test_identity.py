@@ -24,8 +24,10 @@ from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
+from gemini_booster.storage import credentials as token_store
 from gemini_booster.storage import database
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import errors as storage_errors
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import OPERATOR, Running, agent_md, auth, make_settings
 from .polling import until
@@ -56,7 +58,7 @@ def close(running: Running) -> None:
 @pytest.fixture
 def strict(db_url) -> Iterator[Running]:
     running = serve(db_url)
-    repo.create_policy(running.engine, PolicyCreate(name=POLICY), actor="test")
+    policy_store.create_policy(running.engine, PolicyCreate(name=POLICY), actor="test")
     running.booster.reload_policies()
     try:
         yield running
@@ -98,8 +100,8 @@ def metric(running: Running | BoosterServer, name: str, **labels: str) -> float:
 
 
 def test_a_hosts_token_cannot_report_or_read_as_another_host(strict: Running) -> None:
-    token_a = repo.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
-    repo.create_token(strict.engine, "b-1", "agent", "test", host_id="host-b")
+    token_a = token_store.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
+    token_store.create_token(strict.engine, "b-1", "agent", "test", host_id="host-b")
     stub = strict.stub()
 
     e = refused(stub.ReportAggregates, report("host-b"), token_a)
@@ -125,7 +127,7 @@ def test_a_hosts_token_cannot_report_or_read_as_another_host(strict: Running) ->
 
 
 def test_an_unbound_agent_token_is_refused_unless_allowed(strict: Running, db_url) -> None:
-    fleet = repo.create_token(strict.engine, "fleet", "agent", "test")
+    fleet = token_store.create_token(strict.engine, "fleet", "agent", "test")
     e = refused(strict.stub().ReportAggregates, report("host-a"), fleet)
     assert e.code() == DENIED
     assert "bound to no host" in e.details() and fleet not in e.details()
@@ -150,7 +152,7 @@ def test_the_fleet_wide_bootstrap_token_needs_the_setting(db_url) -> None:
 
 
 def test_rotation_refuses_no_report_and_expiry_is_enforced(strict: Running) -> None:
-    first = repo.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
+    first = token_store.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
     stub = strict.stub()
 
     def send(token: str, seed: int) -> None:
@@ -190,7 +192,7 @@ def test_an_agent_picks_up_its_rotated_token_file_without_a_restart(
 ) -> None:
     """The real agent reporter: after a rotation without grace its old token is refused and
     the report stays spooled; once the new token is in the file, the same reporter sends it."""
-    first = repo.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
+    first = token_store.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
     token_file = tmp_path / "token"
     token_file.write_text(first)
     settings = AgentSettings(
@@ -227,7 +229,7 @@ def test_an_agent_picks_up_its_rotated_token_file_without_a_restart(
 
 
 def test_a_revoked_token_is_refused(strict: Running) -> None:
-    token = repo.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
+    token = token_store.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
     stub = strict.stub()
     stub.GetParameters(parameters("host-a"), metadata=agent_md(token), timeout=10)
     assert strict.http.delete("/v1/tokens/a-1", headers=auth(OPERATOR)).status_code == 204
@@ -237,15 +239,15 @@ def test_a_revoked_token_is_refused(strict: Running) -> None:
 
 
 def test_a_rotation_is_not_refused_for_a_host_without_tokens(strict: Running) -> None:
-    with pytest.raises(repo.NotFound, match="no live token for host 'ghost'"):
-        repo.rotate_token(strict.engine, "ghost", "test", timedelta(hours=1))
+    with pytest.raises(storage_errors.NotFound, match="no live token for host 'ghost'"):
+        token_store.rotate_token(strict.engine, "ghost", "test", timedelta(hours=1))
     r = strict.http.post("/v1/tokens/rotate", json={"host_id": "ghost"}, headers=auth(OPERATOR))
     assert r.status_code == 404
 
 
 def test_only_agent_tokens_are_bound_to_a_host(strict: Running) -> None:
     with pytest.raises(ValueError, match="only agent tokens"):
-        repo.create_token(strict.engine, "v", "viewer", "test", host_id="host-a")
+        token_store.create_token(strict.engine, "v", "viewer", "test", host_id="host-a")
     r = strict.http.post(
         "/v1/tokens",
         json={"name": "v", "role": "viewer", "host_id": "host-a"},
@@ -256,7 +258,7 @@ def test_only_agent_tokens_are_bound_to_a_host(strict: Running) -> None:
 
 
 def test_another_replica_learns_a_rotation_through_the_database(strict: Running, db_url) -> None:
-    first = repo.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
+    first = token_store.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
     other = serve(db_url)
     try:
         until(lambda: POLICY in other.booster.policies, "the other replica loads the policy")
@@ -301,12 +303,16 @@ def test_migration_keeps_the_tokens_of_an_older_schema(pg_admin_url) -> None:
                         "INSERT INTO api_tokens (name, role, token_sha256, revoked) "
                         "VALUES (:n, :r, :h, false)"
                     ),
-                    {"n": token, "r": role, "h": repo.hash_token(token)},
+                    {"n": token, "r": role, "h": token_store.hash_token(token)},
                 )
         database.migrate(engine)
-        found = repo.lookup_tokens(engine)
-        assert found[repo.hash_token("old-op")] == repo.TokenRecord("old-op", "operator")
-        assert found[repo.hash_token("old-fleet")] == repo.TokenRecord("old-fleet", "agent")
+        found = token_store.lookup_tokens(engine)
+        assert found[token_store.hash_token("old-op")] == token_store.TokenRecord(
+            "old-op", "operator"
+        )
+        assert found[token_store.hash_token("old-fleet")] == token_store.TokenRecord(
+            "old-fleet", "agent"
+        )
     finally:
         engine.dispose()
         with admin.connect() as conn:

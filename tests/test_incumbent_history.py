@@ -19,7 +19,8 @@ from gemini_api.theta import load_spec
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
 from gemini_booster.storage import database
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import plans as plan_store
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import OPERATOR, agent_md, at_revision, auth, insert_old_policy_and_context, serve
 
@@ -66,7 +67,7 @@ def only_label(svc) -> str:
 def test_each_change_of_incumbent_is_one_row_whichever_replica_publishes(db_url):
     rng = random.Random(9)
     with serve(db_url, replica_name="replica-a") as a:
-        repo.create_policy(a.engine, PolicyCreate(name=POLICY), actor="test")
+        policy_store.create_policy(a.engine, PolicyCreate(name=POLICY), actor="test")
         a.booster.reload_policies()
         for host in ("h-1", "h-2", "h-3"):
             send(a, host, [aggregate(FIRST, 20, rng)])
@@ -85,7 +86,7 @@ def test_each_change_of_incumbent_is_one_row_whichever_replica_publishes(db_url)
         }
         [plan] = plans.values()
         assert plan.incumbent_key == SPEC.key(BETTER)
-        generation = repo.policy_generations(b.engine)[b.booster.policies[POLICY].id][1]
+        generation = policy_store.policy_generations(b.engine)[b.booster.policies[POLICY].id][1]
         assert history_rows(b.engine) == [
             (SPEC.key(FIRST), 1, "replica-a"),
             (SPEC.key(BETTER), generation, "replica-b"),
@@ -125,8 +126,8 @@ def test_overlapping_publishes_of_one_change_record_it_once(booster):
     """Two replicas that both believe they publish a new incumbent (a fenced lease makes this
     rare, a lost notification possible) are ordered by the policy row: the second sees the
     first's row and adds none."""
-    repo.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
-    policy = repo.get_policy(booster.engine, POLICY)
+    policy_store.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
+    policy = policy_store.get_policy(booster.engine, POLICY)
     with booster.engine.begin() as conn:
         context_id = conn.execute(
             text(
@@ -134,10 +135,10 @@ def test_overlapping_publishes_of_one_change_record_it_once(booster):
                 " VALUES ('a', 'b', 'c', 'd', 1) RETURNING id"
             )
         ).scalar_one()
-    record = repo.PlanRecord(policy.id, context_id, 1, SPEC.key(BETTER), 1.5, ())
+    record = plan_store.PlanRecord(policy.id, context_id, 1, SPEC.key(BETTER), 1.5, ())
 
     def publish(conn, owner: str) -> int:
-        return repo.publish_plans(
+        return plan_store.publish_plans(
             conn, policy.id, [record], owner, datetime.now(UTC), 1, sigma=1.0, datapath="fusion"
         )
 

@@ -23,7 +23,9 @@ from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
 from gemini_booster.policy import history
 from gemini_booster.storage import changes
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import credentials as token_store
+from gemini_booster.storage import policies as policy_store
+from gemini_booster.storage import trials as trial_store
 
 from .conftest import OPERATOR, Running, agent_md
 
@@ -32,7 +34,7 @@ POLICY = "p1"
 
 @pytest.fixture
 def svc(booster):
-    repo.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
+    policy_store.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
     booster.booster.reload_policies()
     return booster
 
@@ -230,7 +232,7 @@ def test_a_theta_from_before_the_region_narrowed_is_stored_and_left_out_of_the_m
     assert resp.aggregates_stored == 2
     assert counts(svc.engine) == {"reports": 1, "report_aggregates": 2, "trials": 2}
     policy = svc.booster.policies[POLICY]
-    trials = repo.load_trials(svc.engine, policy.id)
+    trials = trial_store.load_trials(svc.engine, policy.id)
     assert {t.theta_key for t in trials} == {spec.key(earlier), spec.key(spec.default())}
     modelled = history.observations(trials, policy.sigma, spec, policy.resolved_bounds())
     assert [o.theta for o in modelled] == [spec.default()]
@@ -297,7 +299,7 @@ def test_missing_or_forged_credentials_are_refused(svc, metadata, code):
 
 
 def test_viewer_token_may_not_report(svc):
-    token = repo.create_token(svc.engine, "viewer-1", "viewer", actor="test")
+    token = token_store.create_token(svc.engine, "viewer-1", "viewer", actor="test")
     with pytest.raises(grpc.RpcError) as e:
         svc.stub().ReportAggregates(report(), metadata=agent_md(token))
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -342,7 +344,7 @@ def test_old_agents_dense_sketches_are_stored_beside_compact_ones(svc, tmp_path:
     """A rollout: an agent before the compact sketch sends dense ones, an upgraded agent compact
     ones (both from the agent's own builder, over realistic flows). Both reports are stored with
     every flow, and every stored sketch reads back with one weight per flow."""
-    repo.create_policy(svc.engine, PolicyCreate(name=mix.POLICY), actor="test")
+    policy_store.create_policy(svc.engine, PolicyCreate(name=mix.POLICY), actor="test")
     svc.booster.reload_policies()
     resolver = ContextResolver(mix.SOURCE, mix.prefix_table(tmp_path))
     ended = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)

@@ -93,7 +93,7 @@ def test_the_serving_path_rotates_its_explorers_with_its_clock():
     from gemini_api.v1 import booster_pb2 as pb
     from gemini_booster.models import Policy
     from gemini_booster.service.plan_cache import PlanCache, theta_message
-    from gemini_booster.storage.repository import PlanRecord
+    from gemini_booster.storage.plans import PlanRecord
 
     spec = load_spec()
     key = next(k for k in KEYS if not explores("host-0", k, SHARE, rotation_slot(T0)))

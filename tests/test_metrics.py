@@ -21,7 +21,9 @@ from gemini_api.theta import load_spec
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service.metrics import exported_names
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import plans as plan_store
+from gemini_booster.storage import policies as policy_store
+from gemini_booster.storage import trials as trial_store
 
 from .conftest import Running, agent_md
 
@@ -34,7 +36,7 @@ NOT_BASE_UNITS = re.compile(r"_(ms|milliseconds|minutes|hours|days|kb|mb|kilobyt
 
 @pytest.fixture
 def svc(booster: Running) -> Running:
-    repo.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
+    policy_store.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
     booster.booster.reload_policies()
     return booster
 
@@ -117,8 +119,8 @@ def test_the_utility_gauge_has_one_series_per_planned_context(svc: Running) -> N
 
     # A context that leaves the plan leaves the gauge: the plans now hold one context.
     kept = next(iter(svc.booster.plan_snapshot(policy.id)))
-    records, generation = repo.load_plans(svc.engine, policy.id)
-    contexts = repo.load_contexts(svc.engine, {r.context_id for r in records})
+    records, generation = plan_store.load_plans(svc.engine, policy.id)
+    contexts = trial_store.load_contexts(svc.engine, {r.context_id for r in records})
     one = [r for r in records if contexts[r.context_id] == kept]
     svc.booster.plans.replace(policy.id, one, contexts, generation + 1)
     series = samples(scrape(svc), "gemini_booster_incumbent_utility")

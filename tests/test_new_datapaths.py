@@ -22,7 +22,7 @@ from gemini_api.datapaths import registry
 from gemini_api.theta import ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import trials as trial_store
 
 from .conftest import OPERATOR, agent_md, auth
 from .test_experiment_arm import _agent
@@ -120,7 +120,7 @@ def test_an_experiment_sets_dctcp_at_defaults_against_the_datapath_tuned(booster
     assert by_arm["tuned"]["throughput_mbps"]["mean"] == pytest.approx(30.0, rel=1e-3)
     assert by_arm["dctcp"]["throughput_mbps"]["mean"] == pytest.approx(20.0, rel=1e-3)
     policy = booster.booster.policies["dc"]
-    assert set(repo.load_baselines(booster.engine, policy.id)) == {"dctcp"}
+    assert set(trial_store.load_baselines(booster.engine, policy.id)) == {"dctcp"}
     [context] = booster.http.get("/v1/policies/dc/comparison?sigma=0", headers=h).json()
     assert {a["arm"] for a in context["arms"]} >= {name, "dctcp"}
 

@@ -44,8 +44,9 @@ from gemini_booster.service.auth import (
     AuthUnavailable,
     TokenAuthority,
 )
+from gemini_booster.storage import credentials as token_store
 from gemini_booster.storage import database
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import AGENT, agent_md, make_settings
 
@@ -62,15 +63,15 @@ class DatabaseDown(Exception):
 class FakeTokens:
     """The token table, reachable or not; counts how often it is read."""
 
-    tokens: dict[str, repo.TokenRecord] = field(default_factory=dict)
+    tokens: dict[str, token_store.TokenRecord] = field(default_factory=dict)
     up: bool = True
     loads: int = 0
     gate: threading.Event | None = None  # when set, a load waits for it
 
     def add(self, token: str, name: str, role: str) -> None:
-        self.tokens[repo.hash_token(token)] = repo.TokenRecord(name, role)
+        self.tokens[token_store.hash_token(token)] = token_store.TokenRecord(name, role)
 
-    def load(self) -> dict[str, repo.TokenRecord]:
+    def load(self) -> dict[str, token_store.TokenRecord]:
         self.loads += 1
         if self.gate is not None:
             self.gate.wait(10)
@@ -211,7 +212,7 @@ def test_invalidate_reloads_at_the_next_check_and_keeps_the_set_through_an_outag
 ) -> None:
     auth = authority(db, monkeypatch)
     auth.require(bearer("agent-1"), "agent")
-    db.tokens.pop(repo.hash_token("agent-1"))  # revoked
+    db.tokens.pop(token_store.hash_token("agent-1"))  # revoked
     auth.invalidate()
     with pytest.raises(AuthError) as e:
         auth.require(bearer("agent-1"), "agent")
@@ -442,7 +443,7 @@ def test_postgres_stopped_for_30_s_under_load(own_postgres: OwnPostgres) -> None
     http = httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}")
     handler = Records()
     try:
-        repo.create_policy(
+        policy_store.create_policy(
             server.engine, PolicyCreate(name=POLICY, exploration_share=0.5), actor="test"
         )
         server.booster.reload_policies()

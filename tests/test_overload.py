@@ -19,7 +19,7 @@ from gemini_agent.reporter import Reporter
 from gemini_agent.spool import Spool
 from gemini_api.service_config import RETRY_AFTER_KEY, RETRY_AFTER_MAX_S, retry_after_s
 from gemini_booster.models import PolicyCreate
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import AGENT, agent_md, serve
 from .test_replicas import POLICY, report, until
@@ -39,7 +39,7 @@ def _send(stub, req) -> tuple[str, grpc.StatusCode | None, dict[str, str]]:
 def test_beyond_the_queue_reports_are_refused_at_once_with_a_retry_hint(db_url) -> None:
     url = make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False)
     with serve(db_url, ingest_queue_max=QUEUE_MAX) as svc:
-        repo.create_policy(svc.engine, PolicyCreate(name=POLICY), actor="test")
+        policy_store.create_policy(svc.engine, PolicyCreate(name=POLICY), actor="test")
         svc.booster.reload_policies()
         rng = np.random.default_rng(0)
         reqs = [report(f"host-{i}", rng) for i in range(SENT)]
@@ -82,7 +82,7 @@ def test_the_agent_keeps_a_refused_report_and_waits_as_long_as_asked(db_url, tmp
     )
     rng = np.random.default_rng(1)
     with serve(db_url, ingest_queue_max=1) as svc:
-        repo.create_policy(svc.engine, PolicyCreate(name=POLICY), actor="test")
+        policy_store.create_policy(svc.engine, PolicyCreate(name=POLICY), actor="test")
         svc.booster.reload_policies()
         settings = settings.model_copy(update={"booster_address": svc.grpc_target})
         reporter = Reporter(

@@ -22,7 +22,7 @@ from gemini_booster import simulation as sim
 from gemini_booster.domain import ContextKey
 from gemini_booster.fleet import SyntheticFleet
 from gemini_booster.service.refit import RefitElsewhere
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import credentials as token_store
 
 from .conftest import AGENT, OPERATOR, Running, agent_md, auth, serve
 from .polling import until
@@ -269,7 +269,7 @@ def one(db_url: str) -> Iterator[Running]:
 
 @pytest.mark.parametrize("role", ["viewer", "agent"])
 def test_only_operators_may_override(one: Running, role: str) -> None:
-    token = repo.create_token(one.engine, f"t-{role}", role, "test")
+    token = token_store.create_token(one.engine, f"t-{role}", role, "test")
     one.booster.tokens_changed()
     for method, path, body in (
         ("post", "pin", {"theta": a_theta()}),

@@ -29,7 +29,8 @@ from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import credentials as token_store
+from gemini_booster.storage import policies as policy_store
 from gemini_booster.storage.ingest import Admissions, ContextIds, store_reports
 
 from .conftest import Running, agent_md, make_settings
@@ -46,10 +47,11 @@ def strict(db_url: str) -> Iterator[tuple[Running, dict[str, str]]]:
     http = httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30)
     running = Running(server, f"127.0.0.1:{server.grpc_port}", http)
     try:
-        repo.create_policy(server.engine, PolicyCreate(name=POLICY), actor="test")
+        policy_store.create_policy(server.engine, PolicyCreate(name=POLICY), actor="test")
         server.booster.reload_policies()
         tokens = {
-            h: repo.create_token(server.engine, f"{h}-1", "agent", "test", host_id=h) for h in HOSTS
+            h: token_store.create_token(server.engine, f"{h}-1", "agent", "test", host_id=h)
+            for h in HOSTS
         }
         yield running, tokens
     finally:

@@ -179,12 +179,12 @@ def test_refit_owned_by_another_replica_is_409_naming_it(booster, monkeypatch):
 def test_database_outage_is_503_without_the_driver_message(booster, monkeypatch):
     from sqlalchemy.exc import OperationalError
 
-    from gemini_booster.storage import repository
+    from gemini_booster.storage import audit as audit_store
 
     def down(*args, **kwargs):
         raise OperationalError("SELECT", {}, Exception("password authentication failed: db.lan"))
 
-    monkeypatch.setattr(repository, "audit_entries", down)
+    monkeypatch.setattr(audit_store, "audit_entries", down)
     r = booster.http.get("/v1/audit", headers=auth(OPERATOR))
     assert (r.status_code, r.json()) == (503, {"detail": "database unavailable; try again later"})
 

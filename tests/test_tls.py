@@ -21,7 +21,8 @@ from gemini_agent.spool import Spool
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import credentials as token_store
+from gemini_booster.storage import policies as policy_store
 
 from .conftest import agent_md, make_settings
 from .test_agent import _report, _settings
@@ -81,7 +82,7 @@ def tls_booster(tmp_path, db_url):
     server = BoosterServer(
         make_settings(db_url, grpc_tls_cert_file=cert, grpc_tls_key_file=key)
     ).start()
-    repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+    policy_store.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
     server.booster.reload_policies()
     try:
         yield server, ca
@@ -141,10 +142,10 @@ def mtls_booster(tmp_path, db_url):
     )
     server = BoosterServer(settings).start()
     try:
-        repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+        policy_store.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
         server.booster.reload_policies()
-        fleet = repo.create_token(server.engine, "fleet", "agent", "test")
-        bound_b = repo.create_token(server.engine, "b-1", "agent", "test", host_id="host-b")
+        fleet = token_store.create_token(server.engine, "fleet", "agent", "test")
+        bound_b = token_store.create_token(server.engine, "b-1", "agent", "test", host_id="host-b")
         yield server, server_ca, fleet, bound_b
     finally:
         server.stop()
@@ -304,7 +305,7 @@ def test_a_renewed_serving_certificate_is_used_without_a_restart(tmp_path, db_ur
     server = BoosterServer(make_settings(db_url, grpc_tls_cert_file=cert, grpc_tls_key_file=key))
     server.start()
     try:
-        repo.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
+        policy_store.create_policy(server.engine, PolicyCreate(name="default"), actor="test")
         server.booster.reload_policies()
         target = f"127.0.0.1:{server.grpc_port}"
 

@@ -15,7 +15,8 @@ from gemini_api.theta import load_spec
 from gemini_booster import simulation as sim
 from gemini_booster.models import PolicyCreate
 from gemini_booster.storage import database
-from gemini_booster.storage import repository as repo
+from gemini_booster.storage import policies as policy_store
+from gemini_booster.storage import trials as trial_store
 
 from .conftest import OPERATOR, agent_md, at_revision, auth, insert_old_policy_and_context
 
@@ -35,19 +36,19 @@ def test_flows_sum_per_hour_and_the_window_drops_old_hours(booster):
     import numpy as np
 
     rng = np.random.default_rng(0)
-    repo.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
+    policy_store.create_policy(booster.engine, PolicyCreate(name=POLICY), actor="test")
     booster.booster.reload_policies()
     for hours_ago, flows in ((3, 10), (3, 5), (0, 7)):
         assert report(booster, hours_ago, flows, rng).aggregates_stored == 1
-    policy = repo.get_policy(booster.engine, POLICY)
-    everything = repo.load_trials(booster.engine, policy.id)
+    policy = policy_store.get_policy(booster.engine, POLICY)
+    everything = trial_store.load_trials(booster.engine, policy.id)
     assert sorted(t.flow_count for t in everything) == [7, 15]  # two hours, two rows
     for t in everything:
         assert t.bucket is not None and t.bucket.minute == t.bucket.second == 0
     assert max(t.bucket for t in everything) - min(t.bucket for t in everything) >= timedelta(
         hours=2
     )
-    recent = repo.load_trials(booster.engine, policy.id, timedelta(hours=2))
+    recent = trial_store.load_trials(booster.engine, policy.id, timedelta(hours=2))
     assert [t.flow_count for t in recent] == [7]
     listed = booster.http.get(f"/v1/policies/{POLICY}/trials", headers=auth(OPERATOR)).json()
     assert [r["flows"] for r in listed] == [22]  # operators see one row per θ

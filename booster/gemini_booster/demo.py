@@ -41,7 +41,8 @@ from .models import Policy, PolicyCreate
 from .progress import Progress
 from .service.app import BoosterServer
 from .service.refit import RefitElsewhere
-from .storage import repository as repo
+from .storage import credentials as token_store
+from .storage import policies as policy_store
 
 DEMO_POLICY = "demo"
 EXPERIMENT = "demo-fusion-vs-cubic"
@@ -132,9 +133,9 @@ def _tokens(server: BoosterServer, settings: Settings, hosts: list[str]) -> dict
         if isinstance(tokens.get("hosts"), dict) and set(tokens["hosts"]) == set(hosts):
             return tokens
     tokens = {"operator": _new_value(), "hosts": {h: _new_value() for h in hosts}}
-    repo.ensure_token(server.engine, "demo-operator", "operator", tokens["operator"])
+    token_store.ensure_token(server.engine, "demo-operator", "operator", tokens["operator"])
     for host, value in tokens["hosts"].items():
-        repo.ensure_token(server.engine, f"demo-agent-{host}", "agent", value, host_id=host)
+        token_store.ensure_token(server.engine, f"demo-agent-{host}", "agent", value, host_id=host)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -180,7 +181,7 @@ def experiment_body(hosts: list[str], start: datetime, now: datetime) -> dict[st
 def declare(server: BoosterServer, base: str, operator: str, ab: list[str], start: datetime):
     """The demo policy and experiment, unless a kept state has them already."""
     if DEMO_POLICY not in server.booster.policies:
-        repo.create_policy(
+        policy_store.create_policy(
             server.engine,
             PolicyCreate(name=DEMO_POLICY, sigma=1.0, exploration_share=0.75),
             actor="demo",

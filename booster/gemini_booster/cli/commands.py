@@ -94,15 +94,15 @@ def _token_name(args: argparse.Namespace) -> str:
         raise CliError("--host binds agent tokens only; use --role agent")
     if args.name is None and args.host is None:
         raise CliError("--name is required (it may be left out only with --host)")
-    from ..storage import repository as repo
+    from ..storage import credentials as token_store
 
-    return str(args.name or repo.host_token_name(args.host))
+    return str(args.name or token_store.host_token_name(args.host))
 
 
 def _token_create(engine: Engine, args: argparse.Namespace, name: str) -> None:
-    from ..storage import repository as repo
+    from ..storage import credentials as token_store
 
-    token = repo.create_token(engine, name, args.role, actor="cli", host_id=args.host)
+    token = token_store.create_token(engine, name, args.role, actor="cli", host_id=args.host)
     print(token)  # shown once, on stdout only; never logged
     print(f"created {name}", file=sys.stderr)
     if args.role == "agent" and args.host is None:
@@ -114,9 +114,9 @@ def _token_create(engine: Engine, args: argparse.Namespace, name: str) -> None:
 
 
 def _token_rotate(engine: Engine, args: argparse.Namespace) -> None:
-    from ..storage import repository as repo
+    from ..storage import credentials as token_store
 
-    rotation = repo.rotate_token(
+    rotation = token_store.rotate_token(
         engine, args.host, actor="cli", grace=timedelta(seconds=args.grace_s)
     )
     print(rotation.token)  # shown once, on stdout only
@@ -135,7 +135,7 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
         raise CliError("give exactly one of --name and --host")
     name = _token_name(args) if args.token_cmd == "create" else None
     fmt = output.choose(args.output) if args.token_cmd == "list" else None
-    from ..storage import repository as repo
+    from ..storage import credentials as token_store
 
     engine = _engine(settings)
     if name is not None:
@@ -144,13 +144,13 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
         _token_rotate(engine, args)
     elif args.token_cmd == "revoke":
         if args.host is not None:
-            names = repo.revoke_host_tokens(engine, args.host, actor="cli")
+            names = token_store.revoke_host_tokens(engine, args.host, actor="cli")
             print(f"revoked {', '.join(names)}")
         else:
-            repo.revoke_token(engine, args.name, actor="cli")
+            token_store.revoke_token(engine, args.name, actor="cli")
             print(f"revoked {args.name}")
     elif fmt is not None:
-        output.emit(repo.list_tokens(engine), fmt, TOKEN_COLUMNS)
+        output.emit(token_store.list_tokens(engine), fmt, TOKEN_COLUMNS)
     return 0
 
 
@@ -174,25 +174,25 @@ def cmd_policy(settings: Settings, args: argparse.Namespace) -> int:
         from ..models import PolicyCreate
 
         spec = PolicyCreate.model_validate({**_fields(args.fields), "name": args.name})
-        from ..storage import repository as repo
+        from ..storage import policies as policy_store
 
-        policy = repo.create_policy(_engine(settings), spec, actor="cli")
+        policy = policy_store.create_policy(_engine(settings), spec, actor="cli")
         print(policy.model_dump_json(indent=2))
         return 0
     fmt = output.choose(args.output)
-    from ..storage import repository as repo
-    from ..storage.repository import NotFound
+    from ..storage import policies as policy_store
+    from ..storage.errors import NotFound
 
     engine = _engine(settings)
     if args.policy_cmd == "show":
         try:
-            one = repo.get_policy(engine, args.name).model_dump(mode="json")
+            one = policy_store.get_policy(engine, args.name).model_dump(mode="json")
         except NotFound:
             raise CliError(f"no policy named {args.name!r}") from None
         rows = [{"field": k, "value": v} for k, v in one.items()]
         output.emit(one, fmt, ("field", "value"), rows)
     else:
-        listed = [p.model_dump(mode="json") for p in repo.list_policies(engine)]
+        listed = [p.model_dump(mode="json") for p in policy_store.list_policies(engine)]
         output.emit(listed, fmt, POLICY_COLUMNS)
     return 0
 
@@ -242,12 +242,12 @@ def cmd_override(settings: Settings, args: argparse.Namespace) -> int:
     as the CLI; every replica serves them from its next GetParameters."""
     inputs = _override_inputs(args)  # before the service and the database load
     from ..service import overrides as ops
-    from ..storage import repository as repo
-    from ..storage.repository import NotFound
+    from ..storage import policies as policy_store
+    from ..storage.errors import NotFound
 
     engine = _engine(settings)
     try:
-        policy = repo.get_policy(engine, args.policy)
+        policy = policy_store.get_policy(engine, args.policy)
     except NotFound:
         raise CliError(f"no policy named {args.policy!r}") from None
     ctx, actor, why, cmd = args.context, "cli", getattr(args, "reason", None), args.override_cmd

@@ -32,7 +32,7 @@ def explain(e: BaseException) -> str | None:
     from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
     from ..storage.database import SchemaNotAtHead
-    from ..storage.repository import Conflict, NotFound
+    from ..storage.errors import Conflict, NotFound
 
     if isinstance(e, SchemaNotAtHead | NotFound | Conflict):
         return str(e)

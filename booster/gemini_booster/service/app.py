@@ -10,8 +10,8 @@ import uvicorn
 from sqlalchemy import Engine
 
 from ..config import Settings
+from ..storage import credentials as token_store
 from ..storage import database
-from ..storage import repository as repo
 from .auth import TokenAuthority
 from .core import Booster
 from .fronts import Fronts
@@ -33,7 +33,7 @@ def bootstrap_tokens(engine: Engine, settings: Settings) -> None:
         ("bootstrap-agent", "agent", settings.bootstrap_agent_token),
     ):
         if value is not None:
-            repo.ensure_token(engine, name, role, value.get_secret_value())
+            token_store.ensure_token(engine, name, role, value.get_secret_value())
 
 
 @dataclass

@@ -47,8 +47,8 @@ from enum import Enum
 
 from sqlalchemy import Engine
 
-from ..storage import repository as repo
-from ..storage.repository import TokenRecord
+from ..storage import credentials as token_store
+from ..storage.credentials import TokenRecord
 from .ratelimit_log import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class TokenAuthority:
     # -- the cached set ----------------------------------------------------------------------
 
     def _load(self) -> Tokens:
-        return repo.lookup_tokens(self.engine)
+        return token_store.lookup_tokens(self.engine)
 
     def invalidate(self) -> None:
         """The set may have changed: the next check reloads it. Cheap and never touches the
@@ -249,7 +249,7 @@ class TokenAuthority:
         scheme, _, token = authorization.partition(" ")
         if not hmac.compare_digest(scheme.lower(), "bearer") or not token.strip():
             raise AuthError("invalid", "malformed credential: expected 'Bearer <token>'")
-        return repo.hash_token(token.strip())
+        return token_store.hash_token(token.strip())
 
     def _principal(
         self, found: TokenRecord | None, permission: str | None, cert_host: str | None = None

@@ -32,7 +32,7 @@ from gemini_api.v1 import booster_pb2 as pb
 from ..domain import ContextKey, FlowSums
 from ..models import Policy
 from ..storage import charts as queries
-from ..storage import repository as repo
+from ..storage import plans as plan_store
 from .comparison import baseline_label
 from .core import Booster
 
@@ -178,7 +178,7 @@ def _incumbent_key(booster: Booster, policy: Policy, label: str) -> tuple[str, f
     return "", None
 
 
-def _change(rec: repo.IncumbentRecord) -> IncumbentChangeOut:
+def _change(rec: plan_store.IncumbentRecord) -> IncumbentChangeOut:
     spec = load_datapath(rec.datapath)
     theta = spec.from_key(rec.theta_key)
     return IncumbentChangeOut(
@@ -193,7 +193,9 @@ def _change(rec: repo.IncumbentRecord) -> IncumbentChangeOut:
     )
 
 
-def _in_force(history: list[repo.IncumbentRecord], at: datetime) -> repo.IncumbentRecord | None:
+def _in_force(
+    history: list[plan_store.IncumbentRecord], at: datetime
+) -> plan_store.IncumbentRecord | None:
     """The incumbent published last at or before ``at`` (``history`` oldest first)."""
     i = bisect.bisect_right([h.published_at for h in history], at)
     return history[i - 1] if i else None
@@ -202,7 +204,7 @@ def _in_force(history: list[repo.IncumbentRecord], at: datetime) -> repo.Incumbe
 def _round(
     bucket: datetime,
     by_theta: dict[str, FlowSums],
-    incumbent: repo.IncumbentRecord | None,
+    incumbent: plan_store.IncumbentRecord | None,
     s: float,
 ) -> RoundOut:
     u = FlowSums.total(by_theta.values()).utility(s)
@@ -231,7 +233,7 @@ def rounds(booster: Booster, policy: Policy, label: str, sigma: float | None) ->
     s = policy.sigma if sigma is None else sigma
     context = context_id(booster, label)
     buckets = queries.bucket_sums(booster.engine, policy.id, context, policy.history_window)
-    history = repo.incumbent_history(booster.engine, policy.id, context)
+    history = plan_store.incumbent_history(booster.engine, policy.id, context)
     key, predicted = _incumbent_key(booster, policy, label)
     incumbent = None
     if key:
@@ -252,7 +254,7 @@ def rounds(booster: Booster, policy: Policy, label: str, sigma: float | None) ->
 
 def incumbents(booster: Booster, policy: Policy, label: str) -> IncumbentsOut:
     """Every change of one context's incumbent, oldest first (UnknownContext: no context)."""
-    history = repo.incumbent_history(booster.engine, policy.id, context_id(booster, label))
+    history = plan_store.incumbent_history(booster.engine, policy.id, context_id(booster, label))
     return IncumbentsOut(label=label, changes=[_change(h) for h in history])
 
 

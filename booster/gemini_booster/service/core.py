@@ -37,7 +37,7 @@ from ..config import Settings
 from ..domain import ContextKey
 from ..models import Policy
 from ..policy.planner import ContextPlan, Planner
-from ..storage import repository as repo
+from ..storage import policies as policy_store
 from ..storage.ingest import ReportRow
 from .arm_cache import ArmCache
 from .auth import shorten
@@ -157,14 +157,14 @@ class Booster:
     def sync_all(self) -> None:
         """Reload policies, and the plans of every policy whose generation moved."""
         self.reload_policies()
-        generations = repo.policy_generations(self.engine)
+        generations = policy_store.policy_generations(self.engine)
         stale = {p for p, (_, gen) in generations.items() if gen != self.plans.generation(p)}
         self.plans_changed(stale)
         self.plans.reload_overrides(self.engine)
         self.arms.refresh()
 
     def reload_policies(self) -> None:
-        policies = {p.name: p for p in repo.list_policies(self.engine)}
+        policies = {p.name: p for p in policy_store.list_policies(self.engine)}
         with self._lock:
             changed = {
                 p.id

@@ -13,8 +13,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from ..storage import repository as repo
-from ..storage.repository import MAX_HOST_ID_LEN, Conflict, NotFound, Rotation
+from ..storage import audit as audit_store
+from ..storage import credentials as token_store
+from ..storage.credentials import MAX_HOST_ID_LEN, Rotation
+from ..storage.errors import Conflict, NotFound
 
 __all__ = [
     "MAX_HOST_ID_LEN",
@@ -33,20 +35,20 @@ def create_token(
 ) -> str:
     """A new token's value (shown once; only its hash is stored). Conflict: the name is
     taken."""
-    return repo.create_token(engine, name, role, actor, host_id=host_id)
+    return token_store.create_token(engine, name, role, actor, host_id=host_id)
 
 
 def rotate_token(engine: Engine, host_id: str, actor: str, grace: timedelta) -> Rotation:
     """A new token for the host; its other live tokens expire after ``grace``. NotFound: the
     host has no live token; Conflict: the new token's name is taken."""
-    return repo.rotate_token(engine, host_id, actor, grace)
+    return token_store.rotate_token(engine, host_id, actor, grace)
 
 
 def revoke_token(engine: Engine, name: str, actor: str) -> None:
     """NotFound: no token of that name."""
-    repo.revoke_token(engine, name, actor)
+    token_store.revoke_token(engine, name, actor)
 
 
 def audit_entries(engine: Engine, limit: int) -> list[dict[str, Any]]:
     """The newest ``limit`` entries first."""
-    return repo.audit_entries(engine, limit)
+    return audit_store.audit_entries(engine, limit)

@@ -21,7 +21,7 @@ from ..experiments.domain import Experiment, ExperimentCreate, PopulationSpec
 from ..experiments.guardrail import Decision, decide
 from ..experiments.statistics import Results, results
 from ..storage import experiments as store
-from ..storage.repository import Conflict, NotFound
+from ..storage.errors import Conflict, NotFound
 
 __all__ = [
     "ALREADY_STOPPED",

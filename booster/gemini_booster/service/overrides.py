@@ -22,7 +22,8 @@ from ..domain import ContextKey
 from ..models import Policy
 from ..policy.planner import Planner
 from ..storage import overrides as ovr
-from ..storage import repository as repo
+from ..storage import plans as plan_store
+from ..storage import trials as trial_store
 from ..storage.overrides import Change
 from .auth import shorten
 from .plan_cache import Overrides, ThetaMessage, build_overrides
@@ -88,8 +89,8 @@ def as_dict(spec: ThetaSpec, msg: ThetaMessage) -> dict[str, int]:
 
 
 def _state(engine: Engine, policy: Policy) -> _State:
-    records, _ = repo.load_plans(engine, policy.id)
-    contexts = repo.load_contexts(engine, {r.context_id for r in records})
+    records, _ = plan_store.load_plans(engine, policy.id)
+    contexts = trial_store.load_contexts(engine, {r.context_id for r in records})
     incumbents = {ContextKey(*contexts[r.context_id]): r.incumbent_key for r in records}
     ids = {ContextKey(*contexts[r.context_id]): r.context_id for r in records}
     current = build_overrides(policy.spec, ovr.load(engine, policy.id))

@@ -23,9 +23,10 @@ from ..domain import ContextKey
 from ..models import Policy
 from ..policy.assignment import assign
 from ..storage import overrides as ovr
-from ..storage import repository as repo
+from ..storage import plans as plan_store
+from ..storage import trials as trial_store
 from ..storage.overrides import OverrideRecord
-from ..storage.repository import PlanRecord
+from ..storage.plans import PlanRecord
 
 # θ as GetParameters carries it: Fusion's own message, or any other datapath's.
 ThetaMessage = pb.Theta | pb.DatapathTheta
@@ -178,10 +179,10 @@ class PlanCache:
     def reload(self, engine: Engine, policy_id: int) -> None:
         """Take the policy's plans from storage, unless this generation is already here (a
         replica's own publish, or a notification that arrived twice)."""
-        records, generation = repo.load_plans(engine, policy_id)
+        records, generation = plan_store.load_plans(engine, policy_id)
         if generation == self.generation(policy_id):
             return
-        contexts = repo.load_contexts(engine, {r.context_id for r in records})
+        contexts = trial_store.load_contexts(engine, {r.context_id for r in records})
         self.replace(policy_id, records, contexts, generation)
 
     def generation(self, policy_id: int) -> int:

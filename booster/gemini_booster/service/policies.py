@@ -9,8 +9,8 @@ names them without importing storage.
 from __future__ import annotations
 
 from ..models import Policy, PolicyCreate, PolicyUpdate
-from ..storage import repository as repo
-from ..storage.repository import Conflict, NotFound
+from ..storage import policies as policy_store
+from ..storage.errors import Conflict, NotFound
 from .core import Booster
 
 __all__ = ["Conflict", "NotFound", "create_policy", "update_policy"]
@@ -18,7 +18,7 @@ __all__ = ["Conflict", "NotFound", "create_policy", "update_policy"]
 
 def create_policy(booster: Booster, spec: PolicyCreate, actor: str) -> Policy:
     """Conflict when a policy of that name exists."""
-    created = repo.create_policy(booster.engine, spec, actor)
+    created = policy_store.create_policy(booster.engine, spec, actor)
     booster.reload_policies()
     return created
 
@@ -26,6 +26,6 @@ def create_policy(booster: Booster, spec: PolicyCreate, actor: str) -> Policy:
 def update_policy(booster: Booster, name: str, change: PolicyUpdate, actor: str) -> Policy:
     """Change some settings; the merged policy is checked whole (pydantic's ValidationError
     when it fails, leaving the policy as it was). NotFound for an unknown name."""
-    updated = repo.update_policy(booster.engine, name, change, actor)
+    updated = policy_store.update_policy(booster.engine, name, change, actor)
     booster.reload_policies()
     return updated

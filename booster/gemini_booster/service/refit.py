@@ -39,7 +39,8 @@ from ..config import Settings
 from ..domain import ContextKey, Trial
 from ..models import Policy
 from ..policy.planner import ContextPlan, Planner, PolicyState
-from ..storage import repository as repo
+from ..storage import plans as plan_store
+from ..storage import trials as trial_store
 from .leases import LeaseLost, Leases
 from .metrics import Metrics
 from .orphans import exit_with_parent
@@ -340,9 +341,11 @@ class RefitService:
         t0 = time.perf_counter()
         with self.engine.connect() as conn:
             started = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
-        trials = repo.load_trials(self.engine, policy.id, timedelta(hours=policy.history_hours))
-        admitted = repo.admitted_contexts(self.engine, policy.id)
-        contexts = repo.load_contexts(self.engine, admitted | {t.context_id for t in trials})
+        trials = trial_store.load_trials(
+            self.engine, policy.id, timedelta(hours=policy.history_hours)
+        )
+        admitted = trial_store.admitted_contexts(self.engine, policy.id)
+        contexts = trial_store.load_contexts(self.engine, admitted | {t.context_id for t in trials})
         planned_at = self._planned_at.setdefault(policy.id, {})
         targets = plan_order(admitted & contexts.keys(), trials, planned_at)
         targets = targets[: self.settings.max_contexts_per_refit]
@@ -351,7 +354,7 @@ class RefitService:
         previous = self.plans.generation(policy.id)
         generation = self.leases.publish(
             policy.id,
-            lambda conn: repo.publish_plans(
+            lambda conn: plan_store.publish_plans(
                 conn,
                 policy.id,
                 records,
@@ -431,7 +434,7 @@ class RefitService:
 
     def _records(
         self, policy: Policy, plans: dict[int, ContextPlan], contexts: dict[int, ContextKey]
-    ) -> list[repo.PlanRecord]:
+    ) -> list[plan_store.PlanRecord]:
         """Plan rows; a context's plan version moves only when its answer changes."""
         current = self.plans.snapshot(policy.id)
         spec = policy.spec
@@ -447,6 +450,8 @@ class RefitService:
             else:
                 version = old.version + 1
             records.append(
-                repo.PlanRecord(policy.id, cid, version, inc_key, plan.incumbent_utility, cand_keys)
+                plan_store.PlanRecord(
+                    policy.id, cid, version, inc_key, plan.incumbent_utility, cand_keys
+                )
             )
         return records

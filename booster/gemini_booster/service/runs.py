@@ -14,10 +14,12 @@ from sqlalchemy import Engine
 
 from ..domain import Trial
 from ..models import Policy, PolicyCreate, PolicyUpdate
+from ..storage import credentials as token_store
+from ..storage import policies as policy_store
 from ..storage import reports
-from ..storage import repository as repo
+from ..storage import trials as trial_store
 from ..storage.reports import IntervalSums
-from ..storage.repository import GroupSums
+from ..storage.trials import GroupSums
 
 __all__ = [
     "GroupSums",
@@ -35,26 +37,28 @@ __all__ = [
 
 def create_policy(engine: Engine, spec: PolicyCreate, actor: str) -> Policy:
     """A new policy (audited); a running Booster sees it at its next resynchronisation."""
-    return repo.create_policy(engine, spec, actor)
+    return policy_store.create_policy(engine, spec, actor)
 
 
 def update_policy(engine: Engine, name: str, change: PolicyUpdate, actor: str) -> Policy:
-    return repo.update_policy(engine, name, change, actor)
+    return policy_store.update_policy(engine, name, change, actor)
 
 
 def agent_token(engine: Engine, host_id: str, actor: str) -> str:
     """A new agent token bound to ``host_id`` (audited), under the host's usual token name."""
-    return repo.create_token(engine, repo.host_token_name(host_id), "agent", actor, host_id=host_id)
+    return token_store.create_token(
+        engine, token_store.host_token_name(host_id), "agent", actor, host_id=host_id
+    )
 
 
 def count_reports(engine: Engine, host_id: str, since: datetime) -> int:
     """Reports stored from ``host_id`` for intervals starting at or after ``since``."""
-    return repo.count_reports(engine, host_id, since)
+    return trial_store.count_reports(engine, host_id, since)
 
 
 def host_reports(engine: Engine, host_id: str) -> list[tuple[str, datetime, datetime]]:
     """(report id, interval start, interval end) of every report from ``host_id``, in order."""
-    return repo.host_reports(engine, host_id)
+    return trial_store.host_reports(engine, host_id)
 
 
 def interval_sums(engine: Engine, host_id: str) -> list[IntervalSums]:
@@ -64,9 +68,9 @@ def interval_sums(engine: Engine, host_id: str) -> list[IntervalSums]:
 def fusion_sums_by(
     engine: Engine, policy_id: int, group: Literal["interval", "theta"]
 ) -> list[GroupSums]:
-    return repo.fusion_sums_by(engine, policy_id, group)
+    return trial_store.fusion_sums_by(engine, policy_id, group)
 
 
 def trials(engine: Engine, policy_id: int, history: timedelta | None = None) -> list[Trial]:
     """The policy's Fusion trials (of buckets begun within ``history``, or all)."""
-    return repo.load_trials(engine, policy_id, history)
+    return trial_store.load_trials(engine, policy_id, history)

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from ..domain import ContextKey, merge_buckets
 from ..models import Policy
-from ..storage import repository as repo
+from ..storage import trials as trial_store
 from .comparison import ContextComparison, compare
 from .core import Booster
 
@@ -34,8 +34,8 @@ def trials(booster: Booster, policy: Policy, sigma: float | None, limit: int) ->
     """The policy's Fusion trials of the history window, one per (context, θ) with its time
     buckets added, best first at ``sigma`` (the policy's when None), ``limit`` at most."""
     s = policy.sigma if sigma is None else sigma
-    found = merge_buckets(repo.load_trials(booster.engine, policy.id, policy.history_window))
-    contexts = repo.load_contexts(booster.engine, {t.context_id for t in found})
+    found = merge_buckets(trial_store.load_trials(booster.engine, policy.id, policy.history_window))
+    contexts = trial_store.load_contexts(booster.engine, {t.context_id for t in found})
     rows = []
     for t in found:
         u = t.sums.utility(s)
@@ -59,10 +59,12 @@ def comparison(booster: Booster, policy: Policy, sigma: float | None) -> list[Co
     """Per context with baseline flows in the history window: the tuned arm, its incumbent
     and each baseline CC, and each of ours against each of theirs."""
     window = policy.history_window
-    fusion = repo.load_trials(booster.engine, policy.id, window)
-    baselines = repo.load_baselines(booster.engine, policy.id, window)
+    fusion = trial_store.load_trials(booster.engine, policy.id, window)
+    baselines = trial_store.load_baselines(booster.engine, policy.id, window)
     compared = {t.context_id for ts in baselines.values() for t in ts}
-    contexts = {c: ContextKey(*k) for c, k in repo.load_contexts(booster.engine, compared).items()}
+    contexts = {
+        c: ContextKey(*k) for c, k in trial_store.load_contexts(booster.engine, compared).items()
+    }
     ids = {key: c for c, key in contexts.items()}
     incumbents: dict[int, str] = {}
     for key, plan in booster.plan_snapshot(policy.id).items():

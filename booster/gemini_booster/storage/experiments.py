@@ -64,7 +64,8 @@ from ..experiments.domain import (
 )
 from ..experiments.statistics import HostDay
 from . import changes
-from .repository import Conflict, NotFound, audit
+from .audit import audit
+from .errors import Conflict, NotFound
 from .schema import Base
 
 CREATE_LOCK = 0x6578_7074  # pg_advisory_xact_lock key: one experiment creation at a time

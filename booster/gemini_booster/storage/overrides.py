@@ -22,7 +22,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ..domain import ContextKey
 from . import changes
-from .repository import audit
+from .audit import audit
 from .schema import Context, IncumbentChange, ThetaOverride
 
 Kind = Literal["pin", "kill"]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gemini_agent.datapath import ConfigFile, host_writer
+from gemini_agent.daemon import host_datapaths
+from gemini_agent.datapath import ConfigFile, ModuleParams, host_writer
 from gemini_api.datapaths import Apply, Records, datapath
 from gemini_api.theta import ThetaError
 from gemini_lab.flashpass import wire
@@ -104,6 +105,16 @@ def test_flashpass_is_a_host_datapath_applied_through_a_config_file() -> None:
         b = DP.spec.region_bounds(bounds)
         assert b["min_target_loss"][1] < b["max_target_loss"][0]
     assert Theta.default() == Theta(0.01, 0.10, 0.040)  # the paper's defaults
+    assert DP.module == ""  # a user-space transport: no kernel module to load
+
+
+def test_the_agent_daemon_holds_a_config_file_writer_for_flashpass() -> None:
+    """The daemon picks each host-wide datapath's writer by its apply kind, so a policy
+    targeting FlashPass reaches the prototype's θ file (and CUBIC's reaches its module)."""
+    writers = host_datapaths()
+    assert isinstance(writers[DP.name], ConfigFile)
+    assert isinstance(writers["cubic"], ModuleParams)
+    assert "fusion" not in writers  # the profile table's datapath is applied per context
 
 
 def test_the_agent_writes_theta_the_prototype_reads_and_restores_the_file(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from gemini_agent.aggregator import Aggregator
 from gemini_agent.config import AgentSettings
 from gemini_agent.congestion import ArmApplier, NetKernel
 from gemini_agent.context import ContextResolver, MmdbTable, Place, PrefixTable
-from gemini_agent.datapath import ModuleParams, datapath_message, host_theta
+from gemini_agent.datapath import HostTheta, datapath_message, host_theta, host_writer
 from gemini_agent.dryrun import DryRun, would_write
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.reporter import Reporter
@@ -44,7 +44,7 @@ from gemini_agent.sources import FusionRecordSource, SockDiagSource, Source
 from gemini_agent.spool import Spool
 from gemini_agent.table import Destinations
 from gemini_agent.writeback import Kernel, Plan, ThetaApplier
-from gemini_api.datapaths import Apply, registry
+from gemini_api.datapaths import registry
 from gemini_api.fusion_genl import FusionError
 from gemini_api.theta import ThetaError
 from gemini_api.v1 import booster_pb2 as pb
@@ -79,9 +79,10 @@ def booster_peers(s: AgentSettings) -> frozenset[tuple[str, int]]:
     return frozenset((str(info[4][0]), int(port)) for info in infos)
 
 
-def host_datapaths() -> dict[str, ModuleParams]:
-    """A writer for each datapath whose θ is host-wide (CUBIC's module parameters)."""
-    return {d.name: ModuleParams(d.spec) for d in registry() if d.apply is Apply.MODULE_PARAMS}
+def host_datapaths() -> dict[str, HostTheta]:
+    """A writer for each datapath whose θ is host-wide, by its apply kind (CUBIC's module
+    parameters, FlashPass's θ file); the profile table's datapath has none."""
+    return {d.name: w for d in registry() if (w := host_writer(d)) is not None}
 
 
 class Agent:
@@ -90,7 +91,7 @@ class Agent:
         settings: AgentSettings,
         kernel: Kernel | None = None,
         net: NetKernel | None = None,
-        module_params: dict[str, ModuleParams] | None = None,
+        module_params: dict[str, HostTheta] | None = None,
     ) -> None:
         self.s = settings
         self.metrics = AgentMetrics()
@@ -271,7 +272,7 @@ class Agent:
             if params.written is not None:
                 self._fall_back_params(params)
 
-    def _fall_back_params(self, params: ModuleParams) -> None:
+    def _fall_back_params(self, params: HostTheta) -> None:
         """The spec's default into a host-wide datapath, through its usual checked write.
         Its flows from then on ran the kernel's defaults, not Booster's θ: they are reported
         as baselines of that CC (as under a kernel-default arm) until Booster answers."""
@@ -293,7 +294,7 @@ class Agent:
         )
         self.metrics.fallbacks.labels("stale").inc()
 
-    def _restore_params(self, params: ModuleParams) -> None:
+    def _restore_params(self, params: HostTheta) -> None:
         """The kernel's own values back in a host-wide datapath this agent set (its policy no
         longer targets it, a kernel-default arm of its CC, a clean exit). The interval closes
         first, as before any change of θ: its flows of that CC ran the θ being taken back and

@@ -81,7 +81,7 @@ _RECORDS_BY_APPLY = {
 class Datapath:
     name: str
     cc: str  # the kernel's name of its congestion control (tcp_congestion_ops.name)
-    module: str  # its kernel module
+    module: str  # its kernel module; "" where it has none (a user-space transport)
     spec: ThetaSpec
     apply: Apply
     records: Records
@@ -103,6 +103,11 @@ def _kind(enum: type[StrEnum], raw: Mapping, key: str, default: StrEnum, name: s
         raise ThetaError(f"specs/{name}.toml: {key} {value!r}; expected one of {choices}") from None
 
 
+def _default_module(apply: Apply, name: str) -> str:
+    """``tcp_<name>`` for a kernel datapath; none ("") for a user-space transport's."""
+    return "" if apply is Apply.CONFIG_FILE else f"tcp_{name}"
+
+
 def parse_datapath(raw: Mapping, file_stem: str) -> Datapath:
     """A datapath from its spec file's table; ThetaError naming the file and key when wrong."""
     spec = parse_spec(raw)
@@ -116,7 +121,7 @@ def parse_datapath(raw: Mapping, file_stem: str) -> Datapath:
     return Datapath(
         name=spec.datapath,
         cc=str(raw.get("cc", spec.datapath)),
-        module=str(raw.get("module", f"tcp_{spec.datapath}")),
+        module=str(raw.get("module", _default_module(Apply(apply), spec.datapath))),
         spec=spec,
         apply=Apply(apply),
         records=Records(records),

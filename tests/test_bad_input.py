@@ -212,12 +212,6 @@ IMPOSSIBLE_SUMS = {
 }
 
 
-@pytest.mark.parametrize("case", list(IMPOSSIBLE_SUMS))
-def test_impossible_sums_are_refused_by_name(svc: Running, case: str) -> None:
-    fn, expected = IMPOSSIBLE_SUMS[case]
-    assert_refused(svc, mutated(fn), expected)
-
-
 def test_size_bucket_beyond_flow_count_is_refused(svc: Running) -> None:
     def bucket(r: pb.ReportRequest) -> None:
         r.aggregates[0].size_bucket_counts[3] = 2**64 - 1
@@ -303,9 +297,16 @@ MALFORMED_SKETCHES = {
 }
 
 
-@pytest.mark.parametrize("case", list(MALFORMED_SKETCHES))
-def test_malformed_sketches_are_refused(svc: Running, case: str) -> None:
-    fn, expected = MALFORMED_SKETCHES[case]
+# Sums no flows could have produced, and sketches malformed: each refused naming its field.
+REFUSED_AGGREGATES = IMPOSSIBLE_SUMS | MALFORMED_SKETCHES
+assert len(REFUSED_AGGREGATES) == len(IMPOSSIBLE_SUMS) + len(MALFORMED_SKETCHES)
+
+
+@pytest.mark.parametrize("case", list(REFUSED_AGGREGATES))
+def test_impossible_sums_and_malformed_sketches_are_refused_by_name(
+    svc: Running, case: str
+) -> None:
+    fn, expected = REFUSED_AGGREGATES[case]
     assert_refused(svc, mutated(fn), expected)
 
 

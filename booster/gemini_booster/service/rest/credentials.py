@@ -6,13 +6,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Response
+from fastapi import APIRouter, Query, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from ...models import NAME_PATTERN
 from .. import credentials as ops
 from .deps import AuthorityDep, BoosterDep, Reader, Writer
-from .errors import AUTH_ERRORS, TOO_LARGE, error
+from .errors import AUTH_ERRORS, TOO_LARGE, error, refusals
 
 Role = Literal["agent", "viewer", "operator"]
 
@@ -85,12 +85,10 @@ class RotationOut(BaseModel):
 def create_token(
     who: Writer, body: TokenCreate, booster: BoosterDep, authority: AuthorityDep
 ) -> TokenOut:
-    try:
+    with refusals():
         token = ops.create_token(
             booster.engine, body.name, body.role, who.name, host_id=body.host_id
         )
-    except ops.Conflict as e:
-        raise HTTPException(409, str(e)) from e
     authority.invalidate()
     return TokenOut(name=body.name, role=body.role, host_id=body.host_id, token=token)
 
@@ -105,14 +103,10 @@ def rotate_token(
 ) -> RotationOut:
     """A new token for the host; its other tokens expire after ``grace_s``, so the host
     switches without a refused call."""
-    try:
+    with refusals():
         r = ops.rotate_token(
             booster.engine, body.host_id, who.name, timedelta(seconds=body.grace_s)
         )
-    except ops.NotFound as e:
-        raise HTTPException(404, str(e)) from e
-    except ops.Conflict as e:
-        raise HTTPException(409, str(e)) from e
     authority.invalidate()
     return RotationOut(
         name=r.name,
@@ -130,10 +124,8 @@ def rotate_token(
     responses=error(404, "no token of that name"),
 )
 def revoke_token(who: Writer, name: str, booster: BoosterDep, authority: AuthorityDep) -> None:
-    try:
+    with refusals():
         ops.revoke_token(booster.engine, name, who.name)
-    except ops.NotFound as e:
-        raise HTTPException(404, str(e)) from e
     authority.invalidate()
 
 

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from fastapi import Request
+from fastapi import HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from ..experiments import Conflict, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,18 @@ class ErrorOut(BaseModel):
 def error(status: int, description: str) -> Responses:
     """The OpenAPI entry of one refusal a route can answer."""
     return {status: {"model": ErrorOut, "description": description}}
+
+
+@contextmanager
+def refusals() -> Iterator[None]:
+    """Storage's refusals as the API answers them, with their own words: ``NotFound`` 404,
+    ``Conflict`` 409 (every write route maps them so; one place keeps them alike)."""
+    try:
+        yield
+    except NotFound as e:
+        raise HTTPException(404, str(e)) from e
+    except Conflict as e:
+        raise HTTPException(409, str(e)) from e
 
 
 NOT_FOUND = error(404, "no policy of that name")

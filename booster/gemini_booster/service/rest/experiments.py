@@ -35,7 +35,7 @@ from ...models import Sigma
 from .. import experiments as ops
 from .csvout import CSV_MEDIA, Format, csv_response
 from .deps import BoosterDep, Reader, Writer
-from .errors import AUTH_ERRORS, TOO_LARGE, error
+from .errors import AUTH_ERRORS, TOO_LARGE, error, refusals
 
 router = APIRouter(prefix="/v1", tags=["experiments"], responses=AUTH_ERRORS)
 
@@ -348,10 +348,8 @@ def _check_policies(body: ExperimentCreate, booster: BoosterDep) -> None:
 
 
 def _found(booster: BoosterDep, name: str) -> Experiment:
-    try:
+    with refusals():
         return ops.get_experiment(booster.engine, name)
-    except ops.NotFound as e:
-        raise HTTPException(404, str(e)) from e
 
 
 @router.post(
@@ -366,10 +364,8 @@ def create_experiment(
     booster: BoosterDep,
 ) -> ExperimentOut:
     _check_policies(body, booster)
-    try:
+    with refusals():
         created = ops.create_experiment(booster.engine, body, who.name)
-    except ops.Conflict as e:
-        raise HTTPException(409, str(e)) from e
     booster.experiments_changed({created.id})
     return ExperimentOut.of(created)
 
@@ -393,12 +389,8 @@ def stop_experiment(
 ) -> ExperimentOut:
     """Stop now: every host of the experiment is restored to its own defaults."""
     reason = (body or StopIn()).reason
-    try:
+    with refusals():
         stopped = ops.stop_experiment(booster.engine, name, who.name, reason)
-    except ops.NotFound as e:
-        raise HTTPException(404, str(e)) from e
-    except ops.Conflict as e:
-        raise HTTPException(409, str(e)) from e
     booster.experiments_changed({stopped.id})
     return ExperimentOut.of(stopped)
 
@@ -438,12 +430,8 @@ def join_hosts(
 ) -> ExperimentOut:
     """Add hosts: each goes to the arm its region is furthest below its share in (a host that
     left comes back to its own); no other host's arm changes."""
-    try:
+    with refusals():
         joined = ops.join_hosts(booster.engine, name, body, who.name)
-    except ops.NotFound as e:
-        raise HTTPException(404, str(e)) from e
-    except ops.Conflict as e:
-        raise HTTPException(409, str(e)) from e
     booster.experiments_changed({joined.id})
     return ExperimentOut.of(joined)
 
@@ -452,10 +440,8 @@ def join_hosts(
 def leave_hosts(who: Writer, name: ExperimentName, body: LeaveIn, booster: BoosterDep) -> LeftOut:
     """Hosts leave now and are restored to their own defaults; their flows so far still
     count for their arm, and no other host's arm changes."""
-    try:
+    with refusals():
         left = ops.leave_hosts(booster.engine, name, body.hosts, who.name)
-    except ops.NotFound as e:
-        raise HTTPException(404, str(e)) from e
     booster.experiments_changed()
     return LeftOut(left=left)
 
@@ -494,10 +480,8 @@ def experiment_results(
     throughput, queueing delay and slow-flow share with 95 % intervals over hosts, and each
     arm's difference to control (within host after a crossover). ``format=csv``: the same
     values as a table (``ResultsOut.csv_rows``)."""
-    try:
+    with refusals():
         experiment, r = ops.experiment_results(booster.engine, name, sigma, day)
-    except ops.NotFound as e:
-        raise HTTPException(404, str(e)) from e
     if day is not None and day not in experiment.days():
         msg = f"day: {day} is not a day of the experiment"
         raise RequestValidationError([{"loc": ("query", "day"), "msg": msg, "type": "value_error"}])

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -540,6 +541,17 @@ def retarget(http, target_cc: str, bounds: dict[str, list[int]]) -> None:
     assert r.status_code == 200, r.text
 
 
+@contextmanager
+def fusionless_cubic_host(db_url, tmp_path: Path, caplog) -> Iterator[tuple[ModuleParams, Agent]]:
+    """Booster serving policy 'tcp' on CUBIC, and an agent (logging at INFO) on a host that
+    never loads Fusion: the setting of every test below that runs one."""
+    caplog.set_level(logging.INFO, logger="gemini_agent")
+    params = ModuleParams(CUBIC, module_dir(tmp_path))
+    with serve(db_url) as b:
+        cubic_policy(b.http)
+        yield params, cubic_agent(tmp_path, b.grpc_target, params, with_fusion=False)
+
+
 def test_an_agent_on_a_cubic_policy_leaves_fusion_alone_on_a_host_without_it(
     db_url, tmp_path, caplog
 ) -> None:
@@ -547,11 +559,7 @@ def test_an_agent_on_a_cubic_policy_leaves_fusion_alone_on_a_host_without_it(
     Fusion netlink family in this machine's kernel): refresh after refresh the agent writes
     Booster's CUBIC θ and tries no Fusion table or sysctl, so it logs no error and counts no
     refused table and no table_refused fallback."""
-    caplog.set_level(logging.INFO, logger="gemini_agent")
-    params = ModuleParams(CUBIC, module_dir(tmp_path))
-    with serve(db_url) as b:
-        cubic_policy(b.http)
-        agent = cubic_agent(tmp_path, b.grpc_target, params, with_fusion=False)
+    with fusionless_cubic_host(db_url, tmp_path, caplog) as (params, agent):
         for _ in range(5):
             agent.refresh_theta()
     assert params.read() != KERNEL_DEFAULTS and 850 <= params.read()["beta"] <= 900
@@ -567,11 +575,7 @@ def test_a_cubic_policys_agent_on_a_host_without_fusion_falls_back_cubic_alone(
     """Booster goes silent past staleness_s on a host that never loads Fusion (this kernel's
     netlink has no Fusion family, no net.fusion sysctls): CUBIC falls back to the kernel's
     defaults, counted once, and nothing of Fusion's is tried: no error, no refused table."""
-    caplog.set_level(logging.INFO, logger="gemini_agent")
-    params = ModuleParams(CUBIC, module_dir(tmp_path))
-    with serve(db_url) as b:
-        cubic_policy(b.http)
-        agent = cubic_agent(tmp_path, b.grpc_target, params, with_fusion=False)
+    with fusionless_cubic_host(db_url, tmp_path, caplog) as (params, agent):
         agent.refresh_theta()
     assert params.read() != KERNEL_DEFAULTS
     agent.applier.last_ok -= STALENESS_S
@@ -630,11 +634,7 @@ def test_an_agent_on_a_host_without_fusion_asks_for_no_module_counters(
     """The agent's intervals on a host that never loads Fusion: each closes, drains and asks
     Booster, and none asks the missing module for its counts of lost records, so nothing is
     logged about them, at the start or at any interval."""
-    caplog.set_level(logging.INFO, logger="gemini_agent")
-    params = ModuleParams(CUBIC, module_dir(tmp_path))
-    with serve(db_url) as b:
-        cubic_policy(b.http)
-        agent = cubic_agent(tmp_path, b.grpc_target, params, with_fusion=False)
+    with fusionless_cubic_host(db_url, tmp_path, caplog) as (params, agent):
         for _ in range(3):
             agent.tick()
     assert 850 <= params.read()["beta"] <= 900

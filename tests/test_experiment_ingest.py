@@ -32,6 +32,19 @@ def aggregate(mbps: float, flows: int, cc: str) -> pb.Aggregate:
     return b.to_proto(SPEC.default(), 1, sim.ETHERNET.message(), cc)
 
 
+def assert_arms(booster, experiment: str, expected: dict[str, tuple[int, int, float]]) -> None:
+    """The experiment's overall results (σ = 0) give each named arm (flows, hosts, mean
+    throughput in Mbit/s) as ``expected``."""
+    out = booster.http.get(
+        f"/v1/experiments/{experiment}/results?sigma=0", headers=auth(OPERATOR)
+    ).json()
+    by_arm = {a["arm"]: a for a in out["overall"]["arms"]}
+    counts = {arm: (by_arm[arm]["flows"], by_arm[arm]["hosts"]) for arm in expected}
+    means = {arm: by_arm[arm]["throughput_mbps"]["mean"] for arm in expected}
+    assert counts == {arm: (flows, hosts) for arm, (flows, hosts, _) in expected.items()}
+    assert means == pytest.approx({arm: mbps for arm, (_, _, mbps) in expected.items()}, rel=1e-3)
+
+
 def test_each_hosts_flows_of_its_arm_count_once(booster):
     policy_store.create_policy(booster.engine, PolicyCreate(name="cdn"), actor="test")
     booster.booster.reload_policies()
@@ -60,15 +73,8 @@ def test_each_hosts_flows_of_its_arm_count_once(booster):
         sent.append(req)
     again = booster.stub().ReportAggregates(sent[0], metadata=agent_md())  # an agent's retry
     assert again.duplicate
-    out = booster.http.get(
-        "/v1/experiments/cubic-vs-fusion/results?sigma=0", headers=auth(OPERATOR)
-    ).json()
-    by_arm = {a["arm"]: a for a in out["overall"]["arms"]}
     # control hosts' cubic flows only (5 each), fusion hosts' Fusion flows only (3 each)
-    assert by_arm["control"]["flows"] == 10 and by_arm["control"]["hosts"] == 2
-    assert by_arm["fusion"]["flows"] == 6 and by_arm["fusion"]["hosts"] == 2
-    assert by_arm["control"]["throughput_mbps"]["mean"] == pytest.approx(20.0, rel=1e-3)
-    assert by_arm["fusion"]["throughput_mbps"]["mean"] == pytest.approx(10.0, rel=1e-3)
+    assert_arms(booster, "cubic-vs-fusion", {"control": (10, 2, 20.0), "fusion": (6, 2, 10.0)})
 
 
 def cubic_tuned(mbps: float, flows: int, theta: dict[str, int]) -> pb.Aggregate:
@@ -112,14 +118,7 @@ def test_a_cubic_policys_hosts_count_in_the_default_and_the_tuned_cubic_arm(boos
         )
         req = sim.make_report(h, "tcp", [own, aggregate(30.0, 2, "bbr")])
         assert booster.stub().ReportAggregates(req, metadata=agent_md()).aggregates_stored == 2
-    out = booster.http.get(
-        "/v1/experiments/cubic-tuning/results?sigma=0", headers=auth(OPERATOR)
-    ).json()
-    by_arm = {a["arm"]: a for a in out["overall"]["arms"]}
-    assert by_arm["default"]["flows"] == 10 and by_arm["default"]["hosts"] == 2
-    assert by_arm["tuned"]["flows"] == 6 and by_arm["tuned"]["hosts"] == 2
-    assert by_arm["default"]["throughput_mbps"]["mean"] == pytest.approx(20.0, rel=1e-3)
-    assert by_arm["tuned"]["throughput_mbps"]["mean"] == pytest.approx(10.0, rel=1e-3)
+    assert_arms(booster, "cubic-tuning", {"default": (10, 2, 20.0), "tuned": (6, 2, 10.0)})
     policy = booster.booster.policies["tcp"]
     assert set(trial_store.load_baselines(booster.engine, policy.id)) == {"bbr", "cubic"}
     [trial] = trial_store.load_trials(booster.engine, policy.id)

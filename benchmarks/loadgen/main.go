@@ -18,6 +18,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -29,6 +30,10 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
+
+// address matches a host:port in an error message, so messages that differ only in the
+// connection's ports are counted as one.
+var address = regexp.MustCompile(`\d+\.\d+\.\d+\.\d+:\d+`)
 
 // rawCodec passes request and response bytes through untouched.
 type rawCodec struct{}
@@ -160,7 +165,7 @@ func main() {
 		code := status.Code(err).String()
 		codes[code]++
 		if err != nil {
-			messages[code+": "+status.Convert(err).Message()]++
+			messages[code+": "+address.ReplaceAllString(status.Convert(err).Message(), "ADDR")]++
 		}
 		mu.Unlock()
 	}

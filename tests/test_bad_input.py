@@ -513,9 +513,9 @@ def test_known_contexts_cost_no_admission_query_once_cached(svc: Running) -> Non
 # -- storage refusing one report ------------------------------------------------------------------
 
 
-def test_a_report_storage_refuses_fails_alone(svc: Running) -> None:
-    """A report that passes every check but that storage refuses (here a constraint of this
-    test's database) is refused for good; the report sharing its batch is stored."""
+def refuse_bad_hosts_reports(svc: Running) -> None:
+    """A constraint of this test's database that refuses BAD_HOST's report rows: a report
+    that passes every check of Booster's but that storage refuses all the same."""
     with svc.engine.begin() as conn:
         conn.execute(
             text(
@@ -523,6 +523,12 @@ def test_a_report_storage_refuses_fails_alone(svc: Running) -> None:
                 f"CHECK (host_id <> '{BAD_HOST}')"
             )
         )
+
+
+def test_a_report_storage_refuses_fails_alone(svc: Running) -> None:
+    """A report that passes every check but that storage refuses (here a constraint of this
+    test's database) is refused for good; the report sharing its batch is stored."""
+    refuse_bad_hosts_reports(svc)
     bad = report(BAD_HOST, seed=1)
     good = report(GOOD_HOST, seed=2)
     before = refusals(svc)
@@ -579,13 +585,7 @@ def test_a_failure_that_is_no_reports_fault_is_retried_not_refused(svc: Running)
 
 
 def test_storage_refusal_over_grpc_is_invalid_argument_without_driver_text(svc: Running) -> None:
-    with svc.engine.begin() as conn:
-        conn.execute(
-            text(
-                "ALTER TABLE reports ADD CONSTRAINT refuse_bad_host "
-                f"CHECK (host_id <> '{BAD_HOST}')"
-            )
-        )
+    refuse_bad_hosts_reports(svc)
     bad = report(BAD_HOST, seed=1)
     err, ok = send_together(svc, bad, report(GOOD_HOST, seed=2))
     assert isinstance(err, grpc.RpcError), err

@@ -59,6 +59,23 @@ on_cubic_kernel = pytest.mark.skipif(
 )
 
 
+def net_ipv4(tmp_path: Path, available: str) -> Path:
+    """A directory standing in for /proc/sys/net/ipv4: ``available`` CCs, cubic in use."""
+    net = tmp_path / "net-ipv4"
+    net.mkdir()
+    (net / "tcp_available_congestion_control").write_text(f"{available}\n")
+    (net / "tcp_congestion_control").write_text("cubic\n")
+    return net
+
+
+def host_on_arm(http, name: str, arms: list[dict[str, Any]], arm: str) -> str:
+    """Start experiment ``name`` with ``arms``; a host its split put on ``arm``."""
+    body = experiment(name=name, arms=arms)
+    r = http.post("/v1/experiments", json=body, headers=auth(OPERATOR))
+    assert r.status_code == 201, r.text
+    return next(h for h in HOSTS if host_arm(http, h)["arm"]["name"] == arm)
+
+
 def test_the_cubic_spec_holds_the_kernels_defaults_inside_its_regions() -> None:
     assert datapaths()[0] == "fusion" and "cubic" in datapaths()
     assert (CUBIC.datapath, CUBIC.scope) == ("cubic", "host")
@@ -717,10 +734,7 @@ def test_a_fusion_arm_on_a_cubic_policys_host_runs_its_theta_and_leaves_the_safe
     directory standing in for /proc/sys/net/ipv4."""
     caplog.set_level(logging.INFO, logger="gemini_agent")
     params = ModuleParams(CUBIC, module_dir(tmp_path))
-    net = tmp_path / "net-ipv4"
-    net.mkdir()
-    (net / "tcp_available_congestion_control").write_text("reno cubic fusion\n")
-    (net / "tcp_congestion_control").write_text("cubic\n")
+    net = net_ipv4(tmp_path, "reno cubic fusion")
     fixed = FUSION_DEFAULT | {"mult_decrease": 70}
     arms = [
         {"name": "stock", "cc": "cubic"},
@@ -728,11 +742,7 @@ def test_a_fusion_arm_on_a_cubic_policys_host_runs_its_theta_and_leaves_the_safe
     ]
     with serve(db_url) as b:
         cubic_policy(b.http)
-        r = b.http.post(
-            "/v1/experiments", json=experiment(name="fusion", arms=arms), headers=auth(OPERATOR)
-        )
-        assert r.status_code == 201, r.text
-        host = next(h for h in HOSTS if host_arm(b.http, h)["arm"]["name"] == "fixed")
+        host = host_on_arm(b.http, "fusion", arms, "fixed")
         agent = cubic_agent(tmp_path, b.grpc_target, params, host_id=host, net_ipv4_root=net)
         agent.refresh_theta()
         assert agent.arm is not None and agent.arm.cc == "fusion"
@@ -791,18 +801,11 @@ def test_a_kernel_default_cubic_arm_stores_the_tuned_flows_before_it_as_trials(
     Booster stores the flows before as a trial of the tuned θ and the flows after as the
     cubic baseline. (The arm sets the CC in a directory standing in for /proc/sys/net/ipv4.)"""
     params = ModuleParams(CUBIC, module_dir(tmp_path))
-    net = tmp_path / "net-ipv4"
-    net.mkdir()
-    (net / "tcp_available_congestion_control").write_text("reno cubic\n")
-    (net / "tcp_congestion_control").write_text("cubic\n")
+    net = net_ipv4(tmp_path, "reno cubic")
     arms = [{"name": "stock", "cc": "cubic"}, {"name": "reno", "cc": "reno"}]
     with serve(db_url) as b:
         cubic_policy(b.http)
-        r = b.http.post(
-            "/v1/experiments", json=experiment(name="stock", arms=arms), headers=auth(OPERATOR)
-        )
-        assert r.status_code == 201, r.text
-        host = next(h for h in HOSTS if host_arm(b.http, h)["arm"]["name"] == "stock")
+        host = host_on_arm(b.http, "stock", arms, "stock")
         r = b.http.post(
             "/v1/experiments/stock/leave", json={"hosts": [host]}, headers=auth(OPERATOR)
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import grpc
 import httpx
@@ -187,25 +188,35 @@ def test_rotation_refuses_no_report_and_expiry_is_enforced(strict: Running) -> N
     assert metric(strict, "gemini_booster_auth_failures_total", reason="expired") == 2
 
 
+def token_file_reporter(
+    target: str, policy: str, token: str, tmp_path: Path, **retry: float
+) -> tuple[Reporter, AgentMetrics]:
+    """host-a's real agent reporter, reading its token from ``tmp_path/token`` (written here
+    with ``token``) and spooling under ``tmp_path/spool``; ``retry``: its backoff settings."""
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    settings = AgentSettings(
+        host_id="host-a",
+        policy=policy,
+        booster_address=target,
+        token_file=token_file,
+        spool_dir=tmp_path / "spool",
+        **retry,
+    )
+    metrics = AgentMetrics()
+    return Reporter(settings, Spool(settings.spool_dir, settings.spool_max_bytes), metrics), metrics
+
+
 def test_an_agent_picks_up_its_rotated_token_file_without_a_restart(
     strict: Running, tmp_path
 ) -> None:
     """The real agent reporter: after a rotation without grace its old token is refused and
     the report stays spooled; once the new token is in the file, the same reporter sends it."""
     first = token_store.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
-    token_file = tmp_path / "token"
-    token_file.write_text(first)
-    settings = AgentSettings(
-        host_id="host-a",
-        policy=POLICY,
-        booster_address=strict.grpc_target,
-        token_file=token_file,
-        spool_dir=tmp_path / "spool",
-        retry_initial_s=0.001,
-        retry_max_s=0.001,
+    reporter, metrics = token_file_reporter(
+        strict.grpc_target, POLICY, first, tmp_path, retry_initial_s=0.001, retry_max_s=0.001
     )
-    metrics = AgentMetrics()
-    reporter = Reporter(settings, Spool(settings.spool_dir, settings.spool_max_bytes), metrics)
+    token_file = tmp_path / "token"
 
     def send_one(seed: int) -> int:
         reporter.submit(report("host-a", seed))

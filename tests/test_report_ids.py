@@ -20,11 +20,7 @@ import pytest
 from sqlalchemy import text
 
 from benchmarks import report_size as mix
-from gemini_agent.config import AgentSettings
 from gemini_agent.context import ContextResolver
-from gemini_agent.metrics import AgentMetrics
-from gemini_agent.reporter import Reporter
-from gemini_agent.spool import Spool
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster.models import PolicyCreate
@@ -34,6 +30,7 @@ from gemini_booster.storage import policies as policy_store
 from gemini_booster.storage.ingest import Admissions, ContextIds, store_reports
 
 from .conftest import Running, agent_md, make_settings
+from .test_identity import token_file_reporter
 
 POLICY = mix.POLICY
 HOSTS = ("host-a", "host-b")
@@ -103,21 +100,11 @@ def test_another_host_cannot_take_a_hosts_report_id(
     assert not resp.duplicate and resp.aggregates_stored == len(forged.aggregates)
 
     # A's agent sends its report as it always does: through its spool and reporter.
-    token_file = tmp_path / "token"
-    token_file.write_text(tokens["host-a"])
-    settings = AgentSettings(
-        host_id="host-a",
-        policy=POLICY,
-        booster_address=running.grpc_target,
-        token_file=token_file,
-        spool_dir=tmp_path / "spool",
-    )
-    metrics = AgentMetrics()
-    reporter = Reporter(settings, Spool(settings.spool_dir, settings.spool_max_bytes), metrics)
+    reporter, _ = token_file_reporter(running.grpc_target, POLICY, tokens["host-a"], tmp_path)
     reporter.submit(victim)
     assert reporter.drain() == 1
     assert len(reporter.spool) == 0
-    assert not list((settings.spool_dir / "rejected").iterdir())  # nothing set aside
+    assert not list((tmp_path / "spool" / "rejected").iterdir())  # nothing set aside
 
     assert stored(running) == {
         ("host-a", victim.report_id): len(victim.aggregates),

@@ -76,7 +76,7 @@ screenshots: $(STAMP)  ## re-record the dashboard screenshots in docs/dashboard/
 proto: $(STAMP)  ## regenerate protobuf/gRPC stubs after editing api/gemini_api/v1/*.proto
 	$(BIN)/python scripts/gen_proto.py
 
-kmod:  ## build fusion-kmod/tcp_{fusion,gemini,dcvegas}.ko against the newest Debian kernel in /boot (W=1)
+kmod:  ## build fusion-kmod/tcp_{fusion,gemini,dcvegas,gear}.ko and gear_int.ko against the newest Debian kernel in /boot (W=1)
 	$(MAKE) -C fusion-kmod KVER=$$(ls /boot/vmlinuz-* | sort | tail -1 | sed 's|/boot/vmlinuz-||') W=1
 
 uml:  ## the User-Mode Linux lab kernel (time travel) under var/uml, rebuilt only when its inputs change

@@ -27,6 +27,7 @@ Figures, % below the context's optimum utility, each the median over seeds:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import inspect
 import json
 import statistics
@@ -42,7 +43,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
-from gemini_api.theta import load_spec
+from gemini_api.theta import SPEC_PATH, load_spec
 from gemini_booster.policy import assignment
 from gemini_booster.policy.planner import SWITCH_Z, ContextPlan
 
@@ -62,6 +63,12 @@ CHECKPOINTS = (10, 20, 30)
 TAIL_HOSTS = 2  # a context with at most this many hosts is in the tail
 BUSIEST = 5
 METHOD_NAMES = ("contextual", "independent", "tpe")
+INPUT_SOURCES = (
+    "longtail.py",
+    "longtail_landscapes.py",
+    "optimiser_landscapes.py",
+    "optimiser_methods.py",
+)
 ROTATES = "now" in inspect.signature(assignment.assign).parameters  # planners before rotation
 
 
@@ -291,6 +298,29 @@ def run_all(args) -> dict:
     return out
 
 
+def inputs_fingerprint() -> str:
+    """A digest of what fixes a run's figures besides the planner: the θ spec (its defaults are
+    every context's starting θ) and the landscapes', flows' and methods' source. Runs started at
+    different times in a shared checkout can read different files; parts whose digests differ
+    are not one experiment and are not merged."""
+    here = Path(__file__).resolve().parent
+    files = [SPEC_PATH, *(here / f for f in INPUT_SOURCES)]
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def check_same_inputs(parts: list[dict]) -> None:
+    """Refuse to merge saved runs made from different inputs (or saved before digests)."""
+    seen = {p.get("inputs", "none (saved before input digests)") for p in parts}
+    if len(seen) > 1:
+        raise SystemExit(
+            "--merge: the saved runs were made from different θ specs or benchmark sources "
+            f"(input digests {', '.join(sorted(seen))}); rerun them from one checkout"
+        )
+
+
 def from_plain(d: dict) -> Summary:
     fields = {k: v for k, v in d.items() if k != "seed"}
     fields["at"] = {int(k): v for k, v in d["at"].items()}
@@ -312,7 +342,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     args.label = f" ({args.label})" if args.label else ""
     parts = [json.loads(p.read_text()) for p in args.merge]
-    this = {"planner": planner_commit(), "rounds": args.rounds, "results": run_all(args)}
+    inputs = inputs_fingerprint()
+    check_same_inputs([*parts, {"inputs": inputs}])
+    results = run_all(args)
+    this = {
+        "planner": planner_commit(),
+        "inputs": inputs,
+        "rounds": args.rounds,
+        "results": results,
+    }
     if args.save_json:
         args.save_json.write_text(json.dumps(this))
     parts.append(this)
@@ -322,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for m, sums in methods.items():
                 merged[name][m] += [from_plain(s) for s in sums]
     lines = ["Planners: " + "; ".join(sorted({p["planner"] for p in parts})) + ".", ""]
+    lines[-1:-1] = [f"Inputs (θ spec and benchmark sources): {inputs}.", ""]
     for group, names in (("Tuning landscape", TUNING), ("Held-out landscapes", HELD_OUT)):
         for name in names:
             if name in merged:

@@ -75,8 +75,9 @@ class RecordCollector:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Stops the listener: a caller that needs the records of flows that just closed
+        waits for them first (``wait_for``), as no fixed pause could on a busy host."""
         assert self.proc is not None and self.proc.stdout is not None
-        time.sleep(0.5)  # records of flows that just closed are still in flight
         self.proc.terminate()
         tail = self.proc.stdout.read().strip().splitlines()
         self.proc.wait(timeout=30)

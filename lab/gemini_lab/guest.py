@@ -139,6 +139,8 @@ def exp_profiles(e: dict, out: Path) -> dict:
         for i, path in enumerate(e["paths"]):
             flows.append(start_flow(path, "fusion", e["duration_s"], port=BASE_PORT + 10 + i))
         results = [finish_flow(s, c, e["duration_s"]) for s, c in flows]
+        ports = {p for res in results for p in res["ports"]}
+        rc.wait_for(lambda r: r["sport"] in ports, len(ports))  # each closes some RTTs later
     with FusionNetlink() as nl:
         nl.set_profiles({}, [])
     for path, res in zip(e["paths"], results, strict=True):
@@ -484,17 +486,22 @@ def exp_landscape(e: dict, out: Path) -> dict:
     something to find. Each θ is installed for all paths; flows of each path run back to back."""
     servers = _flow_servers(e["paths"])  # each listening when it returns
     sigma, spec = e["sigma"], load_spec()
+    path_of = {receiver_addr(i): i for i in e["paths"]}
     with RecordCollector(out / "records-landscape.jsonl") as rc:
+        ran = 0
         for theta in e["thetas"]:
             with FusionNetlink() as nl:
                 nl.set_profiles(
                     {1: {**default_theta(), **theta}},
                     [Rule(receiver_prefix(i), 1) for i in e["paths"]],
                 )
-            _bulk_flows(e["paths"], e["flow_bytes"], time.monotonic() + e["max_s"], e["flows"])
+            done = _bulk_flows(
+                e["paths"], e["flow_bytes"], time.monotonic() + e["max_s"], e["flows"]
+            )
+            ran += sum(done.values())
+        rc.wait_for(lambda r: r["dst"] in path_of, ran)  # the last flows' records still closing
     for s in servers:
         s.terminate()
-    path_of = {receiver_addr(i): i for i in e["paths"]}
     cells: dict[tuple, list[float]] = {}
     for r in rc.records():
         path = path_of[r["dst"]]

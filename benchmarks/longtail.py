@@ -45,7 +45,8 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from gemini_api.theta import SPEC_PATH, load_spec
 from gemini_booster.policy import assignment
-from gemini_booster.policy.planner import SWITCH_Z, ContextPlan
+from gemini_booster.policy.incumbent import SWITCH_Z
+from gemini_booster.policy.planner import ContextPlan
 
 from .longtail_landscapes import FLEET_FLOW_NOISE, FLEET_LANDSCAPES, HELD_OUT, TUNING, Fleet
 from .optimiser import planner_commit, regret_pct

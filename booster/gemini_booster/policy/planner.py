@@ -28,10 +28,11 @@ change of its path dropped (drift), buckets of one θ added.
     conditioned on the fit set and up to ``LOCAL_OWN_MAX`` of the most-measured others. A
     policy of a single context is fitted this way whatever its mode (``model_mode``).
 
-**Incumbent.** A challenger replaces the published incumbent only when its posterior mean is
-higher with confidence (``SWITCH_Z`` standard deviations of the difference, their covariance
-included); a change of path found by ``history.py`` lifts that protection. Hosts keep their
-exploration role (``assignment.py``), and a published candidate not yet run keeps its slot
+**Incumbent** (its rules in ``incumbent.py``, the candidate slots in ``slots.py``). A
+challenger replaces the published incumbent only when its posterior mean is higher with
+confidence (``SWITCH_Z`` standard deviations of the difference, their covariance included); a
+change of path found by ``history.py`` lifts that protection. Hosts keep their exploration
+role (``assignment.py``), and a published candidate not yet run keeps its slot
 while the acquisition still rates it, so that a refit moves few hosts.
 
 **Transfer.** In ``contextual`` mode a context that has run fewer than ``n_initial_points``
@@ -87,27 +88,17 @@ from ..models import Policy
 from . import acquisition, history
 from .acquisition import ACQUISITIONS
 from .history import Observation
+from .incumbent import Incumbent, fleet_thetas, own_incumbent, pool_incumbent, transferred
 from .local_gp import KernelParams, LocalGP, Training
+from .slots import N_CANDIDATES, fill_slots
 from .surrogate import CONTEXT_ATTRIBUTES, ThetaSpace, fit_surrogate
 
-N_CANDIDATES = 8
-ANCHORS = 5  # the best observed θ of a context whose neighbourhoods are searched
 LOCAL_OWN_MAX = 400  # a context's own observations in its local model, most-measured first
-NEAREST_CHUNK = 256  # points per distance block in _nearest
-SWITCH_Z = 1.0  # a challenger must beat the incumbent by this many std of the difference
-# (chosen on benchmarks/optimiser.py, optimiser-switch-bar.md: against 1.5, shared24's worst
-# context @30 3.16 -> 2.89 % and mean 1.58 -> 1.36 %; the plateau landscape, where every θ is
-# within 1 %, changed no incumbent in its last 10 rounds at either bar (median of 20 seeds),
-# and 0.0 changed 6.5. On tests/test_planner.py's flat surface, where the incumbent is measured
-# no better than 15 rivals, noise unseats it in 5 of 40 refits, 1 at 1.5, 9 at 0.75.)
 EXPLORE_MAX_LOSS = 0.05  # explorers' θ: expected utility ≥ incumbent's − this × |incumbent's|
 # (chosen on benchmarks/optimiser.py, optimiser-exploration.md, with acquisition.XI at 0.1:
 # against no cap, shared24 fleet regret 4.74 -> 3.89 % (lower in 20 of 20 seeds) and worst
 # context @30 2.60 -> 2.46 %; lab fleet regret 3.96 -> 3.83 % over 80 seeds; drift @30
 # 1.99 -> 1.57 %, recovery 7.5 -> 7 rounds)
-TRANSFER_Z = 2.0  # a θ this context never ran must beat its incumbent by this many std
-# (one-sided ≈ 98 % under the posterior; SWITCH_Z's 1.0 is for θ the context's own flows measured)
-KEEP_SCORE_SHARE = 0.1  # an unrun candidate keeps its slot above this share of the best score
 HEDGE_ETA = 1.0
 RECOVERY_HOURS = 6.0  # after a detected change of path, a context re-explores with EI this long
 RECOVERY_ACQUISITION = "EI"  # (chosen on benchmarks/optimiser.py's drift landscape, 40 seeds)
@@ -553,104 +544,61 @@ class _Refit:
         model = self._model(context_id, own)
         self._credit(context_id, model)
         eligible = [o for o in scope if o.flows >= self.policy.min_flows]
-        incumbent, inc_loss, anchors, challenger = self._incumbent(context_id, model, eligible)
+        inc = self._incumbent(context_id, model, eligible)
         # GP-Hedge's gains were earned on the context's old surface (and favour PI, whose
         # picks hug the best point seen); a context whose path changed searches with EI.
         recovering = context_id in self.recovering and RECOVERY_ACQUISITION in ACQUISITIONS
         chosen = RECOVERY_ACQUISITION if recovering else self._choose_acquisition()
         current = self._current_candidates(context_id)
         X, score, loss = acquisition.maximise(
-            self.space, model.posterior, inc_loss, chosen, anchors, current, self.rng
+            self.space, model.posterior, inc.loss, chosen, inc.anchors, current, self.rng
         )
-        score = _capped(score, model, loss, inc_loss)
+        score = _capped(score, model, loss, inc.loss)
         self.state.last_picks[context_id] = {
             a: self.space.decode(X[int(np.argmax(s)) : int(np.argmax(s)) + 1])[0]
             for a, s in score.items()
         }
-        picks = self._slots(context_id, own, X, score[chosen], challenger)
-        return ContextPlan(incumbent, float(model.utility(inc_loss)), picks, chosen)
+        published = self.candidates.get(context_id, ())
+        picks = fill_slots(
+            self.planner.spec,
+            self.space,
+            self.bounds,
+            own,
+            X,
+            score[chosen],
+            inc.challenger,
+            published,
+            self.rng,
+        )
+        return ContextPlan(inc.theta, float(model.utility(inc.loss)), picks, chosen)
 
-    def _incumbent(
-        self, context_id: int, model: _Model, eligible: list[Observation]
-    ) -> tuple[dict[str, int], float, np.ndarray, dict[str, int] | None]:
-        """(θ, its posterior loss, the best observed points as search anchors, the challenger:
-        the best θ by posterior mean when it is not yet better with confidence); in
-        ``contextual`` mode, a θ the fleet measured when it beats that choice with confidence
-        (``_transferred``)."""
-        if self.mode == "contextual":
-            theta, own_loss, anchors, challenger = self._own_incumbent(context_id, model, eligible)
-            moved = self._transferred(context_id, model, theta)
-            if moved is None:
-                return theta, own_loss, anchors, challenger
-            x = self.space.encode([moved])
-            return moved, float(model.posterior(x)[0][0]), np.vstack([x, anchors]), challenger
-        if not eligible:
-            X = self.space.sample_points(acquisition.POOL_RANDOM, self.rng)
-            loss, _ = model.posterior(X)
-            best = int(np.argmin(loss))
-            return self.space.decode(X[best : best + 1])[0], float(loss[best]), X[:0], None
-        return self._own_incumbent(context_id, model, eligible)
-
-    def _own_incumbent(
-        self, context_id: int, model: _Model, eligible: list[Observation]
-    ) -> tuple[dict[str, int], float, np.ndarray, dict[str, int] | None]:
-        """``_incumbent`` among the θ this context ran (the default θ when it ran none)."""
-        if not eligible:
-            default = self.planner.clip_default(self.policy)
-            x = self.space.encode([default])
-            return default, float(model.posterior(x)[0][0]), x[:0], None
-        uniq = {o.theta_key: o for o in eligible}
-        keys = list(uniq)
-        X = self.space.encode([uniq[k].theta for k in keys])
-        loss, _ = model.posterior(X)
-        order = np.argsort(loss)
-        best = int(order[0])
+    def _incumbent(self, context_id: int, model: _Model, eligible: list[Observation]) -> Incumbent:
+        """The context's incumbent and challenger (``incumbent``); in ``contextual`` mode, a θ
+        the fleet measured when it beats that choice with confidence."""
+        if self.mode != "contextual" and not eligible:
+            return pool_incumbent(self.space, model, self.rng)
         previous = self.incumbents.get(context_id)
-        challenger = None
-        if previous in uniq and keys[best] != previous:
-            p = keys.index(previous)
-            mu, cov = model.joint(X[[best, p]])
-            sd_diff = float(np.sqrt(max(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1], 1e-12)))
-            if mu[1] - mu[0] < SWITCH_Z * sd_diff:  # not better with confidence: keep it
-                challenger, best = uniq[keys[best]].theta, p
-        return uniq[keys[best]].theta, float(loss[best]), X[order[:ANCHORS]], challenger
-
-    def _transferred(
-        self, context_id: int, model: _Model, incumbent: dict[str, int]
-    ) -> dict[str, int] | None:
-        """The fleet-measured θ this context never ran that its posterior rates best, when it
-        beats ``incumbent`` by TRANSFER_Z std of the difference; otherwise None."""
+        default = self.planner.clip_default(self.policy)
+        inc = own_incumbent(self.space, model, eligible, previous, default)
         own = self.by_context.get(context_id, [])
-        keys, X = self._fleet_thetas()
-        if not keys or not self._cold(own):  # enough θ of its own: its own trials decide
-            return None
-        run = {o.theta_key for o in own}
-        new = [i for i, k in enumerate(keys) if k not in run]
-        if not new:
-            return None
-        loss, _ = model.posterior(X[new])
-        best = new[int(np.argmin(loss))]
-        mu, cov = model.joint(np.vstack([X[best], self.space.encode([incumbent])[0]]))
-        sd_diff = float(np.sqrt(max(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1], 1e-12)))
-        if mu[1] - mu[0] < TRANSFER_Z * sd_diff:
-            return None
-        return self.planner.spec.from_key(keys[best])
+        if self.mode != "contextual" or not self._cold(own):  # its own trials decide
+            return inc
+        fleet = self._fleet_thetas()
+        if not fleet[0]:
+            return inc
+        moved = transferred(self.planner.spec, self.space, model, fleet, own, inc.theta)
+        if moved is None:
+            return inc
+        x = self.space.encode([moved])
+        anchors = np.vstack([x, inc.anchors])
+        return Incumbent(moved, float(model.posterior(x)[0][0]), anchors, inc.challenger)
 
     def _fleet_thetas(self) -> tuple[list[str], np.ndarray]:
-        """The θ the fleet measured that a context may take without running them first: the
-        fit set's (each context's most-measured) and the published incumbents, inside the
-        region; computed once per refit."""
+        """``incumbent.fleet_thetas``, computed once per refit."""
         if self.fleet is None:
-            spec = self.planner.spec
-            thetas = {o.theta_key: o.theta for o in self.fit_points}
-            for key in self.incumbents.values():
-                if key not in thetas:
-                    theta = spec.from_key(key)
-                    if not spec.violations(theta, self.bounds):
-                        thetas[key] = theta
-            keys = sorted(thetas)
-            X = self.space.encode([thetas[k] for k in keys]) if keys else np.empty((0, 0))
-            self.fleet = (keys, X)
+            self.fleet = fleet_thetas(
+                self.planner.spec, self.space, self.bounds, self.fit_points, self.incumbents
+            )
         return self.fleet
 
     def _current_candidates(self, context_id: int) -> np.ndarray:
@@ -658,54 +606,6 @@ class _Refit:
         thetas = [self.planner.spec.from_key(k) for k in keys]
         inside = [t for t in thetas if not self.planner.spec.violations(t, self.bounds)]
         return self.space.encode(inside) if inside else np.empty((0, self.space.dims), dtype=float)
-
-    def _slots(
-        self,
-        context_id: int,
-        own: list[Observation],
-        X: np.ndarray,
-        score: np.ndarray,
-        challenger: dict[str, int] | None,
-    ) -> tuple[dict[str, int], ...]:
-        """N_CANDIDATES candidates. The challenger is measured again until it is confirmed or
-        falls back (a sequential test over its own flows), in the slot it had if it had one;
-        a published candidate that no host has run yet stays in its slot while it scores at
-        least KEEP_SCORE_SHARE of the best (hosts keep their θ); the rest are the best-scoring
-        new points far enough from those kept and each other."""
-        spec = self.planner.spec
-        run = {o.theta_key for o in own}
-        top = float(np.max(score))
-        slots: list[dict[str, int] | None] = [None] * N_CANDIDATES
-        kept: list[np.ndarray] = []
-        published = self.candidates.get(context_id, ())[:N_CANDIDATES]
-        if challenger is not None:
-            key = spec.key(challenger)
-            slots[published.index(key) if key in published else 0] = challenger
-            kept.append(self.space.encode([challenger])[0])
-        for i, key in enumerate(published):
-            theta = spec.from_key(key)
-            if slots[i] is not None or key in run or spec.violations(theta, self.bounds):
-                continue
-            x = self.space.encode([theta])[0]
-            j = int(np.argmin(np.max(np.abs(X - x), axis=1)))
-            if np.max(np.abs(X[j] - x)) < 1e-9 and score[j] >= KEEP_SCORE_SHARE * top:
-                slots[i] = theta
-                kept.append(x)
-        free = [i for i, s in enumerate(slots) if s is None]
-        if run:  # a θ already run here is known to the model: hosts explore new ones
-            ran = set(self.space.grid_rows(self.space.encode([o.theta for o in own])))
-            seen = [row in ran for row in self.space.grid_rows(X)]
-            score = np.where(seen, -np.inf, score)
-        if kept:
-            far = _nearest(X, np.asarray(kept)) > acquisition.MIN_CANDIDATE_DISTANCE
-            score = np.where(far, score, -np.inf)
-        fresh = [
-            self.space.decode(X[j : j + 1])[0] for j in acquisition.diverse_top(X, score, len(free))
-        ]
-        fresh += self.space.sample(len(free) - len(fresh), self.rng)  # a crowded pool: random
-        for i, theta in zip(free, fresh, strict=True):
-            slots[i] = theta
-        return tuple(s for s in slots if s is not None)
 
     # -- GP-Hedge ------------------------------------------------------------------------------
 
@@ -763,14 +663,3 @@ def _capped(
     if int(ok.sum()) < N_CANDIDATES:
         return score
     return {k: np.where(ok, v, -np.inf) for k, v in score.items()}
-
-
-def _nearest(X: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """Each row of X's L∞ distance to the nearest of ``points`` (normalised θ units), in
-    chunks of NEAREST_CHUNK points so that a context with thousands of θ stays small."""
-    nearest = np.full(len(X), np.inf)
-    for i in range(0, len(points), NEAREST_CHUNK):
-        chunk = points[i : i + NEAREST_CHUNK]
-        gaps = np.abs(X[:, None, :] - chunk[None, :, :]).max(axis=2)
-        nearest = np.minimum(nearest, gaps.min(axis=1))
-    return nearest

@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import sys
 import threading
 import urllib.error
@@ -293,8 +294,17 @@ def quiet_logs(settings: Settings) -> None:
         logging.getLogger().setLevel(logging.WARNING)
 
 
+def stop_on_ctrl_c() -> None:
+    """Ctrl-C (SIGINT) stops the demo however it was started. A shell starts a background job
+    with SIGINT ignored, and Python then never raises KeyboardInterrupt: a demo started that
+    way and sent SIGINT served on for ever (``serve`` installs its own handlers likewise)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run_demo(settings: Settings, options: DemoOptions, progress: Progress | None = None) -> int:
     progress = progress or Progress()
+    stop_on_ctrl_c()
     quiet_logs(settings)
     if settings.database_url is not None:
         progress.say("the demo ignores database_url: it runs its own embedded PostgreSQL")

@@ -52,6 +52,8 @@ MODULE_CACHE = REPO_ROOT / "var" / "uml" / "fusion"
 TIME_TRAVEL_START_NS = 1_735_689_600 * 10**9
 # The module's sources: what a tcp_fusion.ko build depends on besides the kernel tree.
 MODULE_SOURCES = ("*.c", "*.h", "Kbuild")
+# module builds kept in MODULE_CACHE (each a few MB), newest first
+MODULE_BUILDS_KEPT = 6
 
 
 @dataclass(frozen=True)
@@ -119,11 +121,22 @@ def build_module(kernel: UmlKernel) -> Path:
             raise LabError(
                 f"tcp_fusion.ko for UML failed to build:\n{(out.stdout + out.stderr)[-4000:]}"
             )
-        for old in MODULE_CACHE.iterdir():
-            if old.is_dir() and old != work:
-                shutil.rmtree(old, ignore_errors=True)
         work.rename(dest)
+        _prune_module_builds(keep=dest)
         return ko
+
+
+def _prune_module_builds(keep: Path) -> None:
+    """Drop all but the newest few module builds: a guest of another checkout state (a lab run
+    started before a source changed) may still be loading one, so the latest are kept."""
+    builds = sorted(
+        (p for p in MODULE_CACHE.iterdir() if p.is_dir() and p.suffix != ".partial"),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for old in builds[MODULE_BUILDS_KEPT:]:
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _host_cpu() -> int:

@@ -113,7 +113,21 @@ class Report(Base):
     received_at: Mapped[datetime] = _now()
 
 
-class ReportAggregate(Base):
+class _FlowSums:
+    """Eq. 9's running sums over a set of flows (count, Σx, Σx², Σd, Σd², Σxd, flows under
+    the slow-flow bar): what an aggregate carries and what a trial adds up. Utilities at any σ
+    are computed from them, so they are stored, never a utility."""
+
+    flow_count: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    tpt_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    tpt_sq_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    delay_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    delay_sq_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    tpt_delay_sum: Mapped[float] = mapped_column(Double, nullable=False)
+    slow_flows: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class ReportAggregate(_FlowSums, Base):
     """An aggregate exactly as received (the raw material for any later recomputation).
 
     Partitioned by ``stored_at`` (a partition per UTC day, dropped after
@@ -135,13 +149,6 @@ class ReportAggregate(Base):
     cc: Mapped[str] = _cc()
     theta_key: Mapped[str] = mapped_column(String(96), nullable=False)
     theta_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    flow_count: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    tpt_sum: Mapped[float] = mapped_column(Double, nullable=False)
-    tpt_sq_sum: Mapped[float] = mapped_column(Double, nullable=False)
-    delay_sum: Mapped[float] = mapped_column(Double, nullable=False)
-    delay_sq_sum: Mapped[float] = mapped_column(Double, nullable=False)
-    tpt_delay_sum: Mapped[float] = mapped_column(Double, nullable=False)
-    slow_flows: Mapped[int] = mapped_column(BigInteger, nullable=False)
     size_buckets: Mapped[list[int]] = mapped_column(ARRAY(BigInteger), nullable=False)
     sketch: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
     # The queueing-delay sketch; empty when the agent sent none (older agents, rows before
@@ -170,7 +177,7 @@ TRIAL_SUMS = (
 )
 
 
-class _TrialColumns:
+class _TrialColumns(_FlowSums):
     """Running sums of every aggregate for one (policy, context, θ): one point for the model.
     Rows with a ``cc`` are another CC's flows in that context (θ ''): the A/B baseline, never
     a point for the model."""
@@ -180,13 +187,6 @@ class _TrialColumns:
     context_id: Mapped[int] = mapped_column(ForeignKey("contexts.id"), nullable=False)
     cc: Mapped[str] = _cc()
     theta_key: Mapped[str] = mapped_column(String(96), nullable=False)
-    flow_count: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    tpt_sum: Mapped[float] = mapped_column(Double, nullable=False)
-    tpt_sq_sum: Mapped[float] = mapped_column(Double, nullable=False)
-    delay_sum: Mapped[float] = mapped_column(Double, nullable=False)
-    delay_sq_sum: Mapped[float] = mapped_column(Double, nullable=False)
-    tpt_delay_sum: Mapped[float] = mapped_column(Double, nullable=False)
-    slow_flows: Mapped[int] = mapped_column(BigInteger, nullable=False)
     report_count: Mapped[int] = mapped_column(BigInteger, nullable=False)
     # The start of the time bucket the flows ran in (the reports' interval ends, floored to the
     # policy's trial_bucket_hours): the history window drops whole buckets, so the old flows of

@@ -220,14 +220,21 @@ def eval_plan(
 DC_HELDOUT = scenario.load("datacenter-heldout")  # no setting was chosen on it
 
 
-def heldout_plan(tuned: dict[str, int], wan_s: float = 30, name: str = GEMINI) -> dict:
+def heldout_path(name: str) -> Scenario:
+    """Where a datapath's tuning is held out by default: GEMINI on a second cross-datacenter
+    path, DC-Vegas on a second datacenter path."""
+    return HELDOUT if name == GEMINI else DC_HELDOUT
+
+
+def heldout_plan(
+    tuned: dict[str, int], wan_s: float = 30, name: str = GEMINI, path: Scenario | None = None
+) -> dict:
     """The datapath at its (scaled) defaults and tuned, beside baselines, where no setting was
-    chosen: GEMINI on a second cross-datacenter path (HELDOUT), DC-Vegas on a second
-    datacenter path (DC_HELDOUT) and in the 40 × 4 MB incast."""
+    chosen: ``path`` (default heldout_path(name)); DC-Vegas also in the 40 × 4 MB incast."""
     arms = {name: _arm(name), f"{name}-tuned": {**_arm(name), "theta": tuned}}
     baselines = ("dctcp", "cubic") if name == GEMINI else ("dctcp", "reno", "vegas")
     arms.update({b: _arm(b) for b in baselines})
-    path = HELDOUT if name == GEMINI else DC_HELDOUT
+    path = path or heldout_path(name)
     hops = [0, 1] if path.hops else [0]
     ex: list[dict] = [
         {"label": f"load/{name}", "kind": "datapath_load", "datapath": name},
@@ -438,10 +445,12 @@ def mixed_table(exps: dict, setup: MixedSetup) -> str:
     return "\n".join(lines) + "\n"
 
 
-def heldout_table(heldout: dict, theta: dict[str, int], name: str = GEMINI) -> str:
+def heldout_table(
+    heldout: dict, theta: dict[str, int], name: str = GEMINI, path: Scenario | None = None
+) -> str:
     """The held-out boot's figures (heldout_plan)."""
     h = heldout["experiments"]
-    path = HELDOUT if name == GEMINI else DC_HELDOUT
+    path = path or heldout_path(name)
     hops = ("0", "1") if path.hops else ("0",)
     cap = min(x.rate_mbit for x in path.hops) if path.hops else path.rate_mbit or 0
     queues = " | ".join(f"hop {x} queue" for x in hops)

@@ -1,20 +1,21 @@
 """The datapaths' evaluation widened (issue #31, item 5): what ``gemini-lab datapath-tune`` and
 ``gemini-lab datapath-eval`` do not run, in the UML lab on its simulated clock.
 
-    python -m gemini_lab.datapath_sweeps {gemini-dc,dcvegas-incast,k-sweep} --out DIR
+    python -m gemini_lab.datapath_sweeps {gemini-dc,dcvegas-incast,dcvegas-query,k-sweep} --out DIR
 
 - ``gemini-dc``: Booster's planner tunes GEMINI on the datacenter path (K and H searched over
   Θ, the rest pinned at the paper's defaults scaled by s = 10, T = 50 ms included: the
   ``datapath-tune`` command pins the unscaled spec defaults, T = 5 ms, which would compare the
   tuned θ against defaults at another T); then GEMINI at its defaults and tuned beside dctcp
   and cubic on the held-out datacenter path (datacenter-heldout), which no setting was chosen on.
-- ``dcvegas-incast``: the planner tunes DC-Vegas' K_dcv with incast as its objective. Each
-  host's round is one 40 × 4 MB incast at its θ on dc-incast; what the service stores for it is
-  what an agent would report: each of the 40 short flows as one flow, its throughput its bytes
-  over its completion time, its queueing delay the smoothed RTT over the minimum at its end
-  (``incast_sums``). A retransmission timeout stretches a flow's completion, so the objective
-  sees timeouts. Held out: incasts of other sizes (20 × 4 MB, 60 × 3 MB) and the held-out
-  datacenter path's long flow, default against tuned beside dctcp, reno and vegas.
+- ``dcvegas-incast`` and ``dcvegas-query``: the planner tunes DC-Vegas' K_dcv with incast as
+  its objective. Each host's round is one 40 × 4 MB incast at its θ on dc-incast. What the
+  planner is given for it (``Objective``): ``dcvegas-incast`` what an agent reports today, each
+  of the 40 short flows as one flow (its bytes over its completion time; queueing delay the
+  smoothed RTT over the minimum at its end); ``dcvegas-query`` the query as one flow (all its
+  bytes over the slowest completion), which needs the application's query boundaries. Held
+  out: incasts of other sizes (20 × 4 MB, 60 × 3 MB) and the held-out datacenter path's long
+  flow, default against tuned beside dctcp, reno and vegas.
 - ``k-sweep``: the GEMINI paper's G4 (Fig. 8), scaled: 8 inter-datacenter flows (100 ms) through
   a datacenter switch (100 Mbit/s, 450 packets) marking at K ∈ {20, 40, 80, 160, 320}, GEMINI
   (told the switch's K) against DCTCP: throughput and queueing.
@@ -26,7 +27,10 @@ import argparse
 import json
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
+from functools import partial
 from pathlib import Path
 
 from gemini_api.sums import FlowSums
@@ -101,22 +105,42 @@ def incast_round_plan(runs: dict[str, dict[str, int]]) -> dict:
     return {"paths": [scenario.load("dc-incast").to_dict()], "experiments": ex}
 
 
-def incast_sums(result: dict, asked: dict[str, int]) -> FlowSums | None:
-    """The incast's flows as the service would store them (one flow each: bytes over its
-    completion time, Mbit/s; smoothed RTT over the minimum at its end, ms); None if it failed.
-    Refuses a result whose θ read back from the module is not the one asked."""
+class Objective(StrEnum):
+    """What the planner is given for one incast.
+
+    PER_FLOW is what Booster's service can be given today: the agent reports TCP flows, so an
+    incast is its N short flows, each at its bytes over its completion time. Their mean rewards
+    a θ whose timeouts leave a few flows late while the rest finish early at high rates; the
+    incast's goal is the query's completion (its slowest flow). QUERY gives the planner that:
+    the incast as one flow of all its bytes over the slowest completion, which an agent would
+    need the application's query boundaries to report (it has none)."""
+
+    PER_FLOW = "per-flow"
+    QUERY = "query"
+
+
+def incast_sums(result: dict, asked: dict[str, int], objective: Objective) -> FlowSums | None:
+    """The incast as the planner is given it (``objective``; queueing delay: each flow's
+    smoothed RTT over its minimum at its end, ms); None if it failed. Refuses a result whose
+    θ read back from the module is not the one asked."""
     if "error" in result or "per_flow" not in result:
         return None
     full = {**scaled_theta(DCVEGAS), **asked}
     ran = {k: result["params_ran"][k] for k in full}
     if ran != full:
         raise RuntimeError(f"the kernel ran {ran}, not the planned θ {full}")
+    done = [f for f in result["per_flow"] if "fct_ms" in f]
+    if not done:
+        return None
+    queue_ms = [(f["rtt_us"] - f["min_rtt_us"]) / US_PER_MS for f in done]
+    if objective == Objective.QUERY:
+        bits = result["bytes_each"] * 8 * len(done)
+        slowest = max(f["fct_ms"] for f in done)
+        return FlowSums.of_flow(bits / slowest / US_PER_MS, sum(queue_ms) / len(done))
     bits = result["bytes_each"] * 8
     total = FlowSums()
-    for f in result["per_flow"]:
-        if "fct_ms" in f:
-            queue_ms = (f["rtt_us"] - f["min_rtt_us"]) / US_PER_MS
-            total = total + FlowSums.of_flow(bits / f["fct_ms"] / US_PER_MS, queue_ms)
+    for f, q in zip(done, queue_ms, strict=True):
+        total = total + FlowSums.of_flow(bits / f["fct_ms"] / US_PER_MS, q)
     return total
 
 
@@ -134,7 +158,7 @@ def _incast_row(host: str, theta: dict[str, int], r: dict, sums: FlowSums | None
     }
 
 
-def tune_incast(cfg: TuneConfig, out: Path) -> dict[str, list[dict]]:
+def tune_incast(cfg: TuneConfig, out: Path, objective: Objective) -> dict[str, list[dict]]:
     """plannertune.tune's rounds with an incast as each host's run."""
     tuner = Tuner(cfg)
     name = cfg.scenarios[0]
@@ -146,7 +170,7 @@ def tune_incast(cfg: TuneConfig, out: Path) -> dict[str, list[dict]]:
         by_theta: dict[str, tuple[dict[str, int], FlowSums]] = {}
         rows = []
         for h, theta in runs.items():
-            sums = incast_sums(res[f"{name}/{h}"], theta)
+            sums = incast_sums(res[f"{name}/{h}"], theta, objective)
             rows.append(_incast_row(h, theta, res[f"{name}/{h}"], sums))
             if sums is not None and sums.flow_count:
                 key = tuner.spec.key(theta)
@@ -281,14 +305,16 @@ def cmd_gemini_dc(out: Path, command: str) -> str:
     return text + "\n" + heldout_table(held, tuned, GEMINI, path=DC_HELDOUT)
 
 
-def cmd_dcvegas_incast(out: Path, command: str) -> str:
+def cmd_dcvegas_incast(out: Path, command: str, objective: Objective) -> str:
     cfg = dcvegas_incast_config()
-    history = tune_incast(cfg, out)
+    history = tune_incast(cfg, out, objective)
     tuned = _tuned_of(history)
     held = run_plan(incast_heldout_plan(tuned), out / "heldout", backend="uml",
                     timeout_s=RUN_TIMEOUT_S)  # fmt: skip
     (out / "heldout.json").write_text(json.dumps(held, indent=1))
-    text = plannertune.render(history, cfg, command).replace("for long flows", "for incast")
+    text = plannertune.render(history, cfg, command).replace(
+        "for long flows", f"for incast ({objective} objective)"
+    )
     return "\n".join(
         [
             text,
@@ -306,8 +332,12 @@ def cmd_k_sweep(out: Path, command: str) -> str:
     return f"Command: `{command}`\n\n" + k_sweep_table(results)
 
 
-COMMANDS = {"gemini-dc": cmd_gemini_dc, "dcvegas-incast": cmd_dcvegas_incast,
-            "k-sweep": cmd_k_sweep}  # fmt: skip
+COMMANDS: dict[str, Callable[[Path, str], str]] = {
+    "gemini-dc": cmd_gemini_dc,
+    "dcvegas-incast": partial(cmd_dcvegas_incast, objective=Objective.PER_FLOW),
+    "dcvegas-query": partial(cmd_dcvegas_incast, objective=Objective.QUERY),
+    "k-sweep": cmd_k_sweep,
+}
 
 
 def main(argv: list[str] | None = None) -> None:

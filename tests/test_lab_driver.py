@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gemini_lab import driver, fleet
-from gemini_lab.vm import LabError
+from gemini_lab.vm import JOB_LOG, LabError
 
 HOSTS = {"lab-host-0": "h0", "lab-host-1": "h1"}  # host id → namespace
 BOOT_TIMEOUT_S = 60
@@ -71,11 +71,36 @@ def test_a_guest_that_failed_gives_no_reading_and_its_own_error(guest, monkeypat
         failed.results()
 
 
-def test_a_fresh_guest_dir_drops_the_last_runs_probes_readings_and_stop(tmp_path):
+def test_a_fresh_guest_dir_drops_the_last_runs_probes_readings_stop_and_job_log(tmp_path):
     old = tmp_path / "guest"
     old.mkdir()
-    stale = [f"{fleet.PROBE_PREFIX}day-0", "reading-day-0.json", driver.STOP_FILE]
+    stale = [f"{fleet.PROBE_PREFIX}day-0", "reading-day-0.json", driver.STOP_FILE, JOB_LOG]
     for name in [*stale, "paths.mmdb"]:
         (old / name).write_text("last run")
     assert driver.fresh_guest_dir(tmp_path) == old
     assert sorted(p.name for p in old.iterdir()) == ["paths.mmdb"]
+
+
+def test_the_job_start_wait_returns_once_the_guest_logs_its_job(guest, monkeypatch):
+    def boots_then_starts(plan: dict, out: Path, *, timeout_s: float, backend: str) -> dict:
+        (out / JOB_LOG).write_text("job started\n")
+        return _prober_guest(plan, out, timeout_s=timeout_s, backend=backend)
+
+    monkeypatch.setattr(driver, "run_plan", boots_then_starts)
+    booting = driver.GuestDriver({}, guest.out, BOOT_TIMEOUT_S)
+    booting.start()
+    booting.wait_job_started()
+    assert (guest.out / JOB_LOG).exists()
+    assert booting.alive()  # it returned on the log, not on the guest's end
+    booting.stop()
+
+
+def test_a_guest_that_never_started_its_job_fails_the_wait_with_its_error(guest, monkeypatch):
+    def boot_fails(plan: dict, out: Path, *, timeout_s: float, backend: str) -> dict:
+        raise LabError("the guest did not start the job within the boot timeout")
+
+    monkeypatch.setattr(driver, "run_plan", boot_fails)
+    failed = driver.GuestDriver({}, guest.out, BOOT_TIMEOUT_S)
+    failed.start()
+    with pytest.raises(RuntimeError, match=r"ended before its job started.*boot timeout"):
+        failed.wait_job_started()

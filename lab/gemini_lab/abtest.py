@@ -238,6 +238,7 @@ def _schedule(
     cfg: AbConfig,
 ) -> AbResult:
     """Agents up; then the experiment, read at its checkpoints; then stopped and read again."""
+    guest.wait_job_started()  # the deadline below is the job's, not the boot's
     _wait_reports(server.engine, hosts, guest, cfg.boot_timeout_s)
     token = auth["authorization"].removeprefix("Bearer ")
     readings, expected, schedule = {}, {}, {}

@@ -341,6 +341,7 @@ def _schedule(
     the end. Checkpoints on the way. Returns the experiment, its results, and when
     exploration was turned off."""
     check_s = cfg.check_flows * len(CHECK_BETAS) * 60  # generous: a flow takes seconds
+    run.guest.wait_job_started()  # the deadline below is the job's, not the boot's
     run.wait_reports(1, policy_id, cfg.boot_timeout_s + check_s)
     day = dt.timedelta(seconds=cfg.day_s)
     start = next_boundary(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=cfg.lead_s), cfg.day_s)

@@ -19,6 +19,7 @@ from typing import Any
 
 from gemini_lab.fleet import PROBE_PREFIX
 from gemini_lab.host import run_plan
+from gemini_lab.vm import JOB_LOG
 
 READING_TIMEOUT_S = 120
 POLL_S = 0.5
@@ -26,14 +27,15 @@ STOP_FILE = "stop"
 
 
 def fresh_guest_dir(out_dir: Path) -> Path:
-    """``out_dir``/guest, shared with the guest, without a previous run's probes, readings or
-    stop file (a stale one would answer for this run)."""
+    """``out_dir``/guest, shared with the guest, without a previous run's probes, readings,
+    stop file or job log (a stale one would answer for this run)."""
     guest_dir = out_dir / "guest"
     guest_dir.mkdir(parents=True, exist_ok=True)
     for stale in [
         *guest_dir.glob(f"{PROBE_PREFIX}*"),
         *guest_dir.glob("reading-*"),
         guest_dir / STOP_FILE,
+        guest_dir / JOB_LOG,
     ]:
         stale.unlink(missing_ok=True)
     return guest_dir
@@ -58,6 +60,16 @@ class GuestDriver:
 
     def alive(self) -> bool:
         return self.thread.is_alive()
+
+    def wait_job_started(self) -> None:
+        """Until the guest's job has started, i.e. its boot is over. The VM runner bounds the
+        boot itself (its boot timeout, a retry after a panic), so a study's deadlines for what
+        the job does count from here: a host slowed by other work stretches the boot, and the
+        boot must not eat the time the job's first steps are given."""
+        while not (self.out / JOB_LOG).exists():
+            if not self.alive():
+                raise RuntimeError(f"the guest ended before its job started: {self.box}")
+            time.sleep(POLL_S)
 
     def stop(self) -> None:
         """Tell the guest to end its flows, and wait until it has shut down."""

@@ -31,6 +31,8 @@ ETAS = (95, 80)
 OUT_OF_REGION = {"target_util": 101, "class_rtt_ratio": 1, "ai_step": 0, "max_stage": 101}
 U_ONE = 1 << 16  # the module's utilisation fixed point
 CROSS_FLAG = 1 << 31
+RECORDS_MASK = (1 << 24) - 1  # get_info's cwnd_gain: records in bits 0-23, others' % in 24-30
+OTHERS_SHIFT, OTHERS_MASK = 24, 0x7F
 WIRE_BYTES_PER_US = RATE_MBIT / 8  # the line rate in bytes per µs
 PACKET_BYTES = 1514
 
@@ -72,7 +74,7 @@ def reads(result: dict) -> list[dict]:
     """The sender's distinct INT reads: (time µs, queue bytes), one per change of its count."""
     out, seen = [], None
     for s in gear_samples(result):
-        n = (s.get("bbr_cwnd_gain") or 0) & ~CROSS_FLAG
+        n = (s.get("bbr_cwnd_gain") or 0) & RECORDS_MASK
         if n and n != seen:
             out.append({"ts_us": s["bbr_bw_lo"], "ql": s["bbr_bw_hi"], "n": n})
             seen = n
@@ -154,29 +156,56 @@ PAIR_ECN_K = 20  # the datacenter path's K (DCTCP's and GEMINI's marking, RED)
 PAIR_DURATIONS_S = (15, 20, 25)  # three runs; the simulated clock repeats a run exactly
 PAIR_BASELINES = ("gemini", "dctcp", "cubic", "bbr")
 GEAR_PAIR_THETA = {"class_rtt_ratio": 10}  # cross-DC from 20 ms (k · 2 ms); CRTT/IRTT = 20
+PAIR_SAMPLE_S = 0.25
+LONE_S = 10  # the intra-DC flow alone on the pair's bottleneck: eq. 7 must not yield there
+# The paper's WAN-bottleneck test (10 Gbit/s DC port; the cross-DC flow's WAN receiver capped at
+# 5 Gbit/s with 2 Gbit/s of background: ideal intra:cross = 7:3), rates / 100: the cross-DC
+# flow's WAN limit is its 30 Mbit/s share (the background's 20 of the 50 folded into the cap).
+WAN_LIMIT_MBIT = 30
+WAN_QUEUE = 100  # packets: one BDP of 30 Mbit/s at the 40 ms CRTT
+WAN_S = 20
+WAN_CCS = ("gear", "cubic", "bbr")
 
 
-def pair_plan(durations: tuple[int, ...] = PAIR_DURATIONS_S) -> dict:
+def _gear_pair(label: str, duration_s: float, rtts_ms: list[int], **more: object) -> dict:
+    """One ``gear_pair`` experiment on the pair's bottleneck (Gear at GEAR_PAIR_THETA)."""
+    return {
+        "label": label,
+        "kind": "gear_pair",
+        "rate_kbit": RATE_MBIT * 1000,
+        "queue_packets": PAIR_QUEUE,
+        "rtts_ms": rtts_ms,
+        "starts_s": [0] * len(rtts_ms),
+        "dc_base_rtt_us": PAIR_RTTS_MS[0] * 1000,
+        "theta": GEAR_PAIR_THETA,
+        "duration_s": duration_s,
+        "sample_s": PAIR_SAMPLE_S,
+        **more,
+    }
+
+
+def wan_plan_experiments(duration_s: float = WAN_S) -> list[dict]:
+    """The 7:3 test: intra- and cross-DC flow through the DC port, the cross-DC flow also
+    through its WAN limit; Gear and two kernel CCs through the same drop-tail queues."""
+    wan = {"flow": 1, "rate_kbit": WAN_LIMIT_MBIT * 1000, "queue_packets": WAN_QUEUE}
+    return [
+        _gear_pair(f"wan/{cc}/{duration_s}s", duration_s, PAIR_RTTS_MS, cc=cc, wan=wan)
+        for cc in WAN_CCS
+    ]
+
+
+def pair_plan(
+    durations: tuple[int, ...] = PAIR_DURATIONS_S, baselines: tuple[str, ...] = PAIR_BASELINES
+) -> dict:
     """Each CC's intra/cross pair once per duration: Gear behind the INT switch on a drop-tail
-    queue, the baselines with RED marking at K (``datapath_pair``)."""
+    queue, the baselines with RED marking at K (``datapath_pair``); Gear's intra-DC flow alone
+    on the same bottleneck; the WAN-bottleneck 7:3 test."""
     from gemini_lab.datapath_signals import gemini_extra, scaled_theta
 
-    experiments: list[dict] = []
+    experiments: list[dict] = [_gear_pair(f"lone/gear/{LONE_S}s", LONE_S, PAIR_RTTS_MS[:1])]
     for d in durations:
-        experiments.append(
-            {
-                "label": f"pair/gear/{d}s",
-                "kind": "gear_pair",
-                "rate_kbit": RATE_MBIT * 1000,
-                "queue_packets": PAIR_QUEUE,
-                "rtts_ms": PAIR_RTTS_MS,
-                "starts_s": [0, 0],
-                "dc_base_rtt_us": PAIR_RTTS_MS[0] * 1000,
-                "theta": GEAR_PAIR_THETA,
-                "duration_s": d,
-            }
-        )
-        for cc in PAIR_BASELINES:
+        experiments.append(_gear_pair(f"pair/gear/{d}s", d, PAIR_RTTS_MS))
+        for cc in baselines:
             e: dict = {
                 "label": f"pair/{cc}/{d}s",
                 "kind": "datapath_pair",
@@ -192,6 +221,7 @@ def pair_plan(durations: tuple[int, ...] = PAIR_DURATIONS_S) -> dict:
             else:
                 e["cc"] = cc
             experiments.append(e)
+    experiments += wan_plan_experiments()
     # a path whose receivers run dctcp: the guest then allows dctcp as a namespace's default,
     # which datapath_pair sets in the fairness receiver
     path = dataclasses.replace(GEAR_PATH, receiver_cc="dctcp")
@@ -237,7 +267,46 @@ def render_pairs(results: dict, command: str, date: str, commit: str) -> str:
             f"| {cc} | {min(shares):.2f}–{max(shares):.2f} | {min(intra):.1f}–{max(intra):.1f} "
             f"| {min(cross):.1f}–{max(cross):.1f} | {len(runs)} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *_lone_lines(ex), *_wan_lines(ex)]) + "\n"
+
+
+def _lone_lines(ex: dict) -> list[str]:
+    """Gear's intra-DC flow alone on the pair's bottleneck: eq. 7 must leave it at η."""
+    r = ex.get(f"lone/gear/{LONE_S}s", {})
+    if "flows" not in r:
+        return ["", f"Lone intra-DC Gear flow: error {r.get('error', 'missing')}"]
+    use = wire_utilisation(r["flows"][0])
+    return [
+        "",
+        f"Lone intra-DC Gear flow on the same bottleneck ({LONE_S} s): goodput "
+        f"{r['flows'][0]['throughput_mbps']:.1f} Mbit/s, {use:.2f} of the line on the wire "
+        f"(η = 0.95), {r['flows'][0]['retransmits']} retransmissions.",
+    ]
+
+
+def _wan_lines(ex: dict) -> list[str]:
+    """The WAN-bottleneck test: intra/cross goodput, ideal 7:3 (2.33)."""
+    lines = [
+        "",
+        f"WAN bottleneck (the paper's 7:3 test, rates / 100): the cross-DC flow also limited to "
+        f"{WAN_LIMIT_MBIT} Mbit/s ({WAN_QUEUE} packets of buffer) on its own link, {WAN_S} s, "
+        "drop-tail DC queue for every CC. Ideal intra / cross: 7 : 3 = 2.33 (65 : 30 = 2.17 "
+        "at η = 0.95).",
+        "",
+        "| CC | intra / cross | intra Mbit/s | cross Mbit/s | retransmissions intra, cross |",
+        "|---|---|---|---|---|",
+    ]
+    for cc in WAN_CCS:
+        r = ex.get(f"wan/{cc}/{WAN_S}s", {})
+        if "flows" not in r:
+            lines.append(f"| {cc} | error | | | |")
+            continue
+        intra, cross = r["flows"]
+        lines.append(
+            f"| {cc} | {pair_share(r):.2f} | {intra['throughput_mbps']:.1f} "
+            f"| {cross['throughput_mbps']:.1f} | {intra['retransmits']}, {cross['retransmits']} |"
+        )
+    return lines
 
 
 RESULTS_NAME = "gear.md"

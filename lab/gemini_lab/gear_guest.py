@@ -120,12 +120,50 @@ def exp_gear_flow(e: dict, out: Path) -> dict:
     }
 
 
+def _pair_sample(cc: str, ports: list[int], t0: float) -> dict:
+    """Each flow's sender state at one instant of the guest clock (Gear's: u, w^c, records
+    and the others' share in BBR's record; see tcp_gear.c's get_info)."""
+    from gemini_lab import fairness as fx
+    from gemini_lab.datapath_guest import _diag_in
+
+    flows = []
+    for ns, port in zip(fx.SENDERS, ports, strict=False):
+        socks = _diag_in(ns, cc, port)
+        flows.append({k: socks[-1].get(k) for k in PAIR_SAMPLE_FIELDS} if socks else {})
+    return {"t": round(time.monotonic() - t0, 3), "flows": flows}
+
+
+PAIR_SAMPLE_FIELDS = ("tcpi_snd_cwnd", "bbr_min_rtt", "bbr_pacing_gain", "bbr_cwnd_gain")
+
+
+def _wan_limit(wan: dict | None, add: bool) -> None:
+    """The WAN bottleneck of the paper's 7:3 test on flow ``wan["flow"]``'s own link: a tbf
+    at ``rate_kbit`` with ``queue_packets`` of buffer on its sender's egress (the lab's pair
+    topology has no hop that only the cross-DC flow crosses after the switch; see docs/gear.md)."""
+    from gemini_lab import fairness as fx
+    from gemini_lab.netem import WIRE_PACKET_BYTES
+
+    if not wan:
+        return
+    i = wan["flow"]
+    dev, ns = f"up{i}", fx.SENDERS[i]
+    sh("tc", "qdisc", "del", "dev", dev, "root", ns=ns, check=False)
+    if add:
+        limit = str(wan["queue_packets"] * WIRE_PACKET_BYTES)
+        burst = str(PAIR_BURST_PACKETS * WIRE_PACKET_BYTES)
+        rate = f"{wan['rate_kbit']}kbit"
+        sh("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
+           "limit", limit, ns=ns)  # fmt: skip
+
+
 def exp_gear_pair(e: dict, out: Path) -> dict:
     """Gear's micro-benchmark at the lab's scale: flows with different RTTs (``rtts_ms``: an
     intra-DC and a cross-DC one) through one bottleneck with the INT switch on it, in
     gemini_lab.fairness' shared-bottleneck namespaces (the same ones ``datapath_pair`` runs
     GEMINI and DCTCP in, there with RED marking). Flow i starts ``starts_s[i]`` after the
-    first; each flow's goodput over the run comes back."""
+    first; each flow's goodput over the run comes back, and with ``sample_s`` each sender's
+    state every ``sample_s``. ``cc`` (default gear) runs a kernel CC through the same drop-tail
+    queue instead; ``wan`` adds a WAN bottleneck on one flow's link (``_wan_limit``)."""
     from gemini_lab import fairness as fx
     from gemini_lab.experiment import _bulk
     from gemini_lab.netem import tbf_args
@@ -143,9 +181,11 @@ def exp_gear_pair(e: dict, out: Path) -> dict:
        ns=fx.ROUTER)  # fmt: skip
     extra = {"dc_base_rtt_us": e["dc_base_rtt_us"]}
     before = read_params(GEAR, tuple(extra))
-    duration_s = e["duration_s"]
+    duration_s, cc = e["duration_s"], e.get("cc", GEAR_CC)
     ports = [fx.FAIR_PORT + 10 + i for i in range(len(e["rtts_ms"]))]
+    samples: list[dict] = []
     try:
+        _wan_limit(e.get("wan"), add=True)
         (INT_PARAMS / "rate_mbit").write_text(f"{e['rate_kbit'] // 1000}\n")
         sh("sh", "-c", f"echo {fx.BOTTLENECK_IF} > {INT_PARAMS / 'dev'}", ns=fx.ROUTER)
         write_params(GEAR, {**e.get("theta", {}), **extra})
@@ -161,12 +201,16 @@ def exp_gear_pair(e: dict, out: Path) -> dict:
         for i, port in enumerate(ports):
             time.sleep(max(0.0, t0 + e["starts_s"][i] - time.monotonic()))
             length = duration_s - e["starts_s"][i]
-            clients.append(_bulk(fx.SENDERS[i], "send", fx.RECEIVER_ADDR, port, GEAR_CC, 1, length))
+            clients.append(_bulk(fx.SENDERS[i], "send", fx.RECEIVER_ADDR, port, cc, 1, length))
+        while e.get("sample_s") and any(c.poll() is None for c in clients):
+            samples.append(_pair_sample(cc, ports, t0))
+            time.sleep(e["sample_s"])
         flows = [
             {"rtt_ms": rtt, **finish_flow(srv, cli, duration_s)}
             for rtt, srv, cli in zip(e["rtts_ms"], servers, clients, strict=True)
         ]
     finally:
+        _wan_limit(e.get("wan"), add=False)
         sh("sh", "-c", f"echo > {INT_PARAMS / 'dev'}", ns=fx.ROUTER)
         write_params(GEAR, before)
-    return {"cc": GEAR_CC, "flows": flows, "params_ran": ran, "insmod": loaded}
+    return {"cc": cc, "flows": flows, "params_ran": ran, "insmod": loaded, "samples": samples}

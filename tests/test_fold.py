@@ -53,6 +53,11 @@ def totals(engine, table: str) -> tuple[float, ...]:
     return tuple(float(v) for v in row)
 
 
+def reports(engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM reports")).scalar_one())
+
+
 def same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     return all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-9) for x, y in zip(a, b, strict=True))
 
@@ -121,6 +126,7 @@ def test_retention_drops_folded_partitions_and_keeps_the_trials(owner: Running) 
     assert day not in dropped, "a partition with rows not folded yet was dropped"
     assert storage_fold.partition_name(later.date()) in created
     assert totals(engine, "report_aggregates")[-1] == 4 * len(sim.DEFAULT_CONTEXTS)
+    assert reports(engine) == 4, "reports whose aggregates are kept were deleted"
 
     owner.booster.fold_owned()
     kept = totals(engine, "trial_sums")
@@ -129,16 +135,21 @@ def test_retention_drops_folded_partitions_and_keeps_the_trials(owner: Running) 
     with engine.connect() as conn:
         assert day not in storage_fold.daily_partitions(conn)
     assert totals(engine, "report_aggregates")[-1] == 0
+    assert reports(engine) == 0, "reports past retention were kept"
     assert totals(engine, "trial_sums") == kept, "retention touched the trial sums"
     assert same(totals(engine, "trials"), kept)
     send(owner, 1, seed=7)  # today's rows now go to the default partition: still stored
     assert totals(engine, "report_aggregates")[-1] == len(sim.DEFAULT_CONTEXTS)
     fold.upkeep(later)  # not folded yet: kept
     assert totals(engine, "report_aggregates")[-1] == len(sim.DEFAULT_CONTEXTS)
+    assert reports(engine) == 1
     owner.booster.fold_owned()
     kept = totals(engine, "trial_sums")
+    fold.upkeep(datetime.now(UTC))  # folded but within retention: the report is kept
+    assert reports(engine) == 1
     fold.upkeep(later)  # folded and past retention: deleted from the default partition
     assert totals(engine, "report_aggregates")[-1] == 0
+    assert reports(engine) == 0
     assert totals(engine, "trial_sums") == kept
 
 

@@ -222,6 +222,37 @@ def purge_default(conn: Connection, today: date, retention_days: int) -> int:
     return n
 
 
+# Reports are deleted in batches of this many rows, each committed on its own, so a day's
+# worth at fleet scale never becomes one long transaction holding its row locks.
+REPORT_PURGE_BATCH = 10_000
+# A report row can go once it is past retention (its idempotency key is then forgotten: an
+# agent retrying it later would store it again) and no raw aggregate refers to it: its id is
+# below the smallest report_pk left (ids rise with time; min() reads each partition's index).
+_PURGE_REPORTS = text(
+    f"""
+DELETE FROM reports WHERE id IN (
+    SELECT id FROM reports
+    WHERE id < COALESCE((SELECT min(report_pk) FROM {PARENT}), 9223372036854775807)
+      AND received_at < :cutoff
+    ORDER BY id LIMIT :batch
+)
+"""
+)
+
+
+def purge_reports(conn: Connection, today: date, retention_days: int) -> int:
+    """Delete the reports past retention whose raw aggregates are all gone (dropped with
+    their partitions): rows deleted. Keeps ``reports`` bounded like the raw aggregates."""
+    cutoff = _midnight(today - timedelta(days=retention_days))
+    total = 0
+    while True:
+        n = conn.execute(_PURGE_REPORTS, {"cutoff": cutoff, "batch": REPORT_PURGE_BATCH}).rowcount
+        conn.commit()
+        total += n
+        if n < REPORT_PURGE_BATCH:
+            return total
+
+
 def maintain_partitions(
     engine: Engine, now: datetime, retention_days: int, days_ahead: int = 2
 ) -> tuple[list[str], list[str]] | None:
@@ -239,6 +270,8 @@ def maintain_partitions(
             dropped = drop_expired(conn, today, retention_days)
             if purge_default(conn, today, retention_days):
                 dropped.append(f"{PARENT}_default (rows past retention)")
+            if n := purge_reports(conn, today, retention_days):
+                dropped.append(f"reports ({n} rows past retention)")
             return created, dropped
         finally:
             conn.rollback()

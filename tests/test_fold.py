@@ -130,8 +130,11 @@ def test_retention_drops_folded_partitions_and_keeps_the_trials(owner: Running) 
 
     owner.booster.fold_owned()
     kept = totals(engine, "trial_sums")
-    _, dropped = fold.upkeep(later) or ([], [])
+    soon = datetime.now(UTC) + timedelta(days=3)  # past a 1-day raw retention
+    _, dropped = storage_fold.maintain_partitions(engine, soon, 1, key_days=8) or ([], [])
     assert day in dropped
+    assert reports(engine) == 4, "keys a retry could still use went with a short retention"
+    fold.upkeep(later)
     with engine.connect() as conn:
         assert day not in storage_fold.daily_partitions(conn)
     assert totals(engine, "report_aggregates")[-1] == 0

@@ -26,6 +26,12 @@ from ..storage.fold import Folded, fold_lag_s, fold_policy, maintain_partitions
 from .metrics import Metrics
 from .periodic import FirstRound, Periodic
 from .ratelimit_log import RateLimitedLog
+from .validation import MAX_REPORT_AGE_MS
+
+# A report's idempotency key is kept while a retry of it could still be accepted (validation
+# refuses reports older than MAX_REPORT_AGE_MS), plus a day for clocks that disagree: a short
+# raw retention must not let a late retry be stored twice.
+REPORT_KEY_DAYS = MAX_REPORT_AGE_MS // 86_400_000 + 1
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +76,9 @@ class FoldService(Periodic):
         another replica did it or it failed (logged; tried again at the next check)."""
         self._next_upkeep = time.monotonic() + PARTITION_CHECK_S
         try:
-            done = maintain_partitions(self.engine, now or datetime.now(UTC), self.retention_days)
+            done = maintain_partitions(
+                self.engine, now or datetime.now(UTC), self.retention_days, REPORT_KEY_DAYS
+            )
         except Exception as e:
             self._errors.warning("partition upkeep failed: %s: %s", type(e).__name__, e)
             self._next_upkeep = time.monotonic() + self.interval_s

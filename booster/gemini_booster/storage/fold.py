@@ -254,10 +254,11 @@ def purge_reports(conn: Connection, today: date, retention_days: int) -> int:
 
 
 def maintain_partitions(
-    engine: Engine, now: datetime, retention_days: int, days_ahead: int = 2
+    engine: Engine, now: datetime, retention_days: int, key_days: int, days_ahead: int = 2
 ) -> tuple[list[str], list[str]] | None:
     """Create the coming days' partitions and drop expired ones, each change committed on its
-    own, unless another replica is doing it (None then). Returns (created, dropped)."""
+    own, unless another replica is doing it (None then). Returns (created, dropped). Report
+    keys are kept ``key_days`` at least (the caller's bound on a retry's age)."""
     with engine.connect() as conn:
         lock = text("SELECT pg_try_advisory_lock(:k)")
         got = conn.execute(lock, {"k": PARTITION_LOCK}).scalar_one()
@@ -270,7 +271,7 @@ def maintain_partitions(
             dropped = drop_expired(conn, today, retention_days)
             if purge_default(conn, today, retention_days):
                 dropped.append(f"{PARENT}_default (rows past retention)")
-            if n := purge_reports(conn, today, retention_days):
+            if n := purge_reports(conn, today, max(retention_days, key_days)):
                 dropped.append(f"reports ({n} rows past retention)")
             return created, dropped
         finally:

@@ -53,6 +53,15 @@ def lab_plan(plan: dict, out: Path, backend: Backend | None = None) -> dict:
         return run_plan(plan, out, backend=backend)
 
 
+def healthy_uml_run(plan: dict, out: Path) -> dict:
+    """``plan``'s results in the UML guest, asserted to have run with no guest failure and no
+    kernel problem (warning, oops, taint) in its log."""
+    results = lab_plan(plan, out, backend="uml")
+    assert results["guest_failure"] is None, results["guest_failure"]
+    assert results["kernel_problems"] == [], results["kernel_problems"]
+    return results
+
+
 FleetRun = Callable[[Callable[[str], Settings], int, str, Path, C], R]
 
 

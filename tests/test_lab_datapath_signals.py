@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 
 from gemini_lab import datapath_signals as ds
-from tests.labkit import lab_plan
+from tests.labkit import healthy_uml_run
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -33,10 +33,7 @@ GOODPUT = 1448 / 1514
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> dict:
     plan = ds.signals_plan()
-    results = lab_plan(plan, tmp_path_factory.mktemp("dp-signals"), backend="uml")
-    assert results["guest_failure"] is None, results["guest_failure"]
-    assert results["kernel_problems"] == [], results["kernel_problems"]
-    return results
+    return healthy_uml_run(plan, tmp_path_factory.mktemp("dp-signals"))
 
 
 def _flow(lab: dict, label: str) -> dict:

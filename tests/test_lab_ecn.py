@@ -15,7 +15,7 @@ import pytest
 
 from gemini_lab import ecn, netem, scenario
 from gemini_lab.scenario import Link
-from tests.labkit import lab_plan
+from tests.labkit import healthy_uml_run
 
 WIRE = netem.WIRE_PACKET_BYTES
 
@@ -81,10 +81,7 @@ GOODPUT = 1448 / 1514  # payload per wire byte of a full-sized segment with time
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> dict:
     plan = ecn.ecn_plan()
-    results = lab_plan(plan, tmp_path_factory.mktemp("ecn"), backend="uml")
-    assert results["guest_failure"] is None, results["guest_failure"]
-    assert results["kernel_problems"] == [], results["kernel_problems"]
-    return {**results, "plan": plan}
+    return {**healthy_uml_run(plan, tmp_path_factory.mktemp("ecn")), "plan": plan}
 
 
 def _flow(lab: dict, label: str) -> dict:

@@ -64,7 +64,11 @@ def gear_plan(telemetry_s: float = 1.5, eta_s: float = 5) -> dict:
     ]
     for i, e in enumerate(experiments):
         e["port_offset"] = i
+    experiments.append(_gear_pair(f"pair/gear/{TEST_PAIR_S}s", TEST_PAIR_S, PAIR_RTTS_MS))
     return {"paths": [GEAR_PATH.to_dict()], "experiments": experiments}
+
+
+TEST_PAIR_S = 10  # test_lab_gear's intra/cross pair (the record's runs are 15-25 s)
 
 
 # --- readings -------------------------------------------------------------------------------

@@ -246,7 +246,7 @@ def render_pairs(results: dict, command: str, date: str, commit: str) -> str:
         "",
         f"Command: `{command}`  ",
         f"Date: {date}; commit {commit}; UML guest on its simulated clock (figures do not move "
-        "with host load; a run repeats exactly, so the three runs differ by their length).",
+        "with host load; two boots of one configuration are close, not identical).",
         "",
         f"One bottleneck of {RATE_MBIT} Mbit/s, {PAIR_QUEUE} packets of buffer; an intra-DC flow "
         f"with {PAIR_RTTS_MS[0]} ms RTT and a cross-DC flow with {PAIR_RTTS_MS[1]} ms RTT, started "

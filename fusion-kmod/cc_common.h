@@ -86,6 +86,15 @@ static inline u32 cc_param(const struct cc_param *p)
 	return READ_ONCE(p->val);
 }
 
+/* All of a θ table's current values, in its order (the host's θ, for cc_table_host_theta()). */
+static inline void cc_params_read(const struct cc_param *params, u32 *theta, int n)
+{
+	int i;
+
+	for (i = 0; i < n; i++)
+		theta[i] = cc_param(&params[i]);
+}
+
 /* ---- rounds ---- */
 
 struct cc_round {

@@ -33,4 +33,10 @@ enum dcvegas_theta_param {
 	X(ewma_shift, DCVEGAS_THETA_EWMA_SHIFT, 4, 0, 10, \
 	  "g (shift): α ← (1 − g)·α + g·F_dcv per window, g = 2^-shift; refused outside [0, 10], default 4") \
 
+/* netlink extack messages must outlive the call: one literal per parameter */
+#define DCVEGAS_THETA_RANGE_ERRORS { \
+	"queue_threshold outside region Theta' [1, 1000]", \
+	"ewma_shift outside region Theta' [0, 10]", \
+}
+
 #endif /* _DCVEGAS_THETA_H */

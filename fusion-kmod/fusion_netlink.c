@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * The generic netlink family "fusion" (ABI in fusion_uapi.h): installing the destination table
- * of θ profiles, reading it and the counters back, and multicasting one record per finished
- * flow on the "flows" group.
+ * A module's generic netlink family (CC_TABLE_GENL_NAME: "fusion" for tcp_fusion, ABI in
+ * fusion_uapi.h): installing the destination table of θ profiles, reading it and the counters
+ * back, and multicasting one record per finished flow on the family's "flows" group. Every
+ * module's family speaks the same ABI; only θ's length (CC_TABLE_NPARAMS) differs.
  *
  * A table write is validated as a whole before anything changes: every θ inside region Θ',
  * every prefix well formed (length within the family, no host bits) and given once, every rule
@@ -22,11 +23,11 @@
 #include <net/ipv6.h>
 #include <net/tcp.h>
 
-#include "fusion.h"
+#include "cc_table.h"
 
 static const struct nla_policy fusion_profile_policy[FUSION_PROFILE_ATTR_MAX + 1] = {
 	[FUSION_PROFILE_ATTR_ID] = { .type = NLA_U32 },
-	[FUSION_PROFILE_ATTR_THETA] = NLA_POLICY_EXACT_LEN(FUSION_THETA_NPARAMS * sizeof(u32)),
+	[FUSION_PROFILE_ATTR_THETA] = NLA_POLICY_EXACT_LEN(CC_TABLE_NPARAMS * sizeof(u32)),
 };
 
 static const struct nla_policy fusion_rule_policy[FUSION_RULE_ATTR_MAX + 1] = {
@@ -391,7 +392,7 @@ static size_t fusion_record_size(void)
 	       2 * nla_total_size(sizeof(u16)) +		/* ports */
 	       2 * nla_total_size_64bit(sizeof(u64)) +		/* bytes, duration */
 	       6 * nla_total_size(sizeof(u32)) +
-	       nla_total_size(FUSION_THETA_NPARAMS * sizeof(u32));
+	       nla_total_size(CC_TABLE_NPARAMS * sizeof(u32));
 }
 
 void fusion_endpoints_of(const struct sock *sk, struct fusion_endpoints *ends)
@@ -516,7 +517,7 @@ static const struct genl_multicast_group fusion_mcgrps[] = {
 };
 
 static struct genl_family fusion_family __ro_after_init = {
-	.name = FUSION_GENL_NAME,
+	.name = CC_TABLE_GENL_NAME,
 	.version = FUSION_GENL_VERSION,
 	.maxattr = FUSION_ATTR_MAX,
 	.policy = fusion_policy,

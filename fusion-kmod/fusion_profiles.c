@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * θ state per network namespace: the default profile behind the net.fusion.* sysctls, the
+ * θ state per network namespace: the default profile behind the net.<datapath>.* sysctls, the
  * destination table installed over netlink, and the version that changes with every θ change.
+ * Generic over θ's length (CC_TABLE_NPARAMS): each module compiles it in its
+ * <datapath>_table.c (see cc_table.h).
  *
  * Readers (a flow starting) take one RCU-protected snapshot; writers build a new object, check
  * every parameter against region Θ' first, and publish it with one pointer store. A rejected
@@ -13,16 +15,15 @@
 #include <net/ipv6.h>
 #include <net/netns/generic.h>
 
-#include "fusion.h"
+#include "cc_table.h"
 
-const u32 fusion_theta_min[FUSION_THETA_NPARAMS] = FUSION_THETA_MIN;
-const u32 fusion_theta_max[FUSION_THETA_NPARAMS] = FUSION_THETA_MAX;
-static const u32 fusion_theta_default[FUSION_THETA_NPARAMS] = FUSION_THETA_DEFAULT;
-static const char *const fusion_theta_names[FUSION_THETA_NPARAMS] = FUSION_THETA_NAMES;
+const u32 fusion_theta_min[CC_TABLE_NPARAMS] = CC_TABLE_THETA_MIN;
+const u32 fusion_theta_max[CC_TABLE_NPARAMS] = CC_TABLE_THETA_MAX;
+static const char *const fusion_theta_names[CC_TABLE_NPARAMS] = CC_TABLE_THETA_NAMES;
 
 /* proc_dointvec_minmax wants int bounds. */
-static int fusion_sysctl_min[FUSION_THETA_NPARAMS] = FUSION_THETA_MIN;
-static int fusion_sysctl_max[FUSION_THETA_NPARAMS] = FUSION_THETA_MAX;
+static int fusion_sysctl_min[CC_TABLE_NPARAMS] = CC_TABLE_THETA_MIN;
+static int fusion_sysctl_max[CC_TABLE_NPARAMS] = CC_TABLE_THETA_MAX;
 
 static unsigned int fusion_net_id __read_mostly;
 
@@ -31,14 +32,14 @@ struct fusion_net *fusion_pernet(const struct net *net)
 	return net_generic(net, fusion_net_id);
 }
 
-const char *const fusion_theta_range_errors[FUSION_THETA_NPARAMS] = FUSION_THETA_RANGE_ERRORS;
+const char *const fusion_theta_range_errors[CC_TABLE_NPARAMS] = CC_TABLE_THETA_RANGE_ERRORS;
 
 /* Index of the first parameter outside region Θ', or -1 when all are inside. */
 int fusion_theta_check(const u32 *theta)
 {
 	int i;
 
-	for (i = 0; i < FUSION_THETA_NPARAMS; i++)
+	for (i = 0; i < CC_TABLE_NPARAMS; i++)
 		if (theta[i] < fusion_theta_min[i] || theta[i] > fusion_theta_max[i])
 			return i;
 	return -1;
@@ -82,8 +83,33 @@ void fusion_profile_for(const struct sock *sk, struct fusion_profile *out)
 	t = rcu_dereference(fn->table);
 	if (t)
 		idx = fusion_lpm_lookup(&t->lpm, family, key);
-	*out = idx >= 0 ? t->profiles[idx] : *rcu_dereference(fn->dflt);
+	if (idx >= 0) {
+		*out = t->profiles[idx];
+	} else {
+		const struct fusion_default *d = rcu_dereference(fn->dflt);
+
+		*out = d->profile;
+		if (!d->own)
+			cc_table_host_theta(out->theta);
+	}
 	rcu_read_unlock();
+}
+
+/* What net.<datapath>.<param> reads: the default profile's θ, the host's until it is own. */
+static int fusion_default_value(struct fusion_net *fn, int idx)
+{
+	u32 theta[CC_TABLE_NPARAMS];
+	const struct fusion_default *d;
+	bool own;
+
+	rcu_read_lock();
+	d = rcu_dereference(fn->dflt);
+	memcpy(theta, d->profile.theta, sizeof(theta));
+	own = d->own;
+	rcu_read_unlock();
+	if (!own)
+		cc_table_host_theta(theta);
+	return theta[idx];
 }
 
 /* Linux 6.11 passes sysctl handlers their table as const. */
@@ -94,8 +120,9 @@ void fusion_profile_for(const struct sock *sk, struct fusion_profile *out)
 #endif
 
 /*
- * A write to net.fusion.<param>: bounds checked by proc_dointvec_minmax against Θ' (EINVAL and
- * no change when outside), then a new default profile is published with a new version.
+ * A write to net.<datapath>.<param>: bounds checked by proc_dointvec_minmax against Θ' (EINVAL and
+ * no change when outside), then a new default profile is published with a new version. The
+ * first write makes the default the namespace's own: the host's θ with this parameter changed.
  */
 static int fusion_sysctl_theta(FUSION_CTL_TABLE *table, int write, void *buffer,
 			       size_t *lenp, loff_t *ppos)
@@ -103,15 +130,14 @@ static int fusion_sysctl_theta(FUSION_CTL_TABLE *table, int write, void *buffer,
 	int idx = (int *)table->extra1 - fusion_sysctl_min;
 	struct fusion_net *fn = container_of((int *)table->data - idx, struct fusion_net,
 					     sysctl_theta[0]);
-	struct fusion_profile *next, *prev;
+	struct fusion_default *next, *prev;
 	struct ctl_table tmp = *table;
 	int val, err;
 
-	if (!write)
-		return proc_dointvec(table, write, buffer, lenp, ppos);
-
 	tmp.data = &val;
-	val = READ_ONCE(fn->sysctl_theta[idx]);
+	val = fusion_default_value(fn, idx);
+	if (!write)
+		return proc_dointvec(&tmp, write, buffer, lenp, ppos);
 	err = proc_dointvec_minmax(&tmp, write, buffer, lenp, ppos);
 	if (err)
 		return err;
@@ -122,8 +148,11 @@ static int fusion_sysctl_theta(FUSION_CTL_TABLE *table, int write, void *buffer,
 	mutex_lock(&fn->lock);
 	prev = rcu_dereference_protected(fn->dflt, lockdep_is_held(&fn->lock));
 	*next = *prev;
-	next->theta[idx] = val;
-	next->version = fusion_next_version(fn);
+	if (!prev->own)
+		cc_table_host_theta(next->profile.theta);
+	next->own = true;
+	next->profile.theta[idx] = val;
+	next->profile.version = fusion_next_version(fn);
 	rcu_assign_pointer(fn->dflt, next);
 	WRITE_ONCE(fn->sysctl_theta[idx], val);
 	mutex_unlock(&fn->lock);
@@ -138,10 +167,10 @@ static struct ctl_table *fusion_sysctl_template(void)
 	int i;
 
 	/* one entry per parameter, the version, and the terminator */
-	tbl = kcalloc(FUSION_THETA_NPARAMS + 2, sizeof(*tbl), GFP_KERNEL);
+	tbl = kcalloc(CC_TABLE_NPARAMS + 2, sizeof(*tbl), GFP_KERNEL);
 	if (!tbl)
 		return NULL;
-	for (i = 0; i < FUSION_THETA_NPARAMS; i++) {
+	for (i = 0; i < CC_TABLE_NPARAMS; i++) {
 		tbl[i].procname = fusion_theta_names[i];
 		tbl[i].maxlen = sizeof(int);
 		tbl[i].mode = 0644;
@@ -159,7 +188,7 @@ static struct ctl_table *fusion_sysctl_template(void)
 static int __net_init fusion_net_init(struct net *net)
 {
 	struct fusion_net *fn = fusion_pernet(net);
-	struct fusion_profile *dflt;
+	struct fusion_default *dflt;
 	int i;
 
 	mutex_init(&fn->lock);
@@ -167,21 +196,21 @@ static int __net_init fusion_net_init(struct net *net)
 	fn->sysctl_tbl = fusion_sysctl_template();
 	if (!dflt || !fn->sysctl_tbl)
 		goto fail;
-	dflt->id = FUSION_DEFAULT_PROFILE;
-	dflt->version = fusion_next_version(fn);
-	for (i = 0; i < FUSION_THETA_NPARAMS; i++) {
-		dflt->theta[i] = fusion_theta_default[i];
-		fn->sysctl_theta[i] = fusion_theta_default[i];
+	dflt->profile.id = FUSION_DEFAULT_PROFILE;
+	dflt->profile.version = fusion_next_version(fn);
+	cc_table_host_theta(dflt->profile.theta);
+	for (i = 0; i < CC_TABLE_NPARAMS; i++) {
+		fn->sysctl_theta[i] = dflt->profile.theta[i];
 		fn->sysctl_tbl[i].data = &fn->sysctl_theta[i];
 	}
-	fn->sysctl_tbl[FUSION_THETA_NPARAMS].data = &fn->sysctl_version;
+	fn->sysctl_tbl[CC_TABLE_NPARAMS].data = &fn->sysctl_version;
 	RCU_INIT_POINTER(fn->dflt, dflt);
 	/* since 6.6 a table reached through a pointer is registered with its size */
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 6, 0)
-	fn->sysctl_hdr = register_net_sysctl_sz(net, "net/fusion", fn->sysctl_tbl,
-						FUSION_THETA_NPARAMS + 1);
+	fn->sysctl_hdr = register_net_sysctl_sz(net, CC_TABLE_SYSCTL_DIR, fn->sysctl_tbl,
+						CC_TABLE_NPARAMS + 1);
 #else
-	fn->sysctl_hdr = register_net_sysctl(net, "net/fusion", fn->sysctl_tbl);
+	fn->sysctl_hdr = register_net_sysctl(net, CC_TABLE_SYSCTL_DIR, fn->sysctl_tbl);
 #endif
 	if (!fn->sysctl_hdr)
 		goto fail;

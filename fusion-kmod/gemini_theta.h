@@ -65,4 +65,18 @@ enum gemini_theta_param {
 	X(loss_decrease, GEMINI_THETA_LOSS_DECREASE, 50, 10, 90, \
 	  "β_loss (ratio in 1/100): [ours] window cut on packet loss (the paper keeps 'TCP's fast recovery'); refused outside [10, 90], default 50") \
 
+/* netlink extack messages must outlive the call: one literal per parameter */
+#define GEMINI_THETA_RANGE_ERRORS { \
+	"ecn_k outside region Theta' [1, 5000]", \
+	"delay_threshold_us outside region Theta' [100, 1000000]", \
+	"wan_decrease outside region Theta' [1, 90]", \
+	"increase_h outside region Theta' [1, 10000]", \
+	"increase_min outside region Theta' [1, 100]", \
+	"increase_max outside region Theta' [100, 100000]", \
+	"dcn_cut_max outside region Theta' [10, 99]", \
+	"scale_f_min outside region Theta' [0, 50]", \
+	"ecn_gain_shift outside region Theta' [0, 10]", \
+	"loss_decrease outside region Theta' [10, 90]", \
+}
+
 #endif /* _GEMINI_THETA_H */

@@ -32,6 +32,7 @@ class Header:
 
     datapath: str
     path: Path
+    table: bool = False  # the module carries the θ table (cc_table.h): extack messages too
 
     @property
     def prefix(self) -> str:
@@ -46,13 +47,14 @@ class Header:
         spec = self.spec()
         if self.datapath == "fusion":
             return render(spec)
-        return render_module_params(spec, self.prefix, f"api/gemini_api/specs/{self.datapath}.toml")
+        source = f"api/gemini_api/specs/{self.datapath}.toml"
+        return render_module_params(spec, self.prefix, source, self.table)
 
 
 HEADERS = (
     Header("fusion", HEADER_PATH),
-    Header("gemini", KMOD_DIR / "gemini_theta.h"),
-    Header("dcvegas", KMOD_DIR / "dcvegas_theta.h"),
+    Header("gemini", KMOD_DIR / "gemini_theta.h", table=True),
+    Header("dcvegas", KMOD_DIR / "dcvegas_theta.h", table=True),
     Header("gear", KMOD_DIR / "gear_theta.h"),
 )
 
@@ -83,6 +85,16 @@ def _tables(params: tuple[ThetaParam, ...], prefix: str) -> list[str]:
     return lines
 
 
+def _range_errors(params: tuple[ThetaParam, ...], prefix: str) -> list[str]:
+    """One netlink extack message per parameter, for a module that carries the θ table."""
+    return [
+        "/* netlink extack messages must outlive the call: one literal per parameter */",
+        f"#define {prefix}_THETA_RANGE_ERRORS {{ \\",
+        *[f'\t"{p.name} outside region Theta\' [{p.wide[0]}, {p.wide[1]}]", \\' for p in params],
+        "}",
+    ]
+
+
 def render(spec: ThetaSpec) -> str:
     """Fusion's header: the tables plus one netlink extack message per parameter."""
     params = spec.params
@@ -101,10 +113,7 @@ def render(spec: ThetaSpec) -> str:
         f"#define FUSION_THETA_SPEC_VERSION {spec.version}",
         "",
         *_tables(params, "FUSION"),
-        "/* netlink extack messages must outlive the call: one literal per parameter */",
-        "#define FUSION_THETA_RANGE_ERRORS { \\",
-        *[f'\t"{p.name} outside region Theta\' [{p.wide[0]}, {p.wide[1]}]", \\' for p in params],
-        "}",
+        *_range_errors(params, "FUSION"),
         "",
         "#endif /* _FUSION_THETA_H */",
         "",
@@ -120,8 +129,9 @@ def _param_description(p: ThetaParam) -> str:
     )
 
 
-def render_module_params(spec: ThetaSpec, prefix: str, source: str) -> str:
-    """A host-scope datapath's header: the tables plus an X-macro of its module parameters."""
+def render_module_params(spec: ThetaSpec, prefix: str, source: str, table: bool) -> str:
+    """A module-parameter datapath's header: the tables, an X-macro of its module parameters,
+    and, when the module also carries the θ table (``table``), its extack messages."""
     params = spec.params
     guard = f"_{prefix}_THETA_H"
     lines = [
@@ -149,6 +159,7 @@ def render_module_params(spec: ThetaSpec, prefix: str, source: str) -> str:
             for p in params
         ],
         "",
+        *([*_range_errors(params, prefix), ""] if table else []),
         f"#endif /* {guard} */",
         "",
     ]

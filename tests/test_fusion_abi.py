@@ -68,6 +68,14 @@ def test_kernel_theta_header_carries_names_and_wide_bounds():
         assert [int(x) for x in hi.split(",")] == [p.wide[1] for p in spec.params]
 
 
+def _module_source(datapath: str) -> Path:
+    """The congestion control's source: <name>_cc.c in a module that also compiles the θ table
+    (<name>_table.c), tcp_<name>.c in a one-source module."""
+    kmod = ROOT / "fusion-kmod"
+    composite = kmod / f"{datapath}_cc.c"
+    return composite if composite.exists() else kmod / f"tcp_{datapath}.c"
+
+
 def test_module_parameter_headers_list_every_parameter_with_its_bounds():
     """The modules' module_param_cb list (the X-macro) is where Θ' is enforced on write."""
     for header in _generator().HEADERS[1:]:
@@ -81,7 +89,7 @@ def test_module_parameter_headers_list_every_parameter_with_its_bounds():
             (p.name, p.name.upper(), str(p.default), str(p.wide[0]), str(p.wide[1]))
             for p in spec.params
         ]
-        source = (ROOT / "fusion-kmod" / f"tcp_{spec.datapath}.c").read_text()
+        source = _module_source(spec.datapath).read_text()
         assert f"{header.prefix}_THETA_PARAMS({header.prefix}_MODULE_PARAM)" in source
         assert f"&{spec.datapath}_theta[idx], 0644" in source
 

@@ -148,8 +148,8 @@ def test_dkms_package_version_is_the_modules_version():
     the same in every module of the package."""
     sources = {
         "tcp_fusion": "fusion_cc.c",
-        "tcp_gemini": "tcp_gemini.c",
-        "tcp_dcvegas": "tcp_dcvegas.c",
+        "tcp_gemini": "gemini_cc.c",
+        "tcp_dcvegas": "dcvegas_cc.c",
         "tcp_gear": "tcp_gear.c",
         "gear_int": "gear_int.c",
     }

@@ -61,11 +61,12 @@
  */
 #include <linux/inet_diag.h>
 #include <linux/module.h>
+#include <net/genetlink.h>
 #include <net/inet_ecn.h>
 #include <net/tcp.h>
 
 #include "cc_common.h"
-#include "gemini_theta.h"
+#include "gemini_table.h"
 
 #define GEMINI_F_NUM			4	/* F = 4K / (C·RTT_base + K) */
 #define GEMINI_H_UNIT			GEMINI_INCREASE_MIN_SCALE	/* θ's h in 1/100 packet */
@@ -109,11 +110,22 @@ struct gemini {
 	u16 ecn_cuts;			/* cuts with the DCN (ECN) signal */
 	u8 ecn;				/* ECN negotiated: α and the ECN signal are live */
 	u8 ece;				/* the ACK being processed carries ECN-Echo */
+	struct cc_flow *flow;		/* its θ and record; NULL: no memory, the host's θ */
 };
 
-static u32 gemini_param(enum gemini_theta_param p)
+/*
+ * The host's θ, the module parameters: what a namespace's default profile follows until one
+ * of its net.gemini.* sysctls is written (cc_table.h), and what a flow without a cc_flow runs.
+ */
+void cc_table_host_theta(u32 theta[GEMINI_THETA_NPARAMS])
 {
-	return cc_param(&gemini_theta[p]);
+	cc_params_read(gemini_theta, theta, GEMINI_THETA_NPARAMS);
+}
+
+/* θ as this flow took it when it started: its destination's profile (cc_table.h). */
+static u32 gemini_param(const struct gemini *ca, enum gemini_theta_param p)
+{
+	return ca->flow ? ca->flow->theta.theta[p] : cc_param(&gemini_theta[p]);
 }
 
 /* RTT_base, clamped so that C · RTT_base stays within the fixed-point bounds; 0 if unknown. */
@@ -129,12 +141,13 @@ static u64 gemini_bdp_bits(const struct tcp_sock *tp)
 }
 
 /* F = 4K / (C · RTT_base + K), at least F_min; in 1/CC_ALPHA_ONE. */
-static u32 gemini_scale_f(const struct tcp_sock *tp)
+static u32 gemini_scale_f(const struct gemini *ca, const struct tcp_sock *tp)
 {
-	u64 k_bits = (u64)gemini_param(GEMINI_THETA_ECN_K) * tp->mss_cache * BITS_PER_BYTE;
+	u64 k_bits = (u64)gemini_param(ca, GEMINI_THETA_ECN_K) * tp->mss_cache * BITS_PER_BYTE;
 	u32 f = div64_u64(GEMINI_F_NUM * k_bits << CC_ALPHA_SHIFT, gemini_bdp_bits(tp) + k_bits);
 
-	return max(f, cc_ratio(gemini_param(GEMINI_THETA_SCALE_F_MIN), GEMINI_SCALE_F_MIN_SCALE));
+	return max(f, cc_ratio(gemini_param(ca, GEMINI_THETA_SCALE_F_MIN),
+			       GEMINI_SCALE_F_MIN_SCALE));
 }
 
 /*
@@ -143,21 +156,23 @@ static u32 gemini_scale_f(const struct tcp_sock *tp)
  * 1 Gbit/s and 200 µs), which 1/100 would truncate by up to a half, and h ∝ RTT_base is what
  * makes flows of different RTTs share a link evenly (the paper's Theorem 2).
  */
-static u32 gemini_increase(const struct tcp_sock *tp)
+static u32 gemini_increase(const struct gemini *ca, const struct tcp_sock *tp)
 {
-	u64 h = div64_u64(gemini_bdp_bits(tp) * gemini_param(GEMINI_THETA_INCREASE_H),
+	u64 h = div64_u64(gemini_bdp_bits(tp) * gemini_param(ca, GEMINI_THETA_INCREASE_H),
 			  GEMINI_H_PER_GBIT_DENOM);
 
-	return clamp_t(u64, h, (u64)gemini_param(GEMINI_THETA_INCREASE_MIN) * GEMINI_H_FINE_PER_UNIT,
-		       (u64)gemini_param(GEMINI_THETA_INCREASE_MAX) * GEMINI_H_FINE_PER_UNIT);
+	return clamp_t(u64, h,
+		       (u64)gemini_param(ca, GEMINI_THETA_INCREASE_MIN) * GEMINI_H_FINE_PER_UNIT,
+		       (u64)gemini_param(ca, GEMINI_THETA_INCREASE_MAX) * GEMINI_H_FINE_PER_UNIT);
 }
 
 /* f_dcn = min(α · F, f_dcn,max), in 1/CC_ALPHA_ONE. */
 static u32 gemini_dcn_cut(const struct gemini *ca, const struct tcp_sock *tp)
 {
-	u32 f = cc_alpha_times(ca->alpha, gemini_scale_f(tp));
+	u32 f = cc_alpha_times(ca->alpha, gemini_scale_f(ca, tp));
 
-	return min(f, cc_ratio(gemini_param(GEMINI_THETA_DCN_CUT_MAX), GEMINI_DCN_CUT_MAX_SCALE));
+	return min(f, cc_ratio(gemini_param(ca, GEMINI_THETA_DCN_CUT_MAX),
+			       GEMINI_DCN_CUT_MAX_SCALE));
 }
 
 /* congested_wan: the latest round's least RTT exceeds RTT_base by more than T. */
@@ -166,7 +181,7 @@ static bool gemini_wan_congested(const struct gemini *ca, const struct tcp_sock 
 	u32 base = cc_base_rtt_us(tp);
 
 	return base && ca->rtt_min_us != U32_MAX &&
-	       ca->rtt_min_us > (u64)base + gemini_param(GEMINI_THETA_DELAY_THRESHOLD_US);
+	       ca->rtt_min_us > (u64)base + gemini_param(ca, GEMINI_THETA_DELAY_THRESHOLD_US);
 }
 
 /* One window cut per round trip: the latest one is over once what it saw sent is acked. */
@@ -203,6 +218,18 @@ static void gemini_init(struct sock *sk)
 	cc_ce_echo_init(&ca->echo, tp);
 	gemini_round_reset(ca, tp);
 	cmpxchg(&sk->sk_pacing_status, SK_PACING_NONE, SK_PACING_NEEDED);
+	/* the stack runs init once the flow is connected, so its destination is known */
+	ca->flow = cc_flow_start(sk);
+}
+
+/* The flow is over (or its CC replaced): its record, with the θ it ran. */
+static void gemini_release(struct sock *sk)
+{
+	struct gemini *ca = inet_csk_ca(sk);
+
+	if (ca->flow)
+		cc_flow_end(sk, ca->flow);
+	ca->flow = NULL;
 }
 
 /* End of a round: α from the round's CE fraction, and the round's least RTT becomes RTT_min. */
@@ -214,7 +241,7 @@ static void gemini_end_round(struct sock *sk, struct gemini *ca)
 		WRITE_ONCE(ca->alpha,
 			   cc_alpha_update(ca->alpha, tp->delivered_ce - ca->old_delivered_ce,
 					   tp->delivered - ca->old_delivered,
-					   gemini_param(GEMINI_THETA_ECN_GAIN_SHIFT)));
+					   gemini_param(ca, GEMINI_THETA_ECN_GAIN_SHIFT)));
 	ca->rtt_min_us = ca->round_rtt_min_us;
 	gemini_round_reset(ca, tp);
 }
@@ -235,6 +262,8 @@ static void gemini_pkts_acked(struct sock *sk, const struct ack_sample *sample)
 
 	if (sample->rtt_us > 0)
 		ca->round_rtt_min_us = min_t(u32, ca->round_rtt_min_us, sample->rtt_us);
+	if (ca->flow)
+		cc_flow_ack(sk, ca->flow, sample);
 }
 
 static void gemini_count(u16 *counter)
@@ -261,7 +290,7 @@ static u32 gemini_ssthresh(struct sock *sk)
 		gemini_count(&ca->ecn_cuts);
 	}
 	if (gemini_wan_congested(ca, tp)) {
-		f = max(f, cc_ratio(gemini_param(GEMINI_THETA_WAN_DECREASE),
+		f = max(f, cc_ratio(gemini_param(ca, GEMINI_THETA_WAN_DECREASE),
 				    GEMINI_WAN_DECREASE_SCALE));
 		gemini_count(&ca->delay_cuts);
 	}
@@ -278,7 +307,7 @@ static void gemini_react_to_loss(struct sock *sk)
 	ca->loss_cwnd = tcp_snd_cwnd(tp);
 	ca->cut_end_seq = tp->snd_nxt;
 	tp->snd_ssthresh = cc_cut(tcp_snd_cwnd(tp),
-				  cc_ratio(gemini_param(GEMINI_THETA_LOSS_DECREASE),
+				  cc_ratio(gemini_param(ca, GEMINI_THETA_LOSS_DECREASE),
 					   GEMINI_LOSS_DECREASE_SCALE));
 }
 
@@ -290,9 +319,9 @@ static void gemini_set_state(struct sock *sk, u8 new_state)
 }
 
 /* Additive increase: h packets per round trip, h/cwnd per ACK (tcp_cong_avoid_ai counts). */
-static void gemini_increase_cwnd(struct tcp_sock *tp, u32 acked)
+static void gemini_increase_cwnd(const struct gemini *ca, struct tcp_sock *tp, u32 acked)
 {
-	u64 w = div_u64((u64)tcp_snd_cwnd(tp) * GEMINI_H_FINE, gemini_increase(tp));
+	u64 w = div_u64((u64)tcp_snd_cwnd(tp) * GEMINI_H_FINE, gemini_increase(ca, tp));
 
 	tcp_cong_avoid_ai(tp, clamp_t(u64, w, 1, U32_MAX), acked);
 }
@@ -319,7 +348,7 @@ static void gemini_cong_avoid(struct sock *sk, u32 ack, u32 acked)
 		if (!acked)
 			return;
 	}
-	gemini_increase_cwnd(tp, acked);
+	gemini_increase_cwnd(ca, tp, acked);
 }
 
 static void gemini_cwnd_event(struct sock *sk, enum tcp_ca_event ev)
@@ -372,8 +401,8 @@ static size_t gemini_bbr_info(struct sock *sk, int *attr, union tcp_cc_info *inf
 	info->bbr.bbr_bw_lo = ca->rtt_min_us == U32_MAX ? 0 : ca->rtt_min_us;
 	info->bbr.bbr_bw_hi = (u32)ca->delay_cuts << GEMINI_INFO_CUTS_SHIFT | ca->ecn_cuts;
 	info->bbr.bbr_min_rtt = cc_base_rtt_us(tp);
-	info->bbr.bbr_pacing_gain = gemini_scale_f(tp);
-	info->bbr.bbr_cwnd_gain = gemini_increase(tp) / GEMINI_H_FINE_PER_UNIT;
+	info->bbr.bbr_pacing_gain = gemini_scale_f(ca, tp);
+	info->bbr.bbr_cwnd_gain = gemini_increase(ca, tp) / GEMINI_H_FINE_PER_UNIT;
 	*attr = INET_DIAG_BBRINFO;
 	return sizeof(info->bbr);
 }
@@ -390,6 +419,7 @@ static struct tcp_congestion_ops gemini_cong_ops __read_mostly = {
 	.owner		= THIS_MODULE,
 	.flags		= TCP_CONG_NEEDS_ECN,
 	.init		= gemini_init,
+	.release	= gemini_release,
 	.ssthresh	= gemini_ssthresh,
 	.cong_avoid	= gemini_cong_avoid,
 	.set_state	= gemini_set_state,
@@ -404,12 +434,12 @@ static int __init gemini_register(void)
 {
 	BUILD_BUG_ON(sizeof(struct gemini) > ICSK_CA_PRIV_SIZE);
 	BUILD_BUG_ON(GEMINI_INCREASE_MIN_SCALE != GEMINI_INCREASE_MAX_SCALE);
-	return tcp_register_congestion_control(&gemini_cong_ops);
+	return cc_table_init(&gemini_cong_ops);
 }
 
 static void __exit gemini_unregister(void)
 {
-	tcp_unregister_congestion_control(&gemini_cong_ops);
+	cc_table_exit(&gemini_cong_ops);
 }
 
 module_init(gemini_register);
@@ -419,3 +449,4 @@ MODULE_AUTHOR("Gemini");
 MODULE_LICENSE("GPL");
 MODULE_DESCRIPTION("GEMINI: ECN and delay congestion control for cross-datacenter networks");
 MODULE_VERSION("0.1.0");
+MODULE_ALIAS_GENL_FAMILY(GEMINI_GENL_NAME);

@@ -41,10 +41,11 @@
  */
 #include <linux/inet_diag.h>
 #include <linux/module.h>
+#include <net/genetlink.h>
 #include <net/tcp.h>
 
 #include "cc_common.h"
-#include "dcvegas_theta.h"
+#include "dcvegas_table.h"
 
 #define DCVEGAS_INCREASE_PKTS	1	/* per round without a congested sample */
 #define DCVEGAS_CUT_SHIFT	1	/* the cut is w · α / 2 */
@@ -63,11 +64,22 @@ struct dcvegas {
 	struct cc_round round;
 	u32 acks;			/* ACKs with an RTT sample this round */
 	u32 acks_over;			/* ...of which with q > K_dcv */
+	struct cc_flow *flow;		/* its θ and record; NULL: no memory, the host's θ */
 };
 
-static u32 dcvegas_param(enum dcvegas_theta_param p)
+/*
+ * The host's θ, the module parameters: what a namespace's default profile follows until one
+ * of its net.dcvegas.* sysctls is written (cc_table.h), and what a flow without a cc_flow runs.
+ */
+void cc_table_host_theta(u32 theta[DCVEGAS_THETA_NPARAMS])
 {
-	return cc_param(&dcvegas_theta[p]);
+	cc_params_read(dcvegas_theta, theta, DCVEGAS_THETA_NPARAMS);
+}
+
+/* θ as this flow took it when it started: its destination's profile (cc_table.h). */
+static u32 dcvegas_param(const struct dcvegas *ca, enum dcvegas_theta_param p)
+{
+	return ca->flow ? ca->flow->theta.theta[p] : cc_param(&dcvegas_theta[p]);
 }
 
 static void dcvegas_round_reset(struct dcvegas *ca, const struct tcp_sock *tp)
@@ -83,27 +95,42 @@ static void dcvegas_init(struct sock *sk)
 
 	ca->alpha = CC_ALPHA_FINE_ONE;	/* as DCTCP: the first congested round halves */
 	dcvegas_round_reset(ca, tcp_sk(sk));
+	/* the stack runs init once the flow is connected, so its destination is known */
+	ca->flow = cc_flow_start(sk);
+}
+
+/* The flow is over (or its CC replaced): its record, with the θ it ran. */
+static void dcvegas_release(struct sock *sk)
+{
+	struct dcvegas *ca = inet_csk_ca(sk);
+
+	if (ca->flow)
+		cc_flow_end(sk, ca->flow);
+	ca->flow = NULL;
 }
 
 /* Eq. 1 against K_dcv: q = w · (RTT − RTT_min) / RTT > K, compared without dividing. */
-static bool dcvegas_queue_over(const struct tcp_sock *tp, u32 rtt_us)
+static bool dcvegas_queue_over(const struct dcvegas *ca, const struct tcp_sock *tp,
+			       u32 rtt_us)
 {
 	u32 base = cc_base_rtt_us(tp);
 
 	if (!base || rtt_us <= base)
 		return false;
 	return (u64)tcp_snd_cwnd(tp) * (rtt_us - base) >
-	       (u64)dcvegas_param(DCVEGAS_THETA_QUEUE_THRESHOLD) * rtt_us;
+	       (u64)dcvegas_param(ca, DCVEGAS_THETA_QUEUE_THRESHOLD) * rtt_us;
 }
 
 static void dcvegas_pkts_acked(struct sock *sk, const struct ack_sample *sample)
 {
 	struct dcvegas *ca = inet_csk_ca(sk);
 
+	if (ca->flow)
+		cc_flow_ack(sk, ca->flow, sample);
 	if (sample->rtt_us <= 0)
 		return;
 	ca->acks++;
-	if (dcvegas_queue_over(tcp_sk(sk), sample->rtt_us))
+	if (dcvegas_queue_over(ca, tcp_sk(sk), sample->rtt_us))
 		ca->acks_over++;
 }
 
@@ -116,7 +143,7 @@ static void dcvegas_end_round(struct sock *sk, struct dcvegas *ca)
 	if (ca->acks)
 		WRITE_ONCE(ca->alpha,
 			   cc_alpha_update(ca->alpha, ca->acks_over, ca->acks,
-					   dcvegas_param(DCVEGAS_THETA_EWMA_SHIFT)));
+					   dcvegas_param(ca, DCVEGAS_THETA_EWMA_SHIFT)));
 	if (ca->acks_over) {
 		cwnd = cc_cut(cwnd, cc_alpha_frac(ca->alpha) >> DCVEGAS_CUT_SHIFT);
 		tcp_snd_cwnd_set(tp, cwnd);
@@ -171,6 +198,7 @@ static struct tcp_congestion_ops dcvegas_cong_ops __read_mostly = {
 	.name		= "dcvegas",
 	.owner		= THIS_MODULE,
 	.init		= dcvegas_init,
+	.release	= dcvegas_release,
 	.ssthresh	= tcp_reno_ssthresh,
 	.undo_cwnd	= tcp_reno_undo_cwnd,
 	.cong_avoid	= dcvegas_cong_avoid,
@@ -183,12 +211,12 @@ static struct tcp_congestion_ops dcvegas_cong_ops __read_mostly = {
 static int __init dcvegas_register(void)
 {
 	BUILD_BUG_ON(sizeof(struct dcvegas) > ICSK_CA_PRIV_SIZE);
-	return tcp_register_congestion_control(&dcvegas_cong_ops);
+	return cc_table_init(&dcvegas_cong_ops);
 }
 
 static void __exit dcvegas_unregister(void)
 {
-	tcp_unregister_congestion_control(&dcvegas_cong_ops);
+	cc_table_exit(&dcvegas_cong_ops);
 }
 
 module_init(dcvegas_register);
@@ -198,3 +226,4 @@ MODULE_AUTHOR("Gemini");
 MODULE_LICENSE("GPL");
 MODULE_DESCRIPTION("DC-Vegas: DCTCP-style congestion control on a Vegas queue estimate, no ECN");
 MODULE_VERSION("0.1.0");
+MODULE_ALIAS_GENL_FAMILY(DCVEGAS_GENL_NAME);

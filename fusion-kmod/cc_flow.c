@@ -5,12 +5,14 @@
  * record's ledger, so each flow gets a struct cc_flow from a cache, and the private area keeps
  * a pointer to it.
  *
- *   cc_flow_start()  when the flow starts: its destination's profile (cc_table.h) and its
- *                    endpoints; NULL when there is no memory (counted in "nostate"; the flow
- *                    then runs the host's θ and sends no record);
- *   cc_flow_ack()    on each ACK with an RTT sample: the ledger;
- *   cc_flow_end()    when the flow is released: its record, with the θ it ran, on the
- *                    module's "flows" group (fusion_record_emit()); the cc_flow is freed.
+ *   cc_flow_start()    when the flow starts: its destination's profile (cc_table.h) and
+ *                      its endpoints; NULL when there is no memory (counted in "nostate";
+ *                      the flow then runs the host's θ and sends no record);
+ *   cc_flow_ack()      on each ACK: the ledger;
+ *   cc_flow_release()  the congestion control's .release, for a private state that starts
+ *                      with its struct cc_flow pointer: the flow's record, with the θ it
+ *                      ran, on the module's "flows" group (fusion_record_emit()); the
+ *                      cc_flow is freed.
  *
  * cc_table_init() and cc_table_exit() bring such a module up and down in the one order that
  * is safe: the cache, the namespaces' θ and the family before the congestion control, which
@@ -93,10 +95,16 @@ void cc_flow_ack(struct sock *sk, struct cc_flow *f, const struct ack_sample *sa
 	}
 }
 
-void cc_flow_end(struct sock *sk, struct cc_flow *f)
+void cc_flow_release(struct sock *sk)
 {
+	struct cc_flow **slot = inet_csk_ca(sk);
+	struct cc_flow *f = *slot;
 	const struct tcp_sock *tp = tcp_sk(sk);
-	struct fusion_record rec = {
+	struct fusion_record rec;
+
+	if (!f)
+		return;		/* never started, or no memory */
+	rec = (struct fusion_record) {
 		.ends = f->ends,
 		.bytes_acked = max(tp->bytes_acked, f->bytes_acked),
 		.duration_us = f->last_ack_us - f->start_us,
@@ -111,4 +119,5 @@ void cc_flow_end(struct sock *sk, struct cc_flow *f)
 	memcpy(rec.theta, f->theta.theta, sizeof(rec.theta));
 	fusion_record_emit(sk, &rec);
 	kmem_cache_free(cc_flow_cache, f);
+	*slot = NULL;
 }

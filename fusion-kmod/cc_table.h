@@ -165,6 +165,6 @@ int cc_table_init(struct tcp_congestion_ops *ops);
 void cc_table_exit(struct tcp_congestion_ops *ops);
 struct cc_flow *cc_flow_start(struct sock *sk);
 void cc_flow_ack(struct sock *sk, struct cc_flow *f, const struct ack_sample *sample);
-void cc_flow_end(struct sock *sk, struct cc_flow *f);
+void cc_flow_release(struct sock *sk);
 
 #endif /* _CC_TABLE_H */

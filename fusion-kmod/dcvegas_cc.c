@@ -60,11 +60,12 @@ static struct cc_param dcvegas_theta[DCVEGAS_THETA_NPARAMS] = {
 DCVEGAS_THETA_PARAMS(DCVEGAS_MODULE_PARAM)
 
 struct dcvegas {
+	struct cc_flow *flow;		/* first (cc_flow_release()): its θ and record; NULL: no
+					 * memory, the host's θ */
 	u32 alpha;			/* EWMA of the congested fraction, 1/CC_ALPHA_FINE_ONE */
 	struct cc_round round;
 	u32 acks;			/* ACKs with an RTT sample this round */
 	u32 acks_over;			/* ...of which with q > K_dcv */
-	struct cc_flow *flow;		/* its θ and record; NULL: no memory, the host's θ */
 };
 
 /*
@@ -99,15 +100,6 @@ static void dcvegas_init(struct sock *sk)
 	ca->flow = cc_flow_start(sk);
 }
 
-/* The flow is over (or its CC replaced): its record, with the θ it ran. */
-static void dcvegas_release(struct sock *sk)
-{
-	struct dcvegas *ca = inet_csk_ca(sk);
-
-	if (ca->flow)
-		cc_flow_end(sk, ca->flow);
-	ca->flow = NULL;
-}
 
 /* Eq. 1 against K_dcv: q = w · (RTT − RTT_min) / RTT > K, compared without dividing. */
 static bool dcvegas_queue_over(const struct dcvegas *ca, const struct tcp_sock *tp,
@@ -198,7 +190,7 @@ static struct tcp_congestion_ops dcvegas_cong_ops __read_mostly = {
 	.name		= "dcvegas",
 	.owner		= THIS_MODULE,
 	.init		= dcvegas_init,
-	.release	= dcvegas_release,
+	.release	= cc_flow_release,
 	.ssthresh	= tcp_reno_ssthresh,
 	.undo_cwnd	= tcp_reno_undo_cwnd,
 	.cong_avoid	= dcvegas_cong_avoid,
@@ -211,6 +203,7 @@ static struct tcp_congestion_ops dcvegas_cong_ops __read_mostly = {
 static int __init dcvegas_register(void)
 {
 	BUILD_BUG_ON(sizeof(struct dcvegas) > ICSK_CA_PRIV_SIZE);
+	BUILD_BUG_ON(offsetof(struct dcvegas, flow) != 0);	/* cc_flow_release() */
 	return cc_table_init(&dcvegas_cong_ops);
 }
 

@@ -97,6 +97,8 @@ module_param_cb(capacity_mbit, &cc_param_ops, &gemini_capacity, 0644);
 MODULE_PARM_DESC(capacity_mbit, "C (Mbit/s): bottleneck capacity in F and h; not searched");
 
 struct gemini {
+	struct cc_flow *flow;		/* first (cc_flow_release()): its θ and record; NULL: no
+					 * memory, the host's θ */
 	u32 alpha;			/* fraction of CE-marked packets, 1/CC_ALPHA_FINE_ONE */
 	u32 old_delivered;		/* tp->delivered at the round's start */
 	u32 old_delivered_ce;		/* tp->delivered_ce at the round's start */
@@ -110,7 +112,6 @@ struct gemini {
 	u16 ecn_cuts;			/* cuts with the DCN (ECN) signal */
 	u8 ecn;				/* ECN negotiated: α and the ECN signal are live */
 	u8 ece;				/* the ACK being processed carries ECN-Echo */
-	struct cc_flow *flow;		/* its θ and record; NULL: no memory, the host's θ */
 };
 
 /*
@@ -222,15 +223,6 @@ static void gemini_init(struct sock *sk)
 	ca->flow = cc_flow_start(sk);
 }
 
-/* The flow is over (or its CC replaced): its record, with the θ it ran. */
-static void gemini_release(struct sock *sk)
-{
-	struct gemini *ca = inet_csk_ca(sk);
-
-	if (ca->flow)
-		cc_flow_end(sk, ca->flow);
-	ca->flow = NULL;
-}
 
 /* End of a round: α from the round's CE fraction, and the round's least RTT becomes RTT_min. */
 static void gemini_end_round(struct sock *sk, struct gemini *ca)
@@ -419,7 +411,7 @@ static struct tcp_congestion_ops gemini_cong_ops __read_mostly = {
 	.owner		= THIS_MODULE,
 	.flags		= TCP_CONG_NEEDS_ECN,
 	.init		= gemini_init,
-	.release	= gemini_release,
+	.release	= cc_flow_release,
 	.ssthresh	= gemini_ssthresh,
 	.cong_avoid	= gemini_cong_avoid,
 	.set_state	= gemini_set_state,
@@ -433,6 +425,7 @@ static struct tcp_congestion_ops gemini_cong_ops __read_mostly = {
 static int __init gemini_register(void)
 {
 	BUILD_BUG_ON(sizeof(struct gemini) > ICSK_CA_PRIV_SIZE);
+	BUILD_BUG_ON(offsetof(struct gemini, flow) != 0);	/* cc_flow_release() */
 	BUILD_BUG_ON(GEMINI_INCREASE_MIN_SCALE != GEMINI_INCREASE_MAX_SCALE);
 	return cc_table_init(&gemini_cong_ops);
 }

@@ -182,3 +182,27 @@ def test_flow_record_fast_parser_agrees_with_pyroute2():
     records = list(fusion_genl._records_in(data + other + data, 0x1F))
     assert records == [decoded, decoded]
     assert list(fusion_genl._records_in(data, 0x20)) == []  # another family's message
+
+
+TABLE_MODULES = {"fusion": "fusion.h", "gemini": "gemini_table.h", "dcvegas": "dcvegas_table.h"}
+
+
+def test_each_module_compiles_its_own_copy_of_the_table_under_its_own_names():
+    """One table source, an object per module (Kbuild), and per module its own generic netlink
+    family and net.<name> sysctl directory, named after the datapath (docs/datapaths.md)."""
+    kmod = ROOT / "fusion-kmod"
+    kbuild = (kmod / "Kbuild").read_text()
+    for name, header in TABLE_MODULES.items():
+        assert re.search(rf"^tcp_{name}-y := {name}_cc\.o {name}_table\.o$", kbuild, re.M), name
+        wrapper = (kmod / f"{name}_table.c").read_text()
+        for shared in ("fusion_lpm.c", "fusion_profiles.c", "fusion_netlink.c"):
+            assert f'#include "{shared}"' in wrapper, (name, shared)
+        text = (kmod / header).read_text()
+        assert re.search(r'#define CC_TABLE_SYSCTL_DIR\s+"net/' + name + '"', text), name
+        family = re.search(r"#define CC_TABLE_GENL_NAME\s+(\w+)", text)
+        assert family, name
+        assert re.search(rf'#define {family.group(1)}\s+"{name}"', text + _uapi()), name
+
+
+def _uapi() -> str:
+    return (ROOT / "fusion-kmod" / "fusion_uapi.h").read_text()

@@ -90,7 +90,7 @@ for _ in range(int(sys.argv[2])):
 
 # In the sender's namespace: the sysctls, the family, two flows, the records.
 SENDER = r"""
-import json, select, socket, struct, sys, time
+import json, os, socket, struct, sys, time
 from pyroute2 import DiagSocket, GenericNetlinkSocket
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
@@ -184,13 +184,18 @@ out["read_back"] = [
 ]
 
 out["flows"] = {addr: flow(addr) for addr in (plan["rule_addr"], plan["default_addr"])}
+# each record is one datagram: read them straight from the socket (pyroute2's get() buffers
+# what it read beyond the first message out of sight of a timeout)
+raw = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 16, fileno=os.dup(records.fileno()))
+raw.settimeout(1.0)
 recs, deadline = [], time.time() + 120  # a loaded TCG guest tears sockets down slowly
 while len(recs) < 2 and time.time() < deadline:
-    if not select.select([records], [], [], 1.0)[0]:
+    try:
+        m = fusion_msg(raw.recv(65536))
+    except socket.timeout:
         continue
-    for m in records.get():
-        if m["cmd"] != 4:
-            continue
+    m.decode()
+    if m["cmd"] == 4:
         recs.append({
             "daddr": socket.inet_ntoa(m.get_attr("FUSION_ATTR_REC_DADDR")),
             "sport": m.get_attr("FUSION_ATTR_REC_SPORT"),
@@ -200,6 +205,7 @@ while len(recs) < 2 and time.time() < deadline:
             "theta": list(struct.unpack("=%dI" % len(names),
                                         m.get_attr("FUSION_ATTR_REC_THETA"))),
         })
+raw.close()
 out["records"] = recs
 replies, _ = request(nl, 3, [])
 out["stats"] = {k: replies[0].get_attr("FUSION_ATTR_STAT_" + k.upper())

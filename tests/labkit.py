@@ -5,6 +5,9 @@ their own."""
 
 from __future__ import annotations
 
+import json
+import shlex
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,8 +16,8 @@ from typing import TypeVar
 import pytest
 
 from gemini_booster.config import Settings
-from gemini_lab.host import Backend, run_plan
-from gemini_lab.vm import GuestKernel, LabError, find_kernel
+from gemini_lab.host import Backend, kernel_problems, run_plan
+from gemini_lab.vm import GuestKernel, LabError, find_kernel, run_in_guest
 from tests.conftest import OPERATOR, free_port, lab_fleet_settings, new_database
 
 C = TypeVar("C")
@@ -71,3 +74,32 @@ def fleet_run(run: FleetRun[C, R], pg_admin_url: str, out: Path, cfg: C) -> R:
     guest_kernel()
     settings = lab_fleet_settings(new_database(pg_admin_url))
     return run(settings, free_port(), OPERATOR, out, cfg)
+
+
+def run_guest_job(
+    out: Path, kernel: GuestKernel, job: str, kmod_dir: Path, plan: dict, timeout_s: float = 900
+) -> dict:
+    """Run ``job`` (a Python script: ``job.py <kmod_dir> <plan.json> <results.json>``) in a qemu
+    guest and return its results, with the guest's rc, the job log's tail and the kernel's
+    problems (warnings, oopses) from dmesg and the console; skipped where the lab is missing."""
+    (out / "job.py").write_text(job)
+    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    command = " ".join(
+        [
+            shlex.quote(sys.executable),
+            '"$GEMINI_LAB_OUT/job.py"',
+            shlex.quote(str(kmod_dir)),
+            '"$GEMINI_LAB_OUT/plan.json"',
+            '"$GEMINI_LAB_OUT/results.json"',
+        ]
+    )
+    with skip_if_lab_missing():
+        run = run_in_guest(command, out, kernel=kernel, timeout_s=timeout_s)
+    results_path = out / "results.json"
+    job_log = (out / "job.log").read_text() if (out / "job.log").exists() else ""
+    assert results_path.exists(), f"no results (rc {run.returncode}):\n{job_log[-4000:]}"
+    results = json.loads(results_path.read_text())
+    results["guest_rc"] = run.returncode
+    results["job_log"] = job_log[-4000:]
+    results["kernel_problems"] = kernel_problems(run.dmesg + "\n" + run.console)
+    return results

@@ -21,18 +21,16 @@ lab tests need (lab/install-deps.sh); without it the tests skip and say what is 
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
-import sys
 from pathlib import Path
 
 import pytest
 
 from gemini_api.theta import SPECS_DIR, ThetaSpec, load_spec
-from gemini_lab.host import KMOD_DIR, build_module, kernel_problems
-from gemini_lab.vm import LabError, find_kernel, run_in_guest
+from gemini_lab.host import KMOD_DIR, build_module
+from gemini_lab.vm import LabError, find_kernel
+from tests.labkit import run_guest_job
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -264,31 +262,7 @@ def lab(tmp_path_factory) -> dict:
     for name in MODULES:
         assert (kmod_dir / f"tcp_{name}.ko").is_file(), f"no tcp_{name}.ko in {kmod_dir}"
     out = tmp_path_factory.mktemp("lab-datapaths")
-    (out / "job.py").write_text(GUEST_JOB)
-    (out / "plan.json").write_text(json.dumps(_plan(), indent=1))
-    command = " ".join(
-        [
-            shlex.quote(sys.executable),
-            '"$GEMINI_LAB_OUT/job.py"',
-            shlex.quote(str(kmod_dir)),
-            '"$GEMINI_LAB_OUT/plan.json"',
-            '"$GEMINI_LAB_OUT/results.json"',
-        ]
-    )
-    try:
-        run = run_in_guest(command, out, kernel=kernel, timeout_s=900)
-    except LabError as exc:
-        if "missing" in str(exc):
-            pytest.skip(str(exc))
-        raise
-    results_path = out / "results.json"
-    job_log = (out / "job.log").read_text() if (out / "job.log").exists() else ""
-    assert results_path.exists(), f"no results (rc {run.returncode}):\n{job_log[-4000:]}"
-    results = json.loads(results_path.read_text())
-    results["guest_rc"] = run.returncode
-    results["job_log"] = job_log[-4000:]
-    results["kernel_problems"] = kernel_problems(run.dmesg + "\n" + run.console)
-    return results
+    return run_guest_job(out, kernel, GUEST_JOB, kmod_dir, _plan())
 
 
 def _module(lab: dict, name: str) -> dict:

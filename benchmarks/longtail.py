@@ -333,7 +333,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--first-seed", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--landscapes", nargs="*", default=[*TUNING, *HELD_OUT])
+    # Default: every landscape, or none when only merging saved runs (--merge without
+    # --landscapes prints their table without running anything again).
+    ap.add_argument("--landscapes", nargs="*", default=None)
     ap.add_argument("--methods", nargs="*", default=list(METHOD_NAMES))
     ap.add_argument("--fixed-explorers", action="store_true")
     ap.add_argument("--label", default="")
@@ -342,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--output", type=Path)
     args = ap.parse_args(argv)
     args.label = f" ({args.label})" if args.label else ""
+    if args.landscapes is None:
+        args.landscapes = [] if args.merge else [*TUNING, *HELD_OUT]
     parts = [json.loads(p.read_text()) for p in args.merge]
     inputs = inputs_fingerprint()
     check_same_inputs([*parts, {"inputs": inputs}])

@@ -52,3 +52,23 @@ def test_runs_saved_from_different_specs_or_sources_are_not_merged():
             assert "different θ specs or benchmark sources" in str(refusal)
         else:
             raise AssertionError(f"merged {other} with {here}")
+
+
+def test_merge_alone_prints_the_saved_runs_without_running_any(tmp_path, monkeypatch, capsys):
+    """``--merge`` without ``--landscapes`` is a report of saved runs: it must not spend hours
+    running every default landscape again before merging."""
+    import benchmarks.longtail as longtail
+
+    saved = tmp_path / "run.json"
+    one_short_run = ["--landscapes", "fleet-a", "--methods", "tpe", "--seeds", "1", "--rounds", "2"]
+    longtail.main([*one_short_run, "--save-json", str(saved)])
+    capsys.readouterr()
+
+    def no_simulation(*args, **kwargs):
+        raise AssertionError("--merge alone ran a simulation")
+
+    monkeypatch.setattr(longtail, "simulate", no_simulation)
+    longtail.main(["--merge", str(saved), "--rounds", "2"])
+    printed = capsys.readouterr().out
+    assert "Tuning landscape: fleet-a" in printed
+    assert "fleet-b" not in printed and "fleet-c" not in printed

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from gemini_api.datapaths import Apply, registry
-from gemini_lab import gear
+from gemini_lab import gear, gear_tune
 
 from . import test_new_datapaths as nd
 
@@ -70,3 +70,46 @@ def test_reads_count_each_record_once_and_unwrap_the_clock() -> None:
         x["now_us"] %= wrap
     assert [r["n"] for r in gear.reads({"samples": s})] == [1, 2]
     assert gear.unwrap(30, wrap - 10) == wrap + 30
+
+
+# --- Booster-tuned Gear: the objective and the held-out comparison (gemini_lab.gear_tune) -------
+
+
+def _pair(intra: float, cross: float, delay_ms: float = 2.0) -> dict:
+    flow = {"queue_delay_ms": delay_ms, "retransmits": 0}
+    return {"flows": [{**flow, "throughput_mbps": intra}, {**flow, "throughput_mbps": cross}]}
+
+
+def test_fair_goodput_rewards_an_even_share_and_a_full_link() -> None:
+    starved, lopsided, even = _pair(90, 2), _pair(60, 30), _pair(45, 45)
+    fair = [gear_tune.fair_goodput(r) for r in (starved, lopsided, even)]
+    assert fair == [4, 60, 90]  # same 90-92 Mbit/s in all three: only the share differs
+    assert gear_tune.fair_goodput(_pair(30, 30)) < fair[2]  # even but half the link: less
+    row = gear_tune.pair_row(lopsided)
+    assert (row["share"], row["total_mbps"], row["queue_ms"]) == (2.0, 90, 2.0)
+
+
+def test_the_held_out_boot_runs_defaults_and_tuned_on_a_port_not_tuned_on() -> None:
+    tuned = {"target_util": 90, "class_rtt_ratio": 10, "ai_step": 250, "max_stage": 3}
+    plan = gear_tune.heldout_plan(tuned)
+    ex = plan["experiments"]
+    assert {e["rate_kbit"] for e in ex} == {gear_tune.HELDOUT_PAIR.rate_mbit * 1000}
+    assert gear_tune.HELDOUT_PAIR != gear_tune.TUNE_PAIR
+    assert [e["theta"] for e in ex] == [gear_tune.default_theta()] * 3 + [tuned] * 3
+    assert gear_tune.default_theta() == {
+        **registry().get(GEAR).spec.default(),
+        "class_rtt_ratio": 10,
+    }
+    runs = {(e["duration_s"], e["starts_s"][1]) for e in ex}
+    assert len(runs) == len(gear_tune.HELDOUT_RUNS) >= 3  # the runs differ
+
+
+def test_the_held_out_verdict_is_a_tie_where_the_spans_overlap() -> None:
+    assert gear_tune.verdict({"default": (50, 60), "tuned": (58, 70)}).startswith("A tie")
+    assert gear_tune.verdict({"default": (50, 60), "tuned": (61, 70)}).startswith("Tuned better")
+    assert gear_tune.verdict({"default": (50, 60), "tuned": (40, 49)}).startswith("Tuned worse")
+    held = {"experiments": {"p/default/12s": _pair(60, 30), "p/tuned/12s": _pair(45, 44),
+                            "p/tuned/15s": {"error": "boom"}}}  # fmt: skip
+    table = gear_tune.heldout_table(held, {}, 0.1)
+    assert "| default | 1 | 2.00–2.00 | 60.0–60.0 |" in table
+    assert "| tuned | 1 | 1.02–1.02 | 88.0–88.0 |" in table and "Tuned better" in table

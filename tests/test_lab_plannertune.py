@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from gemini_api.datapaths import load_datapath
 from gemini_api.theta import load_spec
 from gemini_booster.policy.assignment import exploration_position
-from gemini_lab import evaluation, plannertune
+from gemini_lab import cli, evaluation, gear_tune, plannertune
 
 CFG = plannertune.TuneConfig(scenarios=("ethernet", "cellular"), rounds=3, hosts=5, explorers=4)
 
@@ -122,3 +123,111 @@ def test_the_wide_region_plans_inside_theta_prime_and_the_record_says_so():
                 tuner.observe(r, c, theta, plannertune.measured(_synthetic_flow(theta), theta))
     assert "all seven parameters in Θ′" in plannertune.render({}, wide, "cmd")
     assert "all seven parameters in Θ." in plannertune.render({}, CFG, "cmd")
+
+
+# --- the datapath's own experiment, pins and what the record says ------------------------------
+
+GEAR_CFG = plannertune.TuneConfig(
+    scenarios=(gear_tune.TUNE_PAIR.name,),
+    rounds=2,
+    hosts=3,
+    explorers=2,
+    datapath="gear",
+    tuned=gear_tune.SEARCHED,
+    pinned=gear_tune.PINNED,
+)
+
+
+def _pair_result(theta: dict[str, int], intra: float, cross: float) -> dict:
+    """A gear_pair result as the guest returns it: two flows and the θ read back."""
+    flows = [
+        {"rtt_ms": 2, "throughput_mbps": intra, "queue_delay_ms": 1.0, "retransmits": 0},
+        {"rtt_ms": 40, "throughput_mbps": cross, "queue_delay_ms": 3.0, "retransmits": 2},
+    ]
+    return {"cc": "gear", "flows": flows, "params_ran": {**theta, "dc_base_rtt_us": 2000}}
+
+
+def test_gear_rounds_run_the_pair_behind_the_int_switch_at_the_planned_theta():
+    assert GEAR_CFG.round_kind() == plannertune.RoundKind.GEAR_PAIR
+    tuner = plannertune.Tuner(GEAR_CFG)
+    _, runs = tuner.plan(0)[1]
+    boot = plannertune.round_plan(GEAR_CFG, 0, {1: runs})
+    assert [e["kind"] for e in boot["experiments"]] == ["gear_pair"] * 3
+    assert [e["theta"] for e in boot["experiments"]] == list(runs.values())
+    assert {e["label"] for e in boot["experiments"]} == {f"gear-pair/{h}" for h in runs}
+    for e in boot["experiments"]:
+        assert e["rtts_ms"] == list(gear_tune.TUNE_PAIR.rtts_ms)
+        assert e["dc_base_rtt_us"] == 2000 and e["theta"]["class_rtt_ratio"] == 10
+    assert boot["paths"][0]["name"] == "gear-pair"
+
+
+def test_a_gear_pair_reaches_the_planner_as_its_fair_goodput():
+    theta = GEAR_CFG.start()
+    sums = plannertune.measured(_pair_result(theta, 60.0, 20.0), theta, GEAR_CFG.spec())
+    assert sums is not None and sums.flow_count == 1
+    assert sums.tpt_sum == 40.0 and sums.delay_sum == 2.0  # 2 · min, the flows' mean delay
+    even = plannertune.measured(_pair_result(theta, 40.0, 40.0), theta, GEAR_CFG.spec())
+    assert even is not None and even.tpt_sum == 80.0  # the same total, shared evenly: more
+    with pytest.raises(RuntimeError, match="not the planned"):
+        plannertune.measured(_pair_result(theta | {"ai_step": 7}, 1, 1), theta, GEAR_CFG.spec())
+    failed = {"insmod": {"int": {"rc": 1, "err": "no such module"}}}
+    assert plannertune.measured(failed, theta, GEAR_CFG.spec()) is None
+    row = plannertune._row("h", theta, failed)
+    assert row["error"].startswith("modules not loaded")
+
+
+def test_experiment_kinds_are_refused_for_a_datapath_they_cannot_run():
+    with pytest.raises(ValueError, match="runs Gear only"):
+        plannertune.TuneConfig(datapath="dcvegas", kind=plannertune.RoundKind.GEAR_PAIR)
+    with pytest.raises(ValueError, match="cannot run datapath gear"):
+        plannertune.TuneConfig(datapath="gear", kind=plannertune.RoundKind.FLOW)
+    with pytest.raises(ValueError, match="no Gear pair context 'ethernet'"):
+        plannertune.TuneConfig(scenarios=("ethernet",), datapath="gear")
+    with pytest.raises(ValueError, match="has no parameter eta"):
+        plannertune.TuneConfig(scenarios=("gear-pair",), datapath="gear", tuned=("eta",))
+
+
+def _gemini(**more: object) -> plannertune.TuneConfig:
+    return plannertune.TuneConfig(scenarios=("datacenter",), datapath="gemini",
+                                  tuned=("ecn_k",), **more)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_time_scale_pins_the_scaled_defaults_unless_a_pin_is_given():
+    default = load_datapath("gemini").default()["delay_threshold_us"]
+    bounds = _gemini(time_scale=10).search_bounds()
+    assert bounds is not None and bounds["delay_threshold_us"] == (10 * default,) * 2
+    pinned = _gemini(time_scale=10, pinned=(("delay_threshold_us", 7000),)).search_bounds()
+    assert pinned is not None and pinned["delay_threshold_us"] == (7000, 7000)
+
+
+def test_the_record_names_the_pins_when_they_are_not_the_spec_defaults():
+    assert "pinned at the spec's defaults" in plannertune.render({}, _gemini(), "cmd")
+    scaled = plannertune.render({}, _gemini(time_scale=10), "cmd")
+    assert "pinned at the spec's defaults" not in scaled
+    default = load_datapath("gemini").default()["delay_threshold_us"]
+    symbol = load_datapath("gemini").param("delay_threshold_us").symbol
+    assert f"{symbol} {10 * default}" in scaled.split("pinned at")[1]
+
+
+def test_a_kept_default_is_called_untuned_in_the_datapath_s_own_name():
+    start = GEAR_CFG.start()
+    history = {"gear-pair": [{"round": 0, "incumbent": start, "runs": []},
+                             {"round": 1, "incumbent": start}]}  # fmt: skip
+    text = plannertune.render(history, GEAR_CFG, "cmd")
+    assert "untuned gear." in text and "Fusion" not in text
+    last = {"round": 1, "incumbent": start | {"max_stage": 2}}
+    moved = {"gear-pair": [history["gear-pair"][0], last]}
+    assert "untuned" not in plannertune.render(moved, GEAR_CFG, "cmd")
+    fusion = {"ethernet": [{"round": 0, "incumbent": load_spec().default(), "runs": []},
+                           {"round": 1, "incumbent": load_spec().default()}]}  # fmt: skip
+    assert "untuned fusion." in plannertune.render(fusion, CFG, "cmd")
+
+
+def test_datapath_tune_refuses_a_malformed_pin_before_running(tmp_path):
+    argv = ["datapath-tune", "--datapath", "gemini", "--scenario", "datacenter", "--out",
+            str(tmp_path), "--pin", "delay_threshold_us"]  # fmt: skip
+    with pytest.raises(SystemExit, match="--pin 'delay_threshold_us': expected NAME=INTEGER"):
+        cli.main(argv)
+    with pytest.raises(SystemExit, match="has no parameter bogus"):
+        cli.main([*argv[:-1], "bogus=3"])
+    assert list(tmp_path.iterdir()) == []

@@ -20,7 +20,8 @@ gemini-lab datapath-loop --datapath NAME   the closed loop for any module_params
 gemini-lab datapath-signals  GEMINI's α, delay and ECN cuts by hop; DC-Vegas's cut and queue (UML)
 gemini-lab datapath-tune --datapath NAME --scenario S --tuned P ...  Booster's planner tunes
                         any datapath's θ for long flows (plannertune generalised; UML); with
-                        --heldout, GEMINI default vs tuned on a held-out cross-dc path
+                        --heldout, GEMINI default vs tuned on a held-out cross-dc path; Gear
+                        as its intra/cross pair behind the INT switch (--scenario gear-pair)
 gemini-lab datapath-eval  GEMINI and DC-Vegas beside cubic, bbr, dctcp, reno, vegas on the
                         scaled datacenter, cross-dc and incast scenarios; G6 sweep, held out (UML)
 """
@@ -458,19 +459,51 @@ def cmd_datapath_signals(args: argparse.Namespace) -> None:
     _publish(text, args.record)
 
 
-def cmd_datapath_tune(args: argparse.Namespace) -> None:
-    from gemini_lab import datapath_eval
+def _name_values(items: list[str] | None, option: str) -> tuple[tuple[str, int], ...]:
+    """``NAME=INT`` options as pairs; a malformed one ends the command naming it."""
+    out = []
+    for kv in items or []:
+        name, _, value = kv.partition("=")
+        if not name or not value.lstrip("-").isdigit():
+            raise SystemExit(f"gemini-lab datapath-tune: {option} {kv!r}: expected NAME=INTEGER")
+        out.append((name, int(value)))
+    return tuple(out)
 
-    command = _command()
-    extra = tuple((k, int(v)) for k, v in (kv.split("=", 1) for kv in args.extra or []))
-    cfg = _planner_config(
-        args,
-        tuple(args.scenario),
-        datapath=args.datapath,
-        tuned=tuple(args.tuned or ()),
-        time_scale=args.time_scale,
-        module_extra=extra,
+
+def _heldout(cfg: plannertune.TuneConfig, theta: dict[str, int], out: Path) -> str:
+    """The held-out boot of a datapath-tune: default against tuned where no θ was chosen
+    (a Gear pair: gemini_lab.gear_tune's held-out port; else datapath_eval's paths)."""
+    from gemini_lab import datapath_eval, gear_tune
+
+    pair = cfg.round_kind() == plannertune.RoundKind.GEAR_PAIR
+    plan = (
+        gear_tune.heldout_plan(theta)
+        if pair
+        else datapath_eval.heldout_plan(theta, name=cfg.datapath)
     )
+    held = run_plan(plan, out / "heldout", backend="uml", progress=_progress)
+    (out / "heldout.json").write_text(json.dumps(held, indent=1))
+    if pair:
+        return gear_tune.heldout_table(held, theta, cfg.sigma)
+    return datapath_eval.heldout_table(held, theta, cfg.datapath)
+
+
+def cmd_datapath_tune(args: argparse.Namespace) -> None:
+    command = _command()
+    kind = plannertune.RoundKind(args.experiment) if args.experiment else None
+    try:
+        cfg = _planner_config(
+            args,
+            tuple(args.scenario),
+            datapath=args.datapath,
+            tuned=tuple(args.tuned or ()),
+            pinned=_name_values(args.pin, "--pin"),
+            time_scale=args.time_scale,
+            module_extra=_name_values(args.extra, "--extra"),
+            kind=kind,
+        )
+    except (ValueError, KeyError) as exc:
+        raise SystemExit(f"gemini-lab datapath-tune: {exc}") from exc
     out = args.out / f"datapath-tune-{args.datapath}"
     if args.heldout_only:  # a finished tuning's tuned.json: only the held-out boot
         tuned = json.loads(args.heldout_only.read_text())
@@ -481,15 +514,7 @@ def cmd_datapath_tune(args: argparse.Namespace) -> None:
         tuned = plannertune.tuned_theta(history)
         (out / "tuned.json").write_text(json.dumps(tuned, indent=1))
     if args.heldout or args.heldout_only:
-        theta = tuned[cfg.scenarios[0]]
-        held = run_plan(
-            datapath_eval.heldout_plan(theta, name=args.datapath),
-            out / "heldout",
-            backend="uml",
-            progress=_progress,
-        )
-        (out / "heldout.json").write_text(json.dumps(held, indent=1))
-        text += "\n" + datapath_eval.heldout_table(held, theta, args.datapath)
+        text += "\n" + _heldout(cfg, tuned[cfg.scenarios[0]], out)
     _publish(text, args.record)
 
 
@@ -772,8 +797,16 @@ def opts_datapath_tune(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datapath", required=True)
     p.add_argument("--scenario", action="append", required=True, help="a context each")
     p.add_argument("--tuned", action="append", help="a searched parameter (default: all)")
-    p.add_argument("--time-scale", type=int, default=1, help="µs parameters' region × this")
+    p.add_argument(
+        "--time-scale", type=int, default=1, help="µs parameters' region and defaults × this"
+    )
+    p.add_argument("--pin", action="append", help="an unsearched parameter's value, name=value")
     p.add_argument("--extra", action="append", help="a non-θ module parameter, name=value")
+    p.add_argument(
+        "--experiment",
+        choices=[k.value for k in plannertune.RoundKind],
+        help="a round's experiment (default: the datapath's own; gear: gear_pair)",
+    )
     p.add_argument("--sigma", type=float, default=0.1)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--hosts", type=int, default=4)

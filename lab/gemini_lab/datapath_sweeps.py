@@ -1,7 +1,8 @@
 """The datapaths' evaluation widened (issue #31, item 5): what ``gemini-lab datapath-tune`` and
 ``gemini-lab datapath-eval`` do not run, in the UML lab on its simulated clock.
 
-    python -m gemini_lab.datapath_sweeps {gemini-dc,dcvegas-incast,dcvegas-query,k-sweep} --out DIR
+    python -m gemini_lab.datapath_sweeps {gemini-dc,dcvegas-incast,dcvegas-query,gear-pair,k-sweep}
+        --out DIR
 
 - ``gemini-dc``: Booster's planner tunes GEMINI on the datacenter path (K and H searched over
   Θ, the rest pinned at the paper's defaults scaled by s = 10, T = 50 ms included: the
@@ -16,6 +17,10 @@
   bytes over the slowest completion), which needs the application's query boundaries. Held
   out: incasts of other sizes (20 × 4 MB, 60 × 3 MB) and the held-out datacenter path's long
   flow, default against tuned beside dctcp, reno and vegas.
+- ``gear-pair``: Booster's planner tunes Gear's η, W_AI and maxStage (k pinned at 10) on its
+  intra/cross pair behind the lab's INT switch, the objective the pair's fair goodput
+  (gemini_lab.gear_tune); then the paper's defaults against the tuned θ on a held-out port
+  (60 Mbit/s, 2 and 30 ms), three runs each.
 - ``k-sweep``: the GEMINI paper's G4 (Fig. 8), scaled: 8 inter-datacenter flows (100 ms) through
   a datacenter switch (100 Mbit/s, 450 packets) marking at K ∈ {20, 40, 80, 160, 320}, GEMINI
   (told the switch's K) against DCTCP: throughput and queueing.
@@ -34,7 +39,7 @@ from functools import partial
 from pathlib import Path
 
 from gemini_api.sums import FlowSums
-from gemini_lab import plannertune, scenario
+from gemini_lab import gear_tune, plannertune, scenario
 from gemini_lab.datapath_eval import (
     C_MBIT,
     DC_HELDOUT,
@@ -75,6 +80,13 @@ def gemini_dc_config() -> TuneConfig:
 
 def dcvegas_incast_config() -> TuneConfig:
     return _config(DCVEGAS, "dc-incast", ("queue_threshold",))
+
+
+def gear_pair_config() -> TuneConfig:
+    """Gear's pair at datapath-eval.md's budget: η, W_AI, maxStage over Θ, k pinned."""
+    return TuneConfig(scenarios=(gear_tune.TUNE_PAIR.name,), rounds=ROUNDS, hosts=HOSTS,
+                      explorers=EXPLORERS, datapath=gear_tune.GEAR, tuned=gear_tune.SEARCHED,
+                      pinned=gear_tune.PINNED)  # fmt: skip
 
 
 # --- DC-Vegas tuned on incast ------------------------------------------------------------------
@@ -316,6 +328,19 @@ def cmd_dcvegas_incast(out: Path, command: str, objective: Objective) -> str:
     )
 
 
+def cmd_gear_pair(out: Path, command: str) -> str:
+    cfg = gear_pair_config()
+    history = plannertune.tune(cfg, out)
+    tuned = _tuned_of(history)
+    held = run_plan(gear_tune.heldout_plan(tuned), out / "heldout", backend="uml",
+                    timeout_s=RUN_TIMEOUT_S)  # fmt: skip
+    (out / "heldout.json").write_text(json.dumps(held, indent=1))
+    text = plannertune.render(history, cfg, command).replace(
+        "for long flows", "for its intra/cross pair (fair-goodput objective)"
+    )
+    return text + "\n" + gear_tune.heldout_table(held, tuned, cfg.sigma)
+
+
 def cmd_k_sweep(out: Path, command: str) -> str:
     results = run_plan(k_sweep_plan(), out / "k-sweep", backend="uml", timeout_s=RUN_TIMEOUT_S)
     (out / "k-sweep.json").write_text(json.dumps(results, indent=1))
@@ -326,6 +351,7 @@ COMMANDS: dict[str, Callable[[Path, str], str]] = {
     "gemini-dc": cmd_gemini_dc,
     "dcvegas-incast": partial(cmd_dcvegas_incast, objective=Objective.PER_FLOW),
     "dcvegas-query": partial(cmd_dcvegas_incast, objective=Objective.QUERY),
+    "gear-pair": cmd_gear_pair,
     "k-sweep": cmd_k_sweep,
 }
 

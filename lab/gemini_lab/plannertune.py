@@ -35,6 +35,7 @@ import datetime as dt
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -46,7 +47,7 @@ from gemini_booster.models import Policy
 from gemini_booster.policy.assignment import assign
 from gemini_booster.policy.planner import Planner, PolicyState
 from gemini_booster.simulation import hosts_exploring
-from gemini_lab import evaluation, scenario
+from gemini_lab import evaluation, gear_tune, scenario
 from gemini_lab.host import REPO, run_plan
 from gemini_lab.recorded import flow_utility
 
@@ -54,6 +55,21 @@ RESULTS_PATH = REPO / "benchmarks" / "results" / "planner-tune.md"
 T0 = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)  # round r is the hour bucket T0 + r hours
 SRC = ("lab", "lab-isp")
 ROUND_TIMEOUT_S = 3600  # of host time, for one boot's flows  # every lab host's own region and ISP
+
+
+class RoundKind(StrEnum):
+    """The experiment one lab host's round runs its θ as (the guest's experiment kind)."""
+
+    FLOW = "flow"  # Fusion: per namespace, θ read back from its flow records
+    DATAPATH_FLOW = "datapath_flow"  # a module_params datapath: θ written host-wide, read back
+    GEAR_FLOW = "gear_flow"  # Gear alone behind the lab's INT switch on the context's path
+    GEAR_PAIR = "gear_pair"  # Gear's intra/cross pair behind the INT switch (gemini_lab.gear_tune)
+
+
+# a datapath whose θ acts only in its own experiment (Gear's needs the INT switch attached)
+OWN_KIND = {"gear": RoundKind.GEAR_PAIR}
+GEAR_KINDS = (RoundKind.GEAR_FLOW, RoundKind.GEAR_PAIR)
+GEAR_FLOW_S = 10  # a gear_flow round (as test_lab_gear's η runs)
 
 
 @dataclass(frozen=True)
@@ -69,32 +85,75 @@ class TuneConfig:
     # gemini_lab.datapath_guest's datapath_flow (θ written host-wide for each flow, read back)
     datapath: str = "fusion"
     # searched parameters (empty: all of them, over the region); the rest pinned at ``pinned``
-    # (default: the spec's defaults)
+    # (default: the spec's defaults, time-valued ones scaled by ``time_scale``)
     tuned: tuple[str, ...] = ()
     pinned: tuple[tuple[str, int], ...] = ()
-    # time-valued (µs) parameters' region multiplied by this (DATAPATHS-SPEC.md 0.3's s)
+    # time-valued (µs) parameters' region and defaults multiplied by this (DATAPATHS-SPEC.md
+    # 0.3's s)
     time_scale: int = 1
     module_extra: tuple[tuple[str, int], ...] = ()  # non-θ module parameters (GEMINI's C)
+    kind: RoundKind | None = None  # None: the datapath's own (OWN_KIND, else by how θ applies)
+
+    def __post_init__(self) -> None:
+        kind, dp = self.round_kind(), datapath(self.datapath)
+        if (kind == RoundKind.FLOW) != (dp.apply == Apply.PROFILE_TABLE):
+            raise ValueError(f"experiment {kind} cannot run datapath {self.datapath}'s θ")
+        if kind in GEAR_KINDS and self.datapath != "gear":
+            raise ValueError(f"experiment {kind} runs Gear only, not {self.datapath}")
+        if kind == RoundKind.GEAR_PAIR:
+            for name in self.scenarios:
+                gear_tune.pair_path(name)
+        unknown = set(self.tuned) | {n for n, _ in self.pinned}
+        unknown -= set(self.spec().names)
+        if unknown:
+            raise ValueError(f"{self.datapath} has no parameter {', '.join(sorted(unknown))}")
 
     def spec(self) -> ThetaSpec:
         return datapath(self.datapath).spec
+
+    def round_kind(self) -> RoundKind:
+        if self.kind is not None:
+            return self.kind
+        if self.datapath in OWN_KIND:
+            return OWN_KIND[self.datapath]
+        if datapath(self.datapath).apply == Apply.PROFILE_TABLE:
+            return RoundKind.FLOW
+        return RoundKind.DATAPATH_FLOW
+
+    def scale(self, name: str) -> int:
+        """What ``time_scale`` multiplies parameter ``name`` by (1 unless it is in µs)."""
+        return self.time_scale if self.spec().param(name).unit == "µs" else 1
+
+    def pins(self) -> dict[str, int]:
+        """Every parameter's value where it is not searched: ``pinned``, else the spec's
+        default scaled as its region is."""
+        spec = self.spec()
+        return {p.name: p.default * self.scale(p.name) for p in spec.params} | dict(self.pinned)
+
+    def start(self) -> dict[str, int]:
+        """The planner's first incumbent: the spec's default clamped into the search bounds
+        (``gemini_booster.policy.planner``)."""
+        return Planner(self.spec()).clip_default(self.policy())
+
+    def pinned_at_defaults(self) -> bool:
+        """Whether the unsearched parameters sit at the spec's own (unscaled) defaults."""
+        default = self.spec().default()
+        return all(v == default[n] for n, v in self.pins().items() if n not in self.tuned)
 
     def search_bounds(self) -> dict[str, tuple[int, int]] | None:
         """None: the whole region; else ``tuned`` over the region (µs ones scaled), the rest
         pinned."""
         if not self.tuned and not self.pinned and self.time_scale == 1:
             return None
-        spec, fixed = self.spec(), dict(self.pinned)
+        spec, fixed = self.spec(), self.pins()
         region = spec.region_bounds(self.region)
         out = {}
         for p in spec.params:
-            k = self.time_scale if p.unit == "µs" else 1
             lo, hi = region[p.name]
             if not self.tuned or p.name in self.tuned:
-                out[p.name] = (lo * k, hi * k)
+                out[p.name] = (lo * self.scale(p.name), hi * self.scale(p.name))
             else:
-                v = fixed.get(p.name, p.default)
-                out[p.name] = (v, v)
+                out[p.name] = (fixed[p.name], fixed[p.name])
         return out
 
     def policy(self) -> Policy:
@@ -180,35 +239,64 @@ class Tuner:
         self.trials.append(Trial(context_id, key, sums, 0, 1, t, t))
 
 
+def _path(kind: RoundKind, name: str) -> scenario.Scenario:
+    if kind == RoundKind.GEAR_PAIR:
+        return gear_tune.pair_path(name).scenario()
+    return scenario.load(name)
+
+
+def _experiment(cfg: TuneConfig, name: str, p: scenario.Scenario, r: int, port: int) -> dict:
+    """What a host's round runs, by the round's kind (θ, label and path added by the caller)."""
+    kind = cfg.round_kind()
+    if kind == RoundKind.FLOW:  # Fusion: per namespace, its flow records
+        offset = evaluation.offset_s(p, r)
+        return {"kind": "flow", "cc": datapath(cfg.datapath).cc,
+                "duration_s": evaluation.duration_s(p), "offset_s": offset}  # fmt: skip
+    if kind == RoundKind.GEAR_PAIR:
+        path = gear_tune.pair_path(name)
+        return gear_tune.pair_experiment(path, {}, gear_tune.TUNE_PAIR_S)
+    if kind == RoundKind.GEAR_FLOW:
+        if p.rate_mbit is None:  # the INT switch reports a configured line rate
+            raise ValueError(f"gear_flow needs a fixed-rate path, not {name}'s rate schedule")
+        return {"kind": "gear_flow", "rate_mbit": round(p.rate_mbit), "duration_s": GEAR_FLOW_S,
+                "sample_s": 1.0, "port_offset": port}  # fmt: skip
+    # host-wide module parameters, written for each flow and read back
+    return {"kind": "datapath_flow", "datapath": cfg.datapath,
+            "module_extra": dict(cfg.module_extra), "duration_s": MODULE_FLOW_S,
+            "omit_s": MODULE_OMIT_S, "sample_s": 1.0, "hops": [], "port_offset": port}  # fmt: skip
+
+
 def round_plan(cfg: TuneConfig, r: int, runs: dict[int, dict[str, dict[str, int]]]) -> dict:
-    """One boot: every host's flow of every context, path by path."""
-    paths = [scenario.load(n) for n in cfg.scenarios]
-    dp = datapath(cfg.datapath)
+    """One boot: every host's run of every context, path by path, as the round's kind."""
+    kind = cfg.round_kind()
+    paths = [_path(kind, n) for n in cfg.scenarios]
     experiments: list[dict] = []
-    for i, p in enumerate(paths):
+    for i, (name, p) in enumerate(zip(cfg.scenarios, paths, strict=True)):
         for host, theta in runs[i + 1].items():
-            e = {"label": f"{p.name}/{host}", "path": i, "theta": theta}
-            if dp.apply == Apply.PROFILE_TABLE:  # Fusion: per namespace, its flow records
-                e |= {"kind": "flow", "cc": dp.cc, "duration_s": evaluation.duration_s(p),
-                      "offset_s": evaluation.offset_s(p, r)}  # fmt: skip
-            else:  # host-wide module parameters, written for each flow and read back
-                e |= {"kind": "datapath_flow", "datapath": cfg.datapath,
-                      "module_extra": dict(cfg.module_extra), "duration_s": MODULE_FLOW_S,
-                      "omit_s": MODULE_OMIT_S, "sample_s": 1.0, "hops": [],
-                      "port_offset": len(experiments)}  # fmt: skip
-            experiments.append(e)
+            e = _experiment(cfg, name, p, r, len(experiments))
+            experiments.append(e | {"label": f"{name}/{host}", "path": i, "theta": theta})
     return {"paths": [p.to_dict() for p in paths], "experiments": experiments}
 
 
 MODULE_FLOW_S, MODULE_OMIT_S = 30, 5  # a module_params datapath's flow (as datapath_eval's WAN)
 
 
-def measured(flow: dict, asked: dict[str, int], spec: ThetaSpec | None = None) -> FlowSums | None:
-    """A flow's sums, once the kernel shows it ran at ``asked`` (Fusion: its flow records; a
-    module_params datapath: its parameters read back before the flow); None for a flow that
-    failed (a host whose flow failed reports nothing, as a fleet's host would not)."""
-    spec = spec or datapath("fusion").spec
+def failure(flow: dict) -> str | None:
+    """Why a host's run gave no figures (its error's last line), or None."""
     if "error" in flow:
+        return str(flow["error"]).strip().splitlines()[-1]
+    if not {"params_ran", "records"} & flow.keys():
+        return f"modules not loaded: {flow.get('insmod')}"
+    return None
+
+
+def measured(flow: dict, asked: dict[str, int], spec: ThetaSpec | None = None) -> FlowSums | None:
+    """A run's sums, once the kernel shows it ran at ``asked`` (Fusion: its flow records; a
+    module_params datapath: its parameters read back before the flow); None for a run that
+    failed (a host whose flow failed reports nothing, as a fleet's host would not). A Gear
+    pair is one flow of its fair goodput (gemini_lab.gear_tune: the objective)."""
+    spec = spec or datapath("fusion").spec
+    if failure(flow) is not None:
         return None
     if "records" in flow:
         ran = [rec["theta"] for rec in flow["records"]]
@@ -217,12 +305,17 @@ def measured(flow: dict, asked: dict[str, int], spec: ThetaSpec | None = None) -
     full = {**spec.default(), **asked}
     if not ran or any(t != full for t in ran):
         raise RuntimeError(f"the kernel ran {ran}, not the planned θ {full}")
+    if "flows" in flow:
+        return gear_tune.pair_sums(flow)
     return FlowSums.of_flow(flow["throughput_mbps"], flow["queue_delay_ms"])
 
 
 def _row(host: str, theta: dict[str, int], flow: dict) -> dict:
-    if "error" in flow:
-        return {"host": host, "theta": theta, "error": flow["error"].strip().splitlines()[-1]}
+    why = failure(flow)
+    if why is not None:
+        return {"host": host, "theta": theta, "error": why}
+    if "flows" in flow:  # a Gear pair: its objective's figures
+        return {"host": host, "theta": theta, **gear_tune.pair_row(flow)}
     return {
         "host": host,
         "theta": theta,
@@ -278,7 +371,11 @@ def utility(row: dict, sigma: float) -> float:
 
 
 def _utility_text(row: dict, sigma: float) -> str:
-    return "failed" if "error" in row else f"{utility(row, sigma):.1f}"
+    """A run's utility; a Gear pair's with its intra/cross share."""
+    if "error" in row:
+        return "failed"
+    share = f" (share {row['share']:.2f})" if "share" in row else ""
+    return f"{utility(row, sigma):.1f}{share}"
 
 
 def progress_line(name: str, r: int, incumbent: dict, rows: list[dict], sigma: float) -> str:
@@ -298,20 +395,36 @@ def _theta_text(theta: dict[str, int], spec: ThetaSpec | None = None) -> str:
     return ", ".join(f"{spec.param(n).symbol} {theta[n]}" for n in spec.names)
 
 
+FUSION_UNITS = (
+    "θ in spec units (α, λ in %, l in tenths of a percent, δ in % of T^min, n in quarter round "
+    "trips)."
+)
+
+
+def _pins_text(cfg: TuneConfig) -> str:
+    """Where the unsearched parameters sit: the spec's defaults, or the values named."""
+    if cfg.pinned_at_defaults():
+        return "pinned at the spec's defaults"
+    spec, pins = cfg.spec(), cfg.pins()
+    return "pinned at " + ", ".join(
+        f"{spec.param(n).symbol} {v}" for n, v in pins.items() if n not in cfg.tuned
+    ) + f" (the spec's defaults: {_theta_text(spec.default(), spec)})"  # fmt: skip
+
+
 def _searched(cfg: TuneConfig) -> str:
     """What the policy searched, in words."""
     if not cfg.tuned:
-        return (
-            f"all seven parameters in {cfg.region_symbol}. θ in spec units (α, λ in %, l in "
-            "tenths of a percent, δ in % of T^min, n in quarter round trips)."
-        )
+        n = len(cfg.spec().params)
+        units = FUSION_UNITS if cfg.datapath == "fusion" else "θ in spec units."
+        words = "seven" if n == 7 else str(n)
+        return f"datapath {cfg.datapath}: all {words} parameters in {cfg.region_symbol}. {units}"
     spec, bounds = cfg.spec(), cfg.search_bounds() or {}
     tuned = ", ".join(f"{spec.param(n).symbol} ∈ {list(bounds[n])}" for n in cfg.tuned)
     extra = f"; module parameters {dict(cfg.module_extra)}" if cfg.module_extra else ""
     return (
-        f"datapath {cfg.datapath}: {tuned} (spec units), the other parameters pinned at the "
-        f"spec's defaults{extra}. The planner starts from the spec's default clamped into the "
-        "bounds."
+        f"datapath {cfg.datapath}: {tuned} (spec units), the other parameters "
+        f"{_pins_text(cfg)}{extra}; each round is a {cfg.round_kind()} experiment. The planner "
+        "starts from the spec's default clamped into the bounds."
     )
 
 
@@ -347,15 +460,18 @@ def render(history: dict[str, list[dict]], cfg: TuneConfig, command: str) -> str
             f"Tuned θ (the incumbent after round {cfg.rounds - 1}): "
             f"{_theta_text(rows[-1]['incumbent'], cfg.spec())}.",
         ]
-        if stayed_at_default(rows[-1]["incumbent"], cfg.spec()):
-            parts.append(STAYED_AT_DEFAULT)
+        if rows[-1]["incumbent"] == cfg.start():
+            parts.append(stayed_at_default_text(cfg.datapath))
     return "\n".join(parts) + "\n"
 
 
-STAYED_AT_DEFAULT = (
-    "**The incumbent stayed at the spec's default θ**: no explored θ beat it in these rounds, "
-    "so this path's 'tuned' θ is untuned Fusion."
-)
+def stayed_at_default_text(name: str) -> str:
+    """What the record says when the planner kept its starting θ (``name``: the datapath)."""
+    return (
+        "**The incumbent stayed at the planner's starting θ (the spec's default in the "
+        "bounds)**: no explored θ beat it in these rounds, so this path's 'tuned' θ is "
+        f"untuned {name}."
+    )
 
 
 def stayed_at_default(theta: dict[str, int], spec: ThetaSpec) -> bool:

@@ -198,6 +198,8 @@ def test_time_scale_pins_the_scaled_defaults_unless_a_pin_is_given():
     assert bounds is not None and bounds["delay_threshold_us"] == (10 * default,) * 2
     pinned = _gemini(time_scale=10, pinned=(("delay_threshold_us", 7000),)).search_bounds()
     assert pinned is not None and pinned["delay_threshold_us"] == (7000, 7000)
+    with pytest.raises(ValueError, match=r"delay_threshold_us.*not an interval inside"):
+        _gemini(pinned=(("delay_threshold_us", 10**9),))
 
 
 def test_the_record_names_the_pins_when_they_are_not_the_spec_defaults():

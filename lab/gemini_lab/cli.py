@@ -502,7 +502,7 @@ def cmd_datapath_tune(args: argparse.Namespace) -> None:
             module_extra=_name_values(args.extra, "--extra"),
             kind=kind,
         )
-    except (ValueError, KeyError) as exc:
+    except ValueError as exc:  # ThetaError, a kind that cannot run the datapath
         raise SystemExit(f"gemini-lab datapath-tune: {exc}") from exc
     out = args.out / f"datapath-tune-{args.datapath}"
     if args.heldout_only:  # a finished tuning's tuned.json: only the held-out boot

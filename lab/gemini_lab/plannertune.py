@@ -96,7 +96,7 @@ class TuneConfig:
 
     def __post_init__(self) -> None:
         kind, dp = self.round_kind(), datapath(self.datapath)
-        if (kind == RoundKind.FLOW) != (dp.apply == Apply.PROFILE_TABLE):
+        if kind == RoundKind.FLOW and dp.apply != Apply.PROFILE_TABLE:  # reads a θ table
             raise ValueError(f"experiment {kind} cannot run datapath {self.datapath}'s θ")
         if kind in GEAR_KINDS and self.datapath != "gear":
             raise ValueError(f"experiment {kind} runs Gear only, not {self.datapath}")
@@ -107,6 +107,7 @@ class TuneConfig:
         unknown -= set(self.spec().names)
         if unknown:
             raise ValueError(f"{self.datapath} has no parameter {', '.join(sorted(unknown))}")
+        self.policy()  # a pin or scaled bound outside Θ' is refused here, before any boot
 
     def spec(self) -> ThetaSpec:
         return datapath(self.datapath).spec

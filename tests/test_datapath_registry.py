@@ -105,6 +105,17 @@ def test_every_spec_is_a_datapath_of_a_known_kind() -> None:
         Records.SOCK_DIAG,
         Message.DATAPATH_THETA,
     )
+    assert cubic.genl_family == ""
+    # GEMINI and DC-Vegas run per context as Fusion does, each through its own module's table
+    # (family and net.<name> named after the datapath, as fusion-kmod/<name>_table.h does)
+    for name in ("gemini", "dcvegas"):
+        d = reg.get(name)
+        assert (d.apply, d.records, d.message) == (
+            Apply.PROFILE_TABLE,
+            Records.FLOW_RECORDS,
+            Message.DATAPATH_THETA,
+        )
+        assert d.genl_family == name and d.sysctl_root() == Path("/proc/sys/net") / name
 
 
 def _write(dir: Path, name: str, extra: str) -> None:
@@ -131,6 +142,18 @@ def test_a_new_datapath_is_one_spec_file(tmp_path: Path) -> None:
     assert reg.names() == ("fusion", "newcc")
 
 
+def test_a_table_datapaths_family_is_its_name_unless_its_spec_names_one(tmp_path: Path) -> None:
+    (tmp_path / "fusion.toml").write_text((SPECS_DIR / "fusion.toml").read_text())
+    _write(tmp_path, "tab", "")
+    _write(tmp_path, "own", 'genl_family = "own_v2"')
+    for name in ("tab", "own"):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(path.read_text().replace('scope = "host"', 'scope = "context"'))
+    reg = load_registry(tmp_path)
+    assert (reg.get("tab").apply, reg.get("tab").genl_family) == (Apply.PROFILE_TABLE, "tab")
+    assert reg.get("own").genl_family == "own_v2"
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -138,6 +161,7 @@ def test_a_new_datapath_is_one_spec_file(tmp_path: Path) -> None:
         ('apply = "profile_table"', "specs/bad.toml: apply 'profile_table' with scope 'host'"),
         ('cc = "fusion"', "two datapaths share a congestion-control name"),
         ('message = "theta"', "only one datapath can travel in the Theta message"),
+        ('genl_family = "bad"', "specs/bad.toml: genl_family without apply 'profile_table'"),
     ],
 )
 def test_a_wrong_spec_is_refused_naming_its_file_and_key(

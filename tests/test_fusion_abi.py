@@ -14,7 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gemini_api import fusion_genl
+from gemini_api.datapaths import Datapath, datapath, registry
 from gemini_api.theta import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +83,8 @@ def test_module_parameter_headers_list_every_parameter_with_its_bounds():
     """The modules' module_param_cb list (the X-macro) is where Θ' is enforced on write."""
     for header in _generator().HEADERS[1:]:
         spec = header.spec()
-        assert spec.scope == "host"
+        # the host's θ, which a table module's namespaces follow until their own is written
+        assert spec.target == f"/sys/module/tcp_{spec.datapath}/parameters"
         entries = re.findall(
             rf"X\((\w+), {header.prefix}_THETA_(\w+), (\d+), (\d+), (\d+),",
             header.path.read_text(),
@@ -118,15 +122,74 @@ def test_table_limits_and_default_profile_match_the_uapi_header():
     assert _define("FUSION_DEFAULT_PROFILE") == fusion_genl.DEFAULT_PROFILE
 
 
-def test_theta_blob_round_trips_in_spec_order():
-    theta = load_spec().default()
-    blob = fusion_genl._pack_theta(theta)
+# Every module with the θ table speaks Fusion's ABI with its own θ: Fusion's seven parameters,
+# DC-Vegas's two (its spec's order), GEMINI's ten.
+TABLES = [d for d in registry() if d.genl_family]
+
+
+def _family(d: Datapath) -> fusion_genl.TableFamily:
+    return fusion_genl.TableFamily.of(d)
+
+
+def test_the_table_datapaths_are_the_modules_that_compile_the_table():
+    assert {d.name for d in TABLES} == set(TABLE_MODULES)
+    assert all(d.genl_family == d.name for d in TABLES)  # CC_TABLE_GENL_NAME: checked below
+    assert fusion_genl.default_family() == _family(datapath("fusion"))
+    with pytest.raises(ValueError, match="'cubic' has no θ table"):
+        fusion_genl.TableFamily.of(datapath("cubic"))
+
+
+@pytest.mark.parametrize("d", TABLES, ids=lambda d: d.name)
+def test_theta_blob_round_trips_in_spec_order(d: Datapath):
+    family = _family(d)
+    theta = d.spec.default()
+    blob = fusion_genl._pack_theta(theta, family)
     assert len(blob) == 4 * len(theta)
-    assert fusion_genl._unpack_theta(blob) == theta
+    assert blob[:4] == struct.pack("=I", theta[d.spec.names[0]])
+    assert fusion_genl._unpack_theta(blob, family) == theta
 
 
-def test_flow_record_fast_parser_agrees_with_pyroute2():
-    theta = load_spec().default() | {"mult_decrease": 61}
+def test_a_blob_of_another_length_is_refused_not_misread():
+    dcvegas = _family(datapath("dcvegas"))
+    two = fusion_genl._pack_theta(datapath("dcvegas").spec.default(), dcvegas)
+    with pytest.raises(ValueError, match="8 bytes; 7 parameters take 28"):
+        fusion_genl._unpack_theta(two)  # Fusion's θ is seven parameters
+    with pytest.raises(ValueError, match="theta lacks ewma_shift"):
+        fusion_genl._pack_theta({"queue_threshold": 6}, dcvegas)
+
+
+def test_a_two_parameter_table_message_carries_dcvegas_theta_in_spec_order():
+    """The SET_PROFILES message the agent sends tcp_dcvegas, decoded as the kernel's policy
+    reads it: each profile's θ an 8-byte blob in the spec's order, the rules as for Fusion."""
+    dcvegas = _family(datapath("dcvegas"))
+    profiles = {
+        1: {"queue_threshold": 6, "ewma_shift": 4},
+        2: {"ewma_shift": 3, "queue_threshold": 21},
+    }
+    rules = [fusion_genl.Rule("0.0.0.0/0", 1), fusion_genl.Rule("10.2.0.0/16", 2)]
+    msg = fusion_genl.fusion_msg()
+    msg["cmd"], msg["version"] = fusion_genl.CMD_SET_PROFILES, 1
+    msg["attrs"] = fusion_genl.table_attrs(profiles, rules, dcvegas)
+    msg.encode()
+    back = fusion_genl.fusion_msg(bytes(msg.data))
+    back.decode()
+    blobs = {
+        p.get_attr("FUSION_PROFILE_ATTR_ID"): bytes(p.get_attr("FUSION_PROFILE_ATTR_THETA"))
+        for p in back.get_attrs("FUSION_ATTR_PROFILE")
+    }
+    assert blobs == {1: struct.pack("=2I", 6, 4), 2: struct.pack("=2I", 21, 3)}
+    got = [
+        (bytes(r.get_attr("FUSION_RULE_ATTR_ADDR")), r.get_attr("FUSION_RULE_ATTR_PREFIX_LEN"))
+        for r in back.get_attrs("FUSION_ATTR_RULE")
+    ]
+    assert got == [(bytes(4), 0), (bytes([10, 2, 0, 0]), 16)]
+
+
+@pytest.mark.parametrize("d", TABLES, ids=lambda d: d.name)
+def test_flow_record_fast_parser_agrees_with_pyroute2(d: Datapath):
+    family = _family(d)
+    first = d.spec.params[0]
+    theta = d.spec.default() | {first.name: first.wide[1]}
     msg = fusion_genl.fusion_msg()
     msg["cmd"] = fusion_genl.CMD_FLOW_RECORD
     msg["version"] = 1
@@ -145,7 +208,7 @@ def test_flow_record_fast_parser_agrees_with_pyroute2():
         ("FUSION_ATTR_REC_SEGS_OUT", 900),
         ("FUSION_ATTR_REC_PROFILE_ID", 2),
         ("FUSION_ATTR_REC_PROFILE_VERSION", 7),
-        ("FUSION_ATTR_REC_THETA", fusion_genl._pack_theta(theta)),
+        ("FUSION_ATTR_REC_THETA", fusion_genl._pack_theta(theta, family)),
     ]
     msg.encode()
     data = bytes(msg.data)
@@ -169,7 +232,7 @@ def test_flow_record_fast_parser_agrees_with_pyroute2():
         segs_out=attr("SEGS_OUT"),
         profile_id=attr("PROFILE_ID"),
         profile_version=attr("PROFILE_VERSION"),
-        theta=fusion_genl._unpack_theta(attr("THETA")),
+        theta=fusion_genl._unpack_theta(attr("THETA"), family),
     )
     assert decoded == fusion_genl.FlowRecord(
         "10.0.0.2", "10.1.0.2", 40001, 5201, 123_456_789_012, 2_000_000,
@@ -179,9 +242,9 @@ def test_flow_record_fast_parser_agrees_with_pyroute2():
     # length is not a multiple of 4 (the next message starts at the aligned offset)
     other = struct.pack("=IHHII", 21, 0x20, 0, 1, 0) + bytes([fusion_genl.CMD_FLOW_RECORD, 1, 0, 0])
     other += b"\x07" + bytes(3)
-    records = list(fusion_genl._records_in(data + other + data, 0x1F))
+    records = list(fusion_genl._records_in(data + other + data, 0x1F, family))
     assert records == [decoded, decoded]
-    assert list(fusion_genl._records_in(data, 0x20)) == []  # another family's message
+    assert list(fusion_genl._records_in(data, 0x20, family)) == []  # another family's message
 
 
 TABLE_MODULES = {"fusion": "fusion.h", "gemini": "gemini_table.h", "dcvegas": "dcvegas_table.h"}

@@ -1,15 +1,19 @@
 """The closed loop (agent → Booster → agent → kernel) with a GEMINI policy and a DC-Vegas policy
-in the lab (issue #31): gemini_lab.cubic's loop generalised to any module_params datapath of
-the registry (gemini_lab.datapath_loop), short.
+in the lab (issue #31): gemini_lab.cubic's loop generalised to any datapath of the registry
+(gemini_lab.datapath_loop), short.
 
 For each datapath, in a qemu guest (Debian's kernel, the module built for it): the guest loads
 the module, one lab host runs the datapath's CC, a policy of that datapath searches one θ
-parameter through an experiment (the datapath tuned on day 0, its kernel defaults on day 1).
-Asserted are the mechanics, read from the guest kernel's /sys/module/tcp_<name>/parameters and
-Booster's store, never the figures (qemu's emulation on a busy machine): the agent wrote the
-policy's θ into the module's parameters, every flow ran the datapath's CC, the policy stored
-the flows as trials of the θ that ran, the default arm ran the module's defaults, and the
-defaults are back after the agent's exit.
+parameter through an experiment (the datapath tuned on day 0, its defaults on day 1). GEMINI
+and DC-Vegas run per context as Fusion does: the agent installs Booster's θ in the module's own
+profile table (a rule for the loop's destination) and net.<name>.* sysctls, and reports each
+flow from the module's record with the θ it ran. Asserted are the mechanics, read from the
+guest kernel (the lab host's namespace: its table dumped over the module's netlink family and
+its sysctls, gemini_lab.cubic_guest.table_dump) and Booster's store, never the figures (qemu's
+emulation on a busy machine): the table gave the loop's destination the policy's θ, every flow
+ran the datapath's CC, the policy stored the flows as trials of the θ the records carried, the
+default arm ran the spec's defaults, and the defaults are what the namespace runs after the
+experiment and the agent's exit.
 
 Each datapath's loop runs in a process of its own (the ``run`` fixture): run one after the
 other in one process, the second run's guest found Booster unreachable (UNAVAILABLE) for its
@@ -32,6 +36,7 @@ from gemini_lab.cubic import (
     render,
     run_cubic,
     search_bounds,
+    theta_for,
 )
 from gemini_lab.datapath_loop import LOOPS, loop_config
 from tests.conftest import OPERATOR, free_port, lab_fleet_settings, new_database
@@ -55,6 +60,18 @@ def test_each_loop_searches_one_parameter_of_its_datapaths_spec():
         (tuned,) = cfg.tuned
         assert bounds[tuned] == spec.region_bounds("production")[tuned]
         assert cfg.arms() == (f"{name}-default", f"{name}-tuned")
+
+
+def test_a_reading_gives_the_destination_the_theta_of_its_longest_rule():
+    table = {
+        "sysctls": {"k": 1},
+        "rules": [["0.0.0.0/0", {"k": 2}], ["10.1.0.0/16", {"k": 3}], ["10.1.0.0/24", {"k": 4}]],
+    }
+    assert theta_for(table, "10.1.0.2") == {"k": 4}
+    assert theta_for(table, "10.1.7.2") == {"k": 3}
+    assert theta_for(table, "10.2.0.2") == {"k": 2}
+    assert theta_for({"sysctls": {"k": 1}, "rules": []}, "10.1.0.2") == {"k": 1}  # no table yet
+    assert reading_params({"tables": {"gemini": table}}, "gemini", "10.1.0.2") == {"k": 4}
 
 
 def _run_loop(name: str, admin_url: str, port: int, out_dir: Path) -> CubicResult:
@@ -85,6 +102,12 @@ def test_the_module_loaded_and_the_agent_wrote_the_policys_theta_into_it(run):
     load = r.guest["experiments"]["load"]
     assert load["insmod"]["rc"] == 0 and datapath(name).cc in load["available"], load
     assert load["params"] == spec.default()
+    # the θ went into the namespace's own table, each reading a dump of it (a version the
+    # module gave, the catch-all on the namespace's default)
+    for label in ("search", "day-0"):
+        table = r.readings[label]["tables"][name]
+        assert table["version"] > 0 and {"0.0.0.0/0", "::/0"} <= {p for p, _ in table["rules"]}
+        assert theta_for(table, "0.0.0.0") == table["sysctls"], table
     default_arm, tuned_arm = cfg.arms()
     assert (r.arms["day-0"], r.arms["day-1"]) == (tuned_arm, default_arm)
     reported = {spec.key(t["theta"]) for t in r.trials}
@@ -113,7 +136,7 @@ def test_every_flow_ran_the_datapaths_cc_and_came_back_as_its_trials(run):
 
 @pytest.mark.lab
 @pytest.mark.slow
-def test_the_default_arm_and_the_agents_exit_restore_the_modules_defaults(run):
+def test_the_default_arm_and_the_agents_exit_leave_the_spec_defaults_running(run):
     name, cfg, r = run
     defaults = datapath(name).spec.default()
     for label in ("day-1", "ended", "after-exit"):

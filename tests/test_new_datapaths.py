@@ -2,33 +2,46 @@
 or the agent: a policy names one, Booster plans in its spec's space and answers its θ in
 ``datapath_theta``, its own flows are trials of the θ that ran (a θ outside Θ′ refused), an A/B
 experiment can set "dctcp at the kernel's defaults" against "the datapath tuned", the comparison
-names the tuned arm after it, and the agent writes its θ into the module's parameters (here a
-directory standing in for /sys/module/tcp_<name>/parameters; the lab writes the real ones,
-tests/test_lab_datapaths.py) and restores them."""
+names the tuned arm after it, and the agent runs its θ per context through the module's own
+profile table and net.<name>.* sysctls, as Fusion's (here a directory and the table last
+installed standing in for them; the lab installs the real ones,
+tests/test_lab_datapath_loop.py), and reports its flows with the θ each ran."""
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
 import pytest
 
+from gemini_agent import reporter as reporter_module
 from gemini_agent.aggregator import Flow
+from gemini_agent.config import AgentSettings
+from gemini_agent.context import Place
+from gemini_agent.daemon import Agent
 from gemini_agent.datapath import ModuleParams
+from gemini_agent.dryrun import would_write
+from gemini_agent.writeback import Kernel
 from gemini_api.aggregate import FlowStats
-from gemini_api.datapaths import registry
+from gemini_api.datapaths import Apply, registry
+from gemini_api.fusion_genl import Rule
 from gemini_api.theta import ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.storage import trials as trial_store
 
 from .conftest import OPERATOR, agent_md, auth
-from .test_experiment_arm import _agent
+from .sysctls import fusion_sysctls
+from .test_experiment_arm import Answers, _agent
 from .test_experiment_ingest import HOSTS, aggregate
 
 NEW = ("gemini", "dcvegas")
+HOST_WIDE = tuple(d.name for d in registry() if d.apply is Apply.MODULE_PARAMS)
+PLACE = Place("dc-east", "backbone")
+DST_NET = "192.0.2.0/24"
 
 
 def _tuned(spec: ThetaSpec) -> dict[str, int]:
@@ -125,9 +138,17 @@ def test_an_experiment_sets_dctcp_at_defaults_against_the_datapath_tuned(booster
     assert {a["arm"] for a in context["arms"]} >= {name, "dctcp"}
 
 
-def _answer(name: str, theta: dict[str, int]) -> bytes:
+def _answer(
+    name: str, theta: dict[str, int], per_place: dict[Place, dict[str, int]] | None = None
+) -> bytes:
+    """Booster's answer for a policy of ``name``: ``theta`` as the default, ``per_place`` per
+    context asked (in the order the agent asks: its places by size)."""
     resp = pb.GetParametersResponse(target_cc=registry().get(name).cc)
     resp.default_datapath_theta.CopyFrom(pb.DatapathTheta(datapath=name, values=theta))
+    for place, values in (per_place or {}).items():
+        msg = pb.DatapathTheta(datapath=name, values=values)
+        ctx = pb.Context(dst_region=place.region, dst_isp=place.isp)
+        resp.parameters.append(pb.ContextParameters(context=ctx, datapath_theta=msg))
     return resp.SerializeToString()
 
 
@@ -140,10 +161,12 @@ def _module_dir(root: Path, spec: ThetaSpec, values: dict[str, int]) -> ModulePa
     return ModuleParams(spec, root)
 
 
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", HOST_WIDE)
 def test_the_agent_writes_reports_and_restores_a_new_datapaths_theta(
     tmp_path, monkeypatch, name
 ) -> None:
+    """A host-wide datapath (module parameters: CUBIC, Gear) takes one θ per host, its flows
+    reported as trials of that θ, its module's values restored when the policy turns away."""
     spec = registry().get(name).spec
     loaded = spec.default()  # what the module holds before the agent's first write
     tuned = _tuned(spec)
@@ -173,6 +196,123 @@ def test_the_agent_writes_reports_and_restores_a_new_datapaths_theta(
     assert params.read() == loaded and agent.aggregator.datapath_theta is None
 
 
+class TableKernel(Kernel):
+    """A table module's kernel side with its net.<name>.* sysctls as files in a directory and
+    the netlink table kept as the last one installed: this machine's kernel loads no modules
+    (the lab installs and reads back the real table, tests/test_lab_datapath_loop.py)."""
+
+    def __init__(self, root: Path, spec: ThetaSpec) -> None:
+        root.mkdir()
+        for n, v in spec.default().items():
+            (root / n).write_text(f"{v}\n")
+        super().__init__(root, use_netlink=False)
+        self.spec = spec
+        self.table: tuple[dict[int, dict[str, int]], list[Rule]] | None = None
+
+    def write_table(self, profiles: dict[int, dict[str, int]], rules: Sequence[Rule]) -> None:
+        self.spec.validate(
+            profiles[1], self.spec.limits
+        )  # the module refuses what Θ' does not hold
+        self.table = (profiles, list(rules))
+
+    def sysctls(self) -> dict[str, int]:
+        return {n: int((self.sysctl_root / n).read_text()) for n in self.spec.names}
+
+    def theta_for(self, prefix: str) -> dict[str, int]:
+        """The θ the installed table gives destination rule ``prefix``."""
+        assert self.table is not None
+        profiles, rules = self.table
+        [pid] = [r.profile_id for r in rules if r.prefix == prefix]
+        return profiles[pid]
+
+
+def _fusion_answer() -> bytes:
+    """A Fusion policy's answer for PLACE: the host's own policy, of another datapath."""
+    fusion = registry().default
+    theta = pb.Theta(**fusion.spec.default())
+    ctx = pb.Context(dst_region=PLACE.region, dst_isp=PLACE.isp)
+    resp = pb.GetParametersResponse(target_cc=fusion.cc, default_theta=theta)
+    resp.parameters.append(pb.ContextParameters(context=ctx, theta=theta))
+    return resp.SerializeToString()
+
+
+def _table_agent(
+    tmp: Path, name: str, answers: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> tuple[Agent, TableKernel]:
+    """An agent whose Booster answers ``answers`` in turn and whose destination database puts
+    DST_NET in PLACE, with ``name``'s table module stood in for by a TableKernel."""
+    monkeypatch.setattr(reporter_module, "open_channel", lambda settings: Answers(answers))
+    kernel = TableKernel(tmp / name, registry().get(name).spec)
+    csv = tmp / "paths.csv"
+    csv.write_text(f"{DST_NET},{PLACE.region},{PLACE.isp}\n")
+    fusion = fusion_sysctls(tmp, version=False)
+    settings = AgentSettings(
+        host_id="h", policy="default", spool_dir=tmp / "spool", sysctl_root=fusion, geo_csv=csv
+    )
+    fusion_kernel = Kernel(fusion, use_netlink=False)
+    agent = Agent(settings, kernel=fusion_kernel, module_params={}, table_kernels={name: kernel})
+    return agent, kernel
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_the_agent_runs_a_new_datapaths_theta_per_context_in_its_table(
+    tmp_path, monkeypatch, name
+) -> None:
+    """Booster's θ per context goes into the datapath's own table (a rule per destination
+    prefix, the default θ on the catch-all and in net.<name>.*), flows come back with the θ
+    each ran as trials of the policy, a θ outside Θ' never reaches the table, a policy of
+    another datapath puts the safe default back once, and so does a silent Booster."""
+    spec = registry().get(name).spec
+    tuned, default = _tuned(spec), spec.default()
+    other = tuned | {spec.params[-1].name: spec.params[-1].production[0]}
+    outside = tuned | {spec.params[0].name: spec.params[0].wide[1] + 1}
+    answers = [_answer(name, tuned, {PLACE: other}), _answer(name, outside, {PLACE: outside})]
+    answers.append(_fusion_answer())
+    agent, kernel = _table_agent(tmp_path, name, answers, monkeypatch)
+
+    agent.refresh_theta()
+    assert kernel.theta_for("0.0.0.0/0") == tuned and kernel.sysctls() == tuned
+    assert kernel.theta_for(DST_NET) == other and not agent.leaves[name]
+    ended = dt.datetime.now(dt.UTC)
+    stats = FlowStats(2_000_000, 1_000_000, 50_000, 40_000)
+    for theta in (other, tuned):  # the module's records: each flow with the θ it ran
+        agent.aggregator.add(Flow("192.0.2.1", stats, theta, 3, ended, datapath=name))
+    agent.aggregator.add(Flow("192.0.2.1", stats, {}, 0, ended, cc="dctcp"))
+    report = agent.aggregator.close_interval(0, 1)
+    assert report is not None
+    trials = {a.datapath_theta.datapath: [] for a in report.aggregates if not a.cc}
+    for a in report.aggregates:
+        if not a.cc:
+            assert not a.HasField("theta") and a.theta_version == 3
+            trials[a.datapath_theta.datapath].append(dict(a.datapath_theta.values))
+    assert trials == {name: [other, tuned]}
+    assert {a.cc for a in report.aggregates} == {"", "dctcp"}
+
+    agent.refresh_theta()  # outside Θ′: never reaches the module
+    assert kernel.theta_for("0.0.0.0/0") == tuned and kernel.theta_for(DST_NET) == other
+    assert agent.metrics.theta_refused._value.get() == 2
+    agent.refresh_theta()  # the policy tunes another datapath: the safe default, once
+    assert agent.leaves[name] and kernel.sysctls() == default
+    assert kernel.table == ({1: default}, [Rule("0.0.0.0/0", 1), Rule("::/0", 1)])
+    agent.aggregator.add(Flow("192.0.2.1", stats, tuned, 3, ended, datapath=name))
+    [baseline] = agent.aggregator.close_interval(1, 2).aggregates
+    assert baseline.cc == registry().get(name).cc and not baseline.HasField("datapath_theta")
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_a_silent_booster_puts_a_new_datapaths_safe_default_back(
+    tmp_path, monkeypatch, name
+) -> None:
+    spec = registry().get(name).spec
+    answer = _answer(name, _tuned(spec), {PLACE: _tuned(spec)})
+    agent, kernel = _table_agent(tmp_path, name, [answer], monkeypatch)
+    agent.refresh_theta()
+    assert kernel.sysctls() == _tuned(spec)
+    agent.applier.last_ok -= agent.s.staleness_s + 1  # Booster last answered too long ago
+    agent.check_staleness()
+    assert kernel.sysctls() == spec.default() and kernel.theta_for("0.0.0.0/0") == spec.default()
+
+
 def test_a_policy_arm_ending_reports_its_flows_under_its_own_policy(tmp_path, monkeypatch) -> None:
     """When the arm (a policy of the datapath) ends and the host goes back to its own policy
     (Fusion's), the flows that ran the arm's θ are reported under the arm's policy, not under
@@ -182,16 +322,31 @@ def test_a_policy_arm_ending_reports_its_flows_under_its_own_policy(tmp_path, mo
     arm = pb.ExperimentArm(cc=name, params=pb.ExperimentArm.POLICY, policy="dc")
     in_arm = pb.GetParametersResponse.FromString(_answer(name, _tuned(spec)))
     in_arm.experiment_arm.CopyFrom(arm)
-    agent = _agent(
-        tmp_path, [], {name: _module_dir(tmp_path / "p", spec, spec.default())}, monkeypatch
-    )
+    agent, _ = _table_agent(tmp_path, name, [], monkeypatch)
     sent: list[pb.ReportRequest] = []
     monkeypatch.setattr(agent.reporter, "submit", sent.append)
     assert agent.follow_arm(in_arm) and agent.aggregator.policy == "dc"
-    agent.aggregator.datapath_theta = pb.DatapathTheta(datapath=name, values=_tuned(spec))
+    agent.follow_datapath(registry().get(name))
     stats = FlowStats(2_000_000, 1_000_000, 50_000, 40_000)
-    agent.aggregator.add(Flow("192.0.2.1", stats, {}, 0, dt.datetime.now(dt.UTC), cc=name))
+    ended = dt.datetime.now(dt.UTC)
+    agent.aggregator.add(Flow("192.0.2.1", stats, _tuned(spec), 1, ended, datapath=name))
     assert agent.follow_arm(pb.GetParametersResponse(target_cc=registry().default.cc))
     [report] = sent
     assert report.policy == "dc" and report.aggregates[0].datapath_theta.datapath == name
     assert agent.aggregator.policy == "default"
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_a_dry_run_shows_the_new_datapaths_own_table_and_sysctls(
+    tmp_path, monkeypatch, name
+) -> None:
+    spec = registry().get(name).spec
+    agent, kernel = _table_agent(tmp_path, name, [], monkeypatch)
+    resp = pb.GetParametersResponse.FromString(_answer(name, _tuned(spec), {PLACE: _tuned(spec)}))
+    rank = agent.ranked_places()
+    plan = agent.tables[name].plan_from(resp, rank)
+    text = "\n".join(would_write(agent, resp, plan, rank))
+    assert f"{name}: default θ → sysctls under {kernel.sysctl_root}:" in text
+    assert f"{name}: θ per destination (1 places" in text
+    assert f"{registry().default.name}:" not in text  # Fusion's table is not this policy's
+    assert kernel.table is None and kernel.sysctls() == spec.default()  # nothing written

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from gemini_agent.context import ContextResolver, Place
 from gemini_api.aggregate import AggregateBuilder, FlowStats
+from gemini_api.datapaths import DEFAULT_DATAPATH, Message, datapath
 from gemini_api.v1 import booster_pb2 as pb
 
 REPORT_NAMESPACE = uuid.UUID("5f3c1a4e-2b7d-4c8e-9a61-0d2f7e9b4c13")
@@ -23,7 +24,8 @@ class Flow:
     theta: dict[str, int]
     theta_version: int
     ended: dt.datetime
-    cc: str = ""  # '' for Fusion; else the CC that ran (its flows have no θ)
+    cc: str = ""  # '' for a recorded flow (θ known); else the CC that ran (its flows have no θ)
+    datapath: str = DEFAULT_DATAPATH  # a recorded flow's: whose module recorded it, whose θ
 
 
 @dataclass
@@ -32,7 +34,23 @@ class _Slot:
     version: int
     context: pb.Context
     cc: str
+    datapath: str
     builder: AggregateBuilder = field(default_factory=AggregateBuilder)
+
+    def to_proto(self, tuned: str | None, dense: bool) -> pb.Aggregate:
+        """A recorded flow's aggregate carries its θ in its datapath's message when the policy
+        reported under tunes that datapath; else it is a baseline of that datapath's CC (a
+        GEMINI flow under a Fusion policy: Booster has no model of its θ there)."""
+        if self.cc or self.datapath != tuned:
+            cc = self.cc or datapath(self.datapath).cc
+            return self.builder.to_proto({}, self.version, self.context, cc, dense=dense)
+        if datapath(self.datapath).message is Message.THETA:
+            return self.builder.to_proto(self.theta, self.version, self.context, dense=dense)
+        # the θ travels as DatapathTheta: built as a baseline's, then made the datapath's trial
+        agg = self.builder.to_proto({}, self.version, self.context, self.datapath, dense=dense)
+        agg.cc = ""
+        agg.datapath_theta.CopyFrom(pb.DatapathTheta(datapath=self.datapath, values=self.theta))
+        return agg
 
 
 class Aggregator:
@@ -50,6 +68,10 @@ class Aggregator:
         # policy: its flows of that CC are reported as the policy's trials of that θ. The agent
         # closes the interval before changing it.
         self.datapath_theta: pb.DatapathTheta | None = None
+        # The datapath the policy reported under tunes (None: one this agent has no spec of):
+        # recorded flows of another datapath are reported as baselines of its CC. The agent
+        # closes the interval before changing it.
+        self.tuned: str | None = DEFAULT_DATAPATH
 
     def add(self, flow: Flow) -> None:
         if not flow.stats.usable:
@@ -57,12 +79,14 @@ class Aggregator:
             return
         # the source side of the context is the host's own: place and hour decide the rest
         place, hour = self.resolver.place(flow.dst), flow.ended.hour
-        key = (flow.cc, tuple(sorted(flow.theta.items())), flow.theta_version, place, hour)
+        theta = tuple(sorted(flow.theta.items()))
+        key = (flow.cc, flow.datapath, theta, flow.theta_version, place, hour)
         with self._lock:
             slot = self._slots.get(key)
             if slot is None:
                 ctx = self.resolver.message(place, hour)
-                slot = self._slots[key] = _Slot(flow.theta, flow.theta_version, ctx, flow.cc)
+                slot = _Slot(flow.theta, flow.theta_version, ctx, flow.cc, flow.datapath)
+                self._slots[key] = slot
             slot.builder.add(flow.stats)
             self._recent_flows[place] += 1
 
@@ -88,10 +112,7 @@ class Aggregator:
         if not slots:
             return None
         report_id = uuid.uuid5(REPORT_NAMESPACE, f"{self.host_id}/{self.policy}/{start_ms}")
-        aggregates = [
-            s.builder.to_proto(s.theta, s.version, s.context, s.cc, dense=dense_sketches)
-            for s in slots.values()
-        ]
+        aggregates = [s.to_proto(self.tuned, dense_sketches) for s in slots.values()]
         ran = self.datapath_theta
         for agg in aggregates:
             if ran is not None and agg.cc == ran.datapath:

@@ -15,11 +15,13 @@ its CC host-wide or on some routes, and for Fusion its fixed θ or the spec's de
 the plan; an arm tuned by a policy makes the agent ask, and report, under that policy. An answer
 without an arm, an arm past its end while Booster is away, or a clean exit restores the host.
 
-Fusion's table is written only while the host runs a Fusion θ: its policy tunes Fusion, or an
-arm runs Fusion. A policy of another datapath (CUBIC) leaves Fusion alone, so a host that never
-loads the module logs and counts nothing about it; when a host stops running a Fusion θ, its
-table goes back to the safe default once, as CUBIC's parameters go back to the kernel's values
-when its policy no longer targets CUBIC."""
+Each table datapath's table (Fusion's, GEMINI's, DC-Vegas's: gemini_agent.writeback) is written
+only while the host runs a θ of it: its policy tunes that datapath, or an arm runs it. A policy
+of another datapath (CUBIC) leaves the table alone, so a host that never loads the module logs
+and counts nothing about it; when a host stops running its θ, the table goes back to the safe
+default once, as CUBIC's parameters go back to the kernel's values when its policy no longer
+targets CUBIC. Before Booster's first answer the host is taken to run the default datapath
+(Fusion), as an answer without a target_cc says."""
 
 from __future__ import annotations
 
@@ -40,11 +42,11 @@ from gemini_agent.datapath import HostTheta, datapath_message, host_theta, host_
 from gemini_agent.dryrun import DryRun, would_write
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.reporter import Reporter
-from gemini_agent.sources import FusionRecordSource, SockDiagSource, Source
+from gemini_agent.sources import RecordSource, SockDiagSource, Source, recorded_datapaths
 from gemini_agent.spool import Spool
 from gemini_agent.table import Destinations
-from gemini_agent.writeback import Kernel, Plan, ThetaApplier
-from gemini_api.datapaths import registry
+from gemini_agent.writeback import Kernel, Plan, ThetaApplier, table_datapaths
+from gemini_api.datapaths import Datapath, registry
 from gemini_api.fusion_genl import FusionError
 from gemini_api.theta import ThetaError
 from gemini_api.v1 import booster_pb2 as pb
@@ -85,6 +87,26 @@ def host_datapaths() -> dict[str, HostTheta]:
     return {d.name: w for d in registry() if (w := host_writer(d)) is not None}
 
 
+def table_appliers(
+    s: AgentSettings,
+    metrics: AgentMetrics,
+    default: Kernel,
+    kernels: dict[str, Kernel] | None = None,
+) -> dict[str, ThetaApplier]:
+    """An applier for each table datapath: the default's through ``default``, any other's
+    through ``kernels`` or its own sysctls beside the default's (net.<name>.* under the
+    directory holding sysctl_root, which the Helm chart mounts) and its own family."""
+    kernels = kernels or {}
+    out = {}
+    for d in table_datapaths():
+        if d == registry().default:
+            kernel = default
+        else:
+            kernel = kernels.get(d.name) or Kernel.of(d, s.sysctl_root, default.use_netlink)
+        out[d.name] = ThetaApplier(kernel, metrics, s.staleness_s, d.spec)
+    return out
+
+
 class Agent:
     def __init__(
         self,
@@ -92,6 +114,7 @@ class Agent:
         kernel: Kernel | None = None,
         net: NetKernel | None = None,
         module_params: dict[str, HostTheta] | None = None,
+        table_kernels: dict[str, Kernel] | None = None,
     ) -> None:
         self.s = settings
         self.metrics = AgentMetrics()
@@ -100,7 +123,8 @@ class Agent:
         self.spool = Spool(settings.spool_dir, settings.spool_max_bytes)
         self.reporter = Reporter(settings, self.spool, self.metrics)
         self.kernel = kernel or Kernel(sysctl_root=settings.sysctl_root)
-        self.applier = ThetaApplier(self.kernel, self.metrics, settings.staleness_s)
+        self.tables = table_appliers(settings, self.metrics, self.kernel, table_kernels)
+        self.applier = self.tables[registry().default.name]  # Fusion's; its clock is Booster's
         # The journal sits with the spool: state the agent keeps across its own restarts.
         journal = settings.spool_dir.parent / ARM_JOURNAL
         self.arms = ArmApplier(net or NetKernel(settings.net_ipv4_root), self.metrics, journal)
@@ -111,18 +135,31 @@ class Agent:
         self.by_size = sorted(
             self.destinations.places, key=lambda p: (-self.destinations.prefix_count[p], p)
         )
-        self.kernel_drops = self.kernel.record_drops()
+        self.kernel_drops = self.record_drops()
         self.stopped = threading.Event()
         self.interval_start_ms = int(time.time() * 1000)
         self.refresh_after_s = settings.interval_s  # until Booster says otherwise
-        # Booster's last answer gave Fusion nothing to run here (a policy of another datapath,
-        # no Fusion arm): its table is left alone, also when Booster goes stale. False until
-        # an answer says so: an agent that has not heard from Booster yet cannot tell.
-        self.leaves_fusion = False
+        # Per table datapath: Booster's last answer gave it nothing to run here (a policy of
+        # another datapath, no arm of its CC): its table is left alone, also when Booster goes
+        # stale. Until an answer says otherwise, the host runs the default datapath.
+        self.leaves = {name: a.datapath != registry().default for name, a in self.tables.items()}
         # The last GetParameters failed: the first report that gets through after it shows
         # Booster is back, and θ is asked for then, not at the interval's end.
         self.booster_silent = False
         self.dry_run = DryRun()  # apply_to_kernel false: what would be written, printed
+
+    @property
+    def leaves_fusion(self) -> bool:
+        """Does the default datapath's table stay alone (see ``leaves``)?"""
+        return self.leaves[self.applier.datapath.name]
+
+    def record_drops(self) -> dict[str, int]:
+        """The table modules' counts of records lost, summed over the modules loaded."""
+        out: dict[str, int] = {}
+        for applier in self.tables.values():
+            for where, count in applier.kernel.record_drops().items():
+                out[where] = out.get(where, 0) + count
+        return out
 
     def ranked_places(self) -> list[Place]:
         """Every place of the destination table, the busiest first."""
@@ -139,12 +176,18 @@ class Agent:
             return arm.policy
         return self.s.policy
 
+    def arm_table(self, arm: pb.ExperimentArm | None) -> ThetaApplier | None:
+        """The applier of the table datapath whose CC the arm runs; None for another CC."""
+        ran = registry().for_cc(arm.cc) if arm is not None else None
+        return self.tables.get(ran.name) if ran is not None else None
+
     def fixed_plan(self, arm: pb.ExperimentArm | None) -> Plan | None:
-        """The θ a Fusion arm fixes (its θ, or the spec's default); None when the plan holds.
-        Raises ThetaError for a fixed θ outside the spec's wide region."""
-        if arm is None or arm.cc != self.applier.datapath.cc:
+        """The θ an arm of a table datapath fixes (its θ, or the spec's default); None when the
+        plan holds. Raises ThetaError for a fixed θ outside the spec's wide region."""
+        applier = self.arm_table(arm)
+        if arm is None or applier is None:
             return None
-        spec = self.applier.spec
+        spec = applier.spec
         if arm.params == pb.ExperimentArm.KERNEL_DEFAULT:
             return Plan(spec.default(), {})
         if arm.params == pb.ExperimentArm.FIXED:
@@ -165,8 +208,8 @@ class Agent:
         return self.policy != before
 
     def apply_arm(self) -> Plan | None:
-        """Run the current arm (or restore the host without one); the Fusion θ the arm runs
-        instead of the plan, None when the plan holds."""
+        """Run the current arm (or restore the host without one); the θ the arm runs in its
+        table datapath instead of the plan, None when the plan holds."""
         arm = self.arm
         try:
             fixed = self.fixed_plan(arm)
@@ -176,25 +219,43 @@ class Agent:
             arm, fixed = None, None
         return fixed if self.arms.apply(arm) else None
 
-    def apply_fusion(
-        self, resp: pb.GetParametersResponse, plan: Plan, arm_plan: Plan | None, rank: list[Place]
+    def apply_tables(
+        self,
+        resp: pb.GetParametersResponse,
+        asked: list[Place],
+        arm_plan: Plan | None,
+        rank: list[Place],
     ) -> None:
-        """Fusion's table: the arm's θ when an arm runs Fusion, else the plan when the policy
-        tunes Fusion. A policy of another datapath without a Fusion arm leaves Fusion alone:
-        no table and no sysctl written, so a host without the module (one that tunes its stock
-        CUBIC only) logs no error and counts no refused table on every refresh. Its table goes
-        back to the safe default once (ThetaApplier.release): when the policy turns from
-        Fusion, a Fusion arm ends, or the agent starts on such a policy, no tuned θ is left
-        running for Fusion flows nobody plans."""
+        """Each table datapath's table: the arm's θ when an arm runs its CC, else the plan when
+        the policy tunes it. A datapath neither runs is left alone: no table and no sysctl
+        written, so a host without its module (one that tunes its stock CUBIC only) logs no
+        error and counts no refused table on every refresh. Its table goes back to the safe
+        default once (ThetaApplier.release): when the policy turns from it, its arm ends, or
+        the agent starts on such a policy, no tuned θ is left running for flows nobody plans."""
         tuned = registry().answered(resp.target_cc)
-        self.leaves_fusion = arm_plan is None and tuned != self.applier.datapath
+        armed = self.arm_table(self.arm) if arm_plan is not None else None
+        for name, applier in self.tables.items():
+            fixed = arm_plan if applier is armed else None
+            self.leaves[name] = fixed is None and tuned != applier.datapath
+            self._apply_table(applier, self.leaves[name], fixed, resp, asked, rank)
+
+    def _apply_table(
+        self,
+        applier: ThetaApplier,
+        leaves: bool,
+        fixed: Plan | None,
+        resp: pb.GetParametersResponse,
+        asked: list[Place],
+        rank: list[Place],
+    ) -> None:
         try:
-            if self.leaves_fusion:
-                self.applier.release(self.destinations)
+            if leaves:
+                applier.release(self.destinations)
             else:
-                self.applier.apply(plan if arm_plan is None else arm_plan, self.destinations, rank)
+                plan = fixed or applier.plan_from(resp, asked)
+                applier.apply(plan, self.destinations, rank)
         except OSError as exc:  # the sysctls are gone: the module was unloaded
-            log.error("cannot write θ into the kernel: %s", exc)
+            log.error("cannot write %s θ into the kernel: %s", applier.spec.datapath, exc)
 
     def expire_arm(self, unknown_policy: bool = False) -> None:
         """Booster did not answer: an arm past its end (or crossover) is not run any longer,
@@ -255,19 +316,21 @@ class Agent:
     def check_staleness(self) -> None:
         """Booster has been silent longer than staleness_s: each datapath falls back to its
         spec's default, once per silence (counted and logged per datapath), until Booster
-        answers again and its θ is applied as usual. Fusion's table takes the safe default,
-        unless Booster's last answer left Fusion alone (a policy of another datapath, no
-        Fusion arm: the table went back to the safe default then, and a host without the
+        answers again and its θ is applied as usual. A table datapath's table takes the safe
+        default, unless Booster's last answer left it alone (a policy of another datapath, no
+        arm of its CC: the table went back to the safe default then, and a host without the
         module would log and count a refused table once per silence); a host-wide datapath
         this agent set (CUBIC's module parameters) takes its spec's default, which for CUBIC
         is the kernel's own defaults."""
         if not self.applier.went_stale():
             return
-        if not self.leaves_fusion:
+        for name, applier in self.tables.items():
+            if self.leaves[name]:
+                continue
             try:
-                self.applier.fall_back(self.destinations)
-            except OSError as exc:  # no Fusion module on this host: its sysctls are not there
-                log.error("cannot write Fusion's safe default into the kernel: %s", exc)
+                applier.fall_back(self.destinations)
+            except OSError as exc:  # no module on this host: its sysctls are not there
+                log.error("cannot write %s's safe default into the kernel: %s", name, exc)
         for params in self.module_params.values():
             if params.written is not None:
                 self._fall_back_params(params)
@@ -330,24 +393,37 @@ class Agent:
             if self.s.apply_to_kernel:
                 self.check_staleness()
             return
-        self.applier.booster_answered()
+        for applier in self.tables.values():
+            applier.booster_answered()
         self.booster_silent = False
         if resp.refresh_after_seconds:
             self.refresh_after_s = max(float(resp.refresh_after_seconds), MIN_REFRESH_S)
         if self.follow_arm(resp) and not _retry:
             self.refresh_theta(_retry=True)  # the plans of the arm's policy, not the host's
             return
-        plan = self.applier.plan_from(resp, asked)
+        self.follow_datapath(registry().answered(resp.target_cc))
         if self.s.apply_to_kernel:
             arm_plan = self.apply_arm()
             self.apply_host_theta(resp)
-            self.apply_fusion(resp, plan, arm_plan, rank)
+            self.apply_tables(resp, asked, arm_plan, rank)
         else:
+            tuned = registry().answered(resp.target_cc)
+            shown = self.tables.get(tuned.name, self.applier) if tuned else self.applier
+            plan = shown.plan_from(resp, asked)
             self.dry_run.show(would_write(self, resp, plan, rank))
+
+    def follow_datapath(self, tuned: Datapath | None) -> None:
+        """The datapath the policy asked under tunes: recorded flows of it are its trials, of
+        any other its CC's baselines (gemini_agent.aggregator). The interval closes before it
+        changes: its flows were reported under the datapath before."""
+        name = tuned.name if tuned is not None else None
+        if name != self.aggregator.tuned:
+            self.close_interval()
+            self.aggregator.tuned = name
 
     def count_kernel_drops(self) -> None:
         """The module's own counts of records it could not deliver, as counters."""
-        now = self.kernel.record_drops()
+        now = self.record_drops()
         for where, count in now.items():
             if count > self.kernel_drops.get(where, count):
                 self.metrics.records_dropped.labels(where).inc(count - self.kernel_drops[where])
@@ -370,23 +446,30 @@ class Agent:
         self.refresh_theta()
 
     def make_sources(self) -> list[Source]:
-        """The flow sources to start. A host without the Fusion module (one that tunes its
-        stock CUBIC only) has no Fusion records to read: with socket diagnostics on, the agent
-        still runs on their flows and says so once; with them off it would report nothing, so
-        it stops at start, naming both ways out (a Fusion fleet's host missing its module is a
-        deployment error to see at once, not an agent that runs and reports nothing)."""
+        """The flow sources to start: the records of each table module loaded here, and socket
+        diagnostics when on. A host without any such module (one that tunes its stock CUBIC
+        only) has no records to read: with socket diagnostics on, the agent still runs on their
+        flows and says so once; with them off it would report nothing, so it stops at start,
+        naming both ways out (a Fusion fleet's host missing its module is a deployment error
+        to see at once, not an agent that runs and reports nothing)."""
         sources: list[Source] = []
-        try:
-            sources.append(FusionRecordSource(self.aggregator.add, self.metrics))
-        except (FusionError, OSError) as exc:
+        missing: list[Exception] = []
+        for d in recorded_datapaths():
+            try:
+                sources.append(RecordSource(self.aggregator.add, self.metrics, d))
+            except (FusionError, OSError) as exc:
+                missing.append(exc)
+        if not sources and missing:
             if not self.s.sockdiag:
                 raise FusionError(
-                    f"{exc} (a host without Fusion reports flows through sockdiag = true)"
-                ) from exc
+                    f"{missing[0]} (a host without Fusion reports flows through sockdiag = true)"
+                ) from missing[0]
             log.warning(
                 "no Fusion flow records on this host (%s): flows come from socket diagnostics",
-                exc,
+                missing[0],
             )
+        for absent in missing if sources else []:
+            log.info("no flow records of this module: %s", absent)
         if self.s.sockdiag:
             sources.append(
                 SockDiagSource(

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from gemini_agent.config import AgentSettings
 from gemini_agent.context import Place
 from gemini_agent.table import Destinations, Limits, compile_table
-from gemini_agent.writeback import Plan
-from gemini_api.datapaths import Apply, registry
+from gemini_agent.writeback import Plan, sysctl_root_of
+from gemini_api.datapaths import registry
 from gemini_api.theta import ThetaError, ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 
@@ -54,7 +54,7 @@ def _datapaths(s: AgentSettings) -> str:
     """The datapaths this agent can run, by how it applies θ."""
     parts = []
     for d in registry():
-        where = s.sysctl_root if d.apply is Apply.PROFILE_TABLE else d.spec.target
+        where = sysctl_root_of(d, s.sysctl_root) if d.per_destination else d.spec.target
         how = "θ per destination" if d.per_destination else "one θ per host"
         parts.append(f"{d.name} ({how}, {where})")
     return "; ".join(parts)
@@ -140,7 +140,8 @@ def would_write(
     agent: Agent, resp: pb.GetParametersResponse, plan: Plan, rank: Sequence[Place]
 ) -> list[str]:
     """Everything the agent would write for Booster's answer ``resp`` (``plan`` its checked θ
-    per destination), by the same choices the applying agent makes."""
+    per destination for the table datapath the policy tunes), by the same choices the
+    applying agent makes (Agent.apply_tables)."""
     try:
         arm_plan = agent.fixed_plan(agent.arm)
     except ThetaError as exc:
@@ -151,16 +152,15 @@ def would_write(
     datapath, theta = agent.host_choice(resp)
     if datapath in agent.module_params:  # a host-wide datapath: its module parameters
         lines += host_lines(datapath, theta)
-    applier = agent.applier
-    if arm_plan is not None or registry().answered(resp.target_cc) == applier.datapath:
-        lines += table_lines(
-            applier.spec,
-            plan if arm_plan is None else arm_plan,
-            agent.destinations,
-            rank,
-            str(agent.s.sysctl_root),
-            applier.limits,
-        )
+    tuned = registry().answered(resp.target_cc)
+    armed = agent.arm_table(agent.arm) if arm_plan is not None else None
+    for applier in agent.tables.values():
+        shown = arm_plan if applier is armed else plan if applier.datapath == tuned else None
+        if shown is not None:
+            root = str(applier.kernel.sysctl_root)
+            lines += table_lines(
+                applier.spec, shown, agent.destinations, rank, root, applier.limits
+            )
     return lines
 
 

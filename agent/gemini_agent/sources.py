@@ -1,8 +1,10 @@
-"""Where finished flows come from: the Fusion module's flow records (exact θ attribution), and
-socket-diagnostics destroy events for flows of every other congestion control.
+"""Where finished flows come from: the flow records of each module that keeps them (Fusion,
+GEMINI, DC-Vegas: ``records = "flow_records"``; exact θ attribution), and socket-diagnostics
+destroy events for flows of every other congestion control.
 
-A reader thread turns each Fusion record into an aggregator Flow. The kernel counts records it
-could not deliver; the listener counts receive-buffer overruns; both surface as metrics.
+A reader thread per such module turns each record into an aggregator Flow of its datapath.
+The kernel counts records it could not deliver; the listener counts receive-buffer overruns;
+both surface as metrics.
 Flows of other CCs are counted per CC (gemini_agent_other_cc_flows) and aggregated per (CC,
 context) without θ: Booster keeps them as the baseline of A/B comparisons, never as points of
 its model. Their throughput is bytes acked over the time the socket had data to send (tcp_info's
@@ -23,17 +25,22 @@ from gemini_agent.aggregator import Flow
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.sockdiag import ClosedFlow, DestroyListener
 from gemini_api.aggregate import FlowStats
-from gemini_api.datapaths import Records, registry
-from gemini_api.fusion_genl import FlowRecord, FlowRecordListener
+from gemini_api.datapaths import DEFAULT_DATAPATH, Datapath, Records, registry
+from gemini_api.fusion_genl import FlowRecord, FlowRecordListener, TableFamily
 
 log = logging.getLogger(__name__)
 FIN_ONLY_BYTES = 1  # tcpi_bytes_acked of a socket that sent nothing but its FIN
-# The CCs whose datapath records its own flows with the θ they ran (Fusion's module): sock_diag
+# The CCs whose datapath records its own flows with the θ they ran (the table modules): sock_diag
 # leaves their sockets to those records, which count each flow once and with its θ.
 RECORDED_CCS = frozenset(d.cc for d in registry() if d.records is Records.FLOW_RECORDS)
 
 
-def flow_from_record(rec: FlowRecord, ended: dt.datetime) -> Flow:
+def recorded_datapaths() -> list[Datapath]:
+    """The datapaths whose module reports its flows on its table's family, the default first."""
+    return [d for d in registry() if d.records is Records.FLOW_RECORDS and d.genl_family]
+
+
+def flow_from_record(rec: FlowRecord, ended: dt.datetime, datapath: str = DEFAULT_DATAPATH) -> Flow:
     stats = FlowStats(
         bytes_acked=rec.bytes_acked,
         duration_us=rec.duration_us,
@@ -41,7 +48,12 @@ def flow_from_record(rec: FlowRecord, ended: dt.datetime) -> Flow:
         rtt_min_us=rec.rtt_min_us,
     )
     return Flow(
-        dst=rec.dst, stats=stats, theta=rec.theta, theta_version=rec.profile_version, ended=ended
+        dst=rec.dst,
+        stats=stats,
+        theta=rec.theta,
+        theta_version=rec.profile_version,
+        ended=ended,
+        datapath=datapath,
     )
 
 
@@ -57,15 +69,18 @@ class Source(threading.Thread):
         self.stopped.set()
 
 
-class FusionRecordSource(Source):
-    """Fusion's flow records over its generic netlink family: one per finished flow, with the
-    θ (profile) it ran."""
+class RecordSource(Source):
+    """A table module's flow records over its generic netlink family: one per finished flow,
+    with the θ (profile) it ran. FusionError when the family is not there (no module)."""
 
-    def __init__(self, sink: Callable[[Flow], None], metrics: AgentMetrics) -> None:
-        super().__init__("fusion-records", metrics)
+    def __init__(
+        self, sink: Callable[[Flow], None], metrics: AgentMetrics, datapath: Datapath | None = None
+    ) -> None:
+        d = datapath or registry().default
+        super().__init__(f"{d.name}-records", metrics)
         self.sink = sink
-        self.datapath = next(d.name for d in registry() if d.records is Records.FLOW_RECORDS)
-        self.listener = FlowRecordListener()
+        self.datapath = d.name
+        self.listener = FlowRecordListener(family=TableFamily.of(d))
 
     def run(self) -> None:
         overruns = 0
@@ -76,7 +91,7 @@ class FusionRecordSource(Source):
             now = dt.datetime.now(dt.UTC)
             for rec in self.listener.receive():
                 self.metrics.flows.labels(self.datapath).inc()
-                self.sink(flow_from_record(rec, now))
+                self.sink(flow_from_record(rec, now, self.datapath))
             if self.listener.overruns != overruns:
                 self.metrics.records_dropped.labels("socket").inc(self.listener.overruns - overruns)
                 overruns = self.listener.overruns
@@ -95,7 +110,7 @@ def flow_from_closed(flow: ClosedFlow, ended: dt.datetime) -> Flow:
 
 class SockDiagSource(Source):
     """Destroy events of every TCP socket, completed from a dump every ``dump_s`` (see
-    gemini_agent.sockdiag); Fusion's own flows are left to its records. ``skip`` holds
+    gemini_agent.sockdiag); the table modules' flows are left to their records. ``skip`` holds
     (address, port) peers that are not the host's service (the agent's Booster)."""
 
     def __init__(
@@ -120,7 +135,7 @@ class SockDiagSource(Source):
                 next_dump = time.monotonic() + self.dump_s
             select.select([self.listener], [], [], min(0.5, self.dump_s))
             for flow in self.listener.read():
-                # Fusion's flows come from its records; a socket with no peer and no bytes (a
+                # recorded CCs' flows come from their records; a socket with no peer and no bytes (a
                 # listener, an unanswered connect) is no flow
                 if flow.cc in RECORDED_CCS or (flow.dport == 0 and flow.bytes_acked == 0):
                     continue

@@ -1,7 +1,13 @@
-"""θ from Booster into the kernel: checked against the θ spec, installed atomically, kept when
-Booster fails, replaced by the spec's safe default once Booster has been silent too long, and
-once when the host stops running a Fusion θ (its policy tunes another datapath: the table is
-then left alone, and a host without the module is never asked).
+"""θ from Booster into a table module: checked against the θ spec, installed atomically, kept
+when Booster fails, replaced by the spec's safe default once Booster has been silent too long,
+and once when the host stops running that datapath's θ (its policy tunes another datapath: the
+table is then left alone, and a host without the module is never asked).
+
+One ThetaApplier per ``apply = "profile_table"`` datapath of the registry (Fusion, GEMINI,
+DC-Vegas): each module carries the same table (fusion-kmod/cc_table.h) under its own generic
+netlink family and net.<datapath>.* sysctls, so what follows holds for each alike; Booster's θ
+comes in the answer's field the datapath's ``message`` names (``theta`` for Fusion,
+``datapath_theta`` for the others).
 
 Everything goes into the module's netlink table in one message that replaces the whole table:
 per-context profiles by destination prefix, compiled to fit the module's limits
@@ -34,8 +40,8 @@ from gemini_agent.table import (
     Limits,
     compile_table,
 )
-from gemini_api.datapaths import Apply, Datapath, datapath, registry
-from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
+from gemini_api.datapaths import Apply, Datapath, Message, datapath, registry
+from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule, TableFamily
 from gemini_api.theta import ThetaError, ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 
@@ -43,9 +49,40 @@ log = logging.getLogger(__name__)
 CATCH_ALL_PROFILE = 1
 
 
+def table_datapaths() -> list[Datapath]:
+    """The datapaths whose θ goes into a per-destination profile table, the default first."""
+    return [d for d in registry() if d.apply is Apply.PROFILE_TABLE]
+
+
 def table_datapath() -> Datapath:
-    """The datapath whose θ goes into a per-destination profile table (Fusion's module)."""
-    return next(d for d in registry() if d.apply is Apply.PROFILE_TABLE)
+    """The first of them (the default datapath's, Fusion's module)."""
+    return table_datapaths()[0]
+
+
+def sysctl_root_of(d: Datapath, default_root: Path) -> Path:
+    """Where table datapath ``d``'s net.<name>.* are, the default datapath's being at
+    ``default_root`` (the agent's sysctl_root): the others beside it, as /proc/sys/net has
+    them (the Helm chart mounts that directory)."""
+    return default_root if d == registry().default else d.sysctl_root(default_root.parent)
+
+
+def answered_default(resp: pb.GetParametersResponse, d: Datapath) -> dict[str, int] | None:
+    """The default θ Booster's answer gives datapath ``d``, from the field of its message;
+    None when the answer carries none for it."""
+    if d.message is Message.THETA:
+        return d.spec.from_message(resp.default_theta)
+    msg = resp.default_datapath_theta
+    found = resp.HasField("default_datapath_theta") and msg.datapath == d.name
+    return dict(msg.values) if found else None
+
+
+def answered_context(params: pb.ContextParameters, d: Datapath) -> dict[str, int] | None:
+    """A context's θ for datapath ``d`` in Booster's answer, as ``answered_default``."""
+    if d.message is Message.THETA:
+        return d.spec.from_message(params.theta)
+    msg = params.datapath_theta
+    found = params.HasField("datapath_theta") and msg.datapath == d.name
+    return dict(msg.values) if found else None
 
 
 @dataclass(frozen=True)
@@ -57,11 +94,22 @@ class Plan:
 
 
 class Kernel:
-    """The two ways into tcp_fusion. Tests of the agent's own checks may point sysctl_root at
-    a directory; the lab exercises the real module."""
+    """The two ways into a table module (``family``; tcp_fusion's by default): its sysctls
+    under ``sysctl_root`` and its netlink family. Tests of the agent's own checks may point
+    sysctl_root at a directory; the lab exercises the real modules."""
 
-    def __init__(self, sysctl_root: Path = SYSCTL_ROOT, use_netlink: bool = True) -> None:
-        self.sysctl_root, self.use_netlink = sysctl_root, use_netlink
+    def __init__(
+        self,
+        sysctl_root: Path = SYSCTL_ROOT,
+        use_netlink: bool = True,
+        family: TableFamily | None = None,
+    ) -> None:
+        self.sysctl_root, self.use_netlink, self.family = sysctl_root, use_netlink, family
+
+    @classmethod
+    def of(cls, d: Datapath, default_root: Path, use_netlink: bool = True) -> Kernel:
+        """The kernel side of table datapath ``d`` (its sysctls: ``sysctl_root_of``)."""
+        return cls(sysctl_root_of(d, default_root), use_netlink, TableFamily.of(d))
 
     def write_default(self, theta: Mapping[str, int]) -> None:
         for name, value in theta.items():
@@ -71,7 +119,7 @@ class Kernel:
 
     def write_table(self, profiles: dict[int, dict[str, int]], rules: Sequence[Rule]) -> None:
         if self.use_netlink:
-            with FusionNetlink() as nl:
+            with FusionNetlink(self.family) as nl:
                 nl.set_profiles(profiles, rules)
 
     def record_drops(self) -> dict[str, int]:
@@ -82,7 +130,7 @@ class Kernel:
         if not self.use_netlink or not self.present():
             return {}
         try:
-            with FusionNetlink() as nl:
+            with FusionNetlink(self.family) as nl:
                 stats = nl.stats()
         except (FusionError, OSError) as exc:
             log.warning("cannot read the module's counters: %s", exc)
@@ -119,8 +167,11 @@ class ThetaApplier:
         self.fell_back = False
         self.released = False  # the table left alone since: see release()
 
-    def checked(self, theta: dict[str, int]) -> dict[str, int] | None:
+    def checked(self, theta: dict[str, int] | None) -> dict[str, int] | None:
+        """``theta`` when it is in Θ'; None, logged and counted, when it is not or is missing."""
         try:
+            if theta is None:
+                raise ThetaError(f"the answer carries no {self.spec.datapath} θ")
             self.spec.validate(theta, self.spec.region_bounds("wide"))
         except ThetaError as exc:
             log.error("refusing θ from Booster: %s", exc)
@@ -135,10 +186,10 @@ class ThetaApplier:
         previous = self.applied or Plan(self.safe_default, {})
         if registry().answered(resp.target_cc) != self.datapath:
             return previous
-        default = self.checked(self.spec.from_message(resp.default_theta))
+        default = self.checked(answered_default(resp, self.datapath))
         per_place = dict(previous.per_place)
         for params, place in zip(resp.parameters, places, strict=True):
-            theta = self.checked(self.spec.from_message(params.theta))
+            theta = self.checked(answered_context(params, self.datapath))
             if theta is not None:
                 per_place[place] = theta
         return Plan(default or previous.default, per_place)

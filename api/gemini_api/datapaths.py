@@ -7,7 +7,10 @@ A datapath is four things (docs/datapaths.md is the recipe for adding one):
 3. how the agent applies θ and records flows — ``apply`` and ``records``, each one of a small
    set of kinds, so a new datapath that applies θ the way an existing one does needs no code:
    - ``apply = "profile_table"``: θ per destination prefix through the module's netlink
-     table, and per network namespace through its sysctls (Fusion);
+     table, and per network namespace through its sysctls net.<name>.* (Fusion, GEMINI,
+     DC-Vegas: one table source, fusion-kmod/cc_table.h, compiled into each module). The
+     table's generic netlink family is ``genl_family`` (the datapath's name unless the spec
+     says otherwise), its ABI Fusion's (fusion-kmod/fusion_uapi.h) with the datapath's θ;
    - ``apply = "module_params"``: one θ per host, written to the module's parameters under
      ``target`` (CUBIC, GEMINI, DC-Vegas); the kernel refuses values outside Θ′;
    - ``apply = "config_file"``: one θ per host, written atomically to the file ``target``
@@ -43,6 +46,7 @@ from gemini_api.theta import SPECS_DIR, ThetaError, ThetaSpec, parse_spec
 
 # The datapath of a policy or arm that names none: the product's first, the paper's Fusion.
 DEFAULT_DATAPATH = "fusion"
+PROC_SYS_NET = Path("/proc/sys/net")
 
 
 class Apply(StrEnum):
@@ -87,6 +91,12 @@ class Datapath:
     records: Records
     message: Message
     ecn: bool = False
+    genl_family: str = ""  # the θ table's generic netlink family; "" without a table
+
+    def sysctl_root(self, net: Path = PROC_SYS_NET) -> Path:
+        """Where a table datapath's θ per network namespace is: net.<name>.* (the modules'
+        CC_TABLE_SYSCTL_DIR), under ``net`` (/proc/sys/net, or where a container mounts it)."""
+        return net / self.name
 
     @property
     def per_destination(self) -> bool:
@@ -118,6 +128,9 @@ def parse_datapath(raw: Mapping, file_stem: str) -> Datapath:
         raise ThetaError(f"specs/{file_stem}.toml: apply {apply.value!r} with scope {spec.scope!r}")
     records = _kind(Records, raw, "records", _RECORDS_BY_APPLY[Apply(apply)], file_stem)
     message = _kind(Message, raw, "message", Message.DATAPATH_THETA, file_stem)
+    family = str(raw.get("genl_family", spec.datapath)) if apply is Apply.PROFILE_TABLE else ""
+    if "genl_family" in raw and not family:
+        raise ThetaError(f"specs/{file_stem}.toml: genl_family without apply 'profile_table'")
     return Datapath(
         name=spec.datapath,
         cc=str(raw.get("cc", spec.datapath)),
@@ -127,6 +140,7 @@ def parse_datapath(raw: Mapping, file_stem: str) -> Datapath:
         records=Records(records),
         message=Message(message),
         ecn=bool(raw.get("ecn", False)),
+        genl_family=family,
     )
 
 

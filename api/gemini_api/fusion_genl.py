@@ -1,9 +1,14 @@
-"""User-space side of the Fusion module's generic netlink family (fusion-kmod/fusion_uapi.h).
+"""User-space side of a θ-table module's generic netlink family (fusion-kmod/fusion_uapi.h).
 
 Three things cross it: installing the destination table of θ profiles (atomically, as one
 message), reading that table and the module's counters back, and receiving one record per
-finished fusion flow on the "flows" multicast group. Attribute numbers mirror fusion_uapi.h;
+finished flow on the "flows" multicast group. Attribute numbers mirror fusion_uapi.h;
 tests/test_fusion_abi.py checks them against the header.
+
+Every module that carries the θ table (tcp_fusion, tcp_gemini, tcp_dcvegas: fusion-kmod/
+cc_table.h) speaks this one ABI under a family of its own, with its own θ: a ``TableFamily``
+names both, from the datapath registry (``TableFamily.of``). Without one, the client speaks
+to Fusion's family, as it did before the other modules had a table.
 """
 
 from __future__ import annotations
@@ -16,14 +21,15 @@ import struct
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 
 from pyroute2.netlink import NLM_F_REQUEST, genlmsg, nla
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import GenericNetlinkSocket
 
-from gemini_api.theta import load_spec
+from gemini_api.datapaths import Datapath, registry
 
-FAMILY = "fusion"
+FAMILY = "fusion"  # Fusion's family (FUSION_GENL_NAME); TableFamily.of for any datapath's
 MCGRP_FLOWS = "flows"
 CMD_SET_PROFILES = 1
 CMD_GET_PROFILES = 2
@@ -123,16 +129,47 @@ class FusionError(RuntimeError):
     """The module refused a request; the message is the kernel's own (extack)."""
 
 
-def _pack_theta(theta: Mapping[str, int]) -> bytes:
-    names = load_spec().names
+@dataclass(frozen=True)
+class TableFamily:
+    """One module's generic netlink family and the θ its blobs hold, in spec order: the
+    attributes are the same in every module (cc_table.h), the family name and θ are not."""
+
+    name: str  # the generic netlink family (CC_TABLE_GENL_NAME)
+    params: tuple[str, ...]  # θ's parameters in the order of its blob (the spec's)
+    module: str  # the kernel module that registers it, for the error a missing one gives
+
+    @classmethod
+    def of(cls, d: Datapath) -> TableFamily:
+        """The family of datapath ``d``; ValueError for one whose θ goes in no table."""
+        if not d.genl_family:
+            raise ValueError(f"datapath {d.name!r} has no θ table (apply {d.apply.value!r})")
+        return cls(d.genl_family, d.spec.names, d.module)
+
+
+@cache
+def default_family() -> TableFamily:
+    """The default datapath's family: Fusion's."""
+    return TableFamily.of(registry().default)
+
+
+def _names(family: TableFamily | None) -> tuple[str, ...]:
+    return (family or default_family()).params
+
+
+def _pack_theta(theta: Mapping[str, int], family: TableFamily | None = None) -> bytes:
+    names = _names(family)
     missing = [n for n in names if n not in theta]
     if missing:
         raise ValueError(f"theta lacks {', '.join(missing)}")
     return struct.pack(f"={len(names)}I", *(int(theta[n]) for n in names))
 
 
-def _unpack_theta(blob: bytes) -> dict[str, int]:
-    names = load_spec().names
+def _unpack_theta(blob: bytes, family: TableFamily | None = None) -> dict[str, int]:
+    names = _names(family)
+    if len(blob) != 4 * len(names):
+        raise ValueError(
+            f"θ blob of {len(blob)} bytes; {len(names)} parameters take {4 * len(names)}"
+        )
     return dict(zip(names, struct.unpack(f"={len(names)}I", blob), strict=True))
 
 
@@ -151,23 +188,41 @@ def _rule_attrs(rule: Rule) -> list:
     ]
 
 
-def _open_socket() -> GenericNetlinkSocket:
+def table_attrs(
+    profiles: Mapping[int, Mapping[str, int]], rules: Sequence[Rule], family: TableFamily
+) -> list:
+    """The attributes of a SET_PROFILES message: each profile's θ as ``family``'s blob, then
+    the rules. ValueError naming what is wrong (a θ lacking a parameter, a bad prefix) before
+    anything is sent."""
+    attrs: list = []
+    for pid, theta in profiles.items():
+        blob = _pack_theta(theta, family)
+        profile = [("FUSION_PROFILE_ATTR_ID", pid), ("FUSION_PROFILE_ATTR_THETA", blob)]
+        attrs.append(("FUSION_ATTR_PROFILE", {"attrs": profile}))
+    for rule in rules:
+        attrs.append(("FUSION_ATTR_RULE", {"attrs": _rule_attrs(rule)}))
+    return attrs
+
+
+def _open_socket(family: TableFamily) -> GenericNetlinkSocket:
     sock = GenericNetlinkSocket()
     try:
-        sock.bind(FAMILY, fusion_msg)
+        sock.bind(family.name, fusion_msg)
     except NetlinkError as exc:
         sock.close()
         raise FusionError(
-            "generic netlink family 'fusion' not found: is tcp_fusion loaded?"
+            f"generic netlink family {family.name!r} not found: is {family.module} loaded?"
         ) from exc
     return sock
 
 
 class FusionNetlink:
-    """A connection to the module's family in the caller's network namespace."""
+    """A connection to a module's family (Fusion's by default) in the caller's network
+    namespace."""
 
-    def __init__(self) -> None:
-        self._sock = _open_socket()
+    def __init__(self, family: TableFamily | None = None) -> None:
+        self.family = family or default_family()
+        self._sock = _open_socket(self.family)
         # extended ACKs carry the module's reason for a refusal
         self._sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
 
@@ -192,29 +247,14 @@ class FusionNetlink:
 
     def set_profiles(self, profiles: Mapping[int, Mapping[str, int]], rules: Sequence[Rule]) -> int:
         """Replace the destination table; returns its version. All or nothing."""
-        attrs: list = []
-        for pid, theta in profiles.items():
-            attrs.append(
-                (
-                    "FUSION_ATTR_PROFILE",
-                    {
-                        "attrs": [
-                            ("FUSION_PROFILE_ATTR_ID", pid),
-                            ("FUSION_PROFILE_ATTR_THETA", _pack_theta(theta)),
-                        ]
-                    },
-                )
-            )
-        for rule in rules:
-            attrs.append(("FUSION_ATTR_RULE", {"attrs": _rule_attrs(rule)}))
-        replies = self._request(CMD_SET_PROFILES, attrs)
+        replies = self._request(CMD_SET_PROFILES, table_attrs(profiles, rules, self.family))
         return int(replies[0].get_attr("FUSION_ATTR_VERSION"))
 
     def get_profiles(self) -> tuple[int, dict[int, dict[str, int]], list[Rule]]:
         reply = self._request(CMD_GET_PROFILES, [])[0]
         profiles = {
             p.get_attr("FUSION_PROFILE_ATTR_ID"): _unpack_theta(
-                p.get_attr("FUSION_PROFILE_ATTR_THETA")
+                p.get_attr("FUSION_PROFILE_ATTR_THETA"), self.family
             )
             for p in reply.get_attrs("FUSION_ATTR_PROFILE")
         }
@@ -244,8 +284,11 @@ class FlowRecordListener:
     socket, every datagram the kernel queued, and decoded with the same message class (the
     library's own reader buffers messages out of sight of select())."""
 
-    def __init__(self, rcvbuf_bytes: int = RECORD_RCVBUF_BYTES) -> None:
-        self._sock = _open_socket()
+    def __init__(
+        self, rcvbuf_bytes: int = RECORD_RCVBUF_BYTES, family: TableFamily | None = None
+    ) -> None:
+        self.family = family or default_family()
+        self._sock = _open_socket(self.family)
         SO_RCVBUFFORCE = 33
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf_bytes)
@@ -277,10 +320,12 @@ class FlowRecordListener:
                     self.overruns += 1
                     continue
                 raise
-            yield from _records_in(data, self._sock.prid)
+            yield from _records_in(data, self._sock.prid, self.family)
 
 
-def _records_in(data: bytes, family_id: int) -> Iterator[FlowRecord]:
+def _records_in(
+    data: bytes, family_id: int, family: TableFamily | None = None
+) -> Iterator[FlowRecord]:
     """Records in a buffer of netlink messages. Flow records are the hot path (thousands per
     second on a busy host), so their flat attributes are read with struct directly; the
     attribute numbers are fusion_msg's, which tests check against fusion_uapi.h."""
@@ -291,7 +336,7 @@ def _records_in(data: bytes, family_id: int) -> Iterator[FlowRecord]:
             return
         if msg_type == family_id and data[offset + NLMSG_HDRLEN] == CMD_FLOW_RECORD:
             start = offset + NLMSG_HDRLEN + GENL_HDRLEN
-            yield _record(_flat_attrs(data, start, offset + length))
+            yield _record(_flat_attrs(data, start, offset + length), family)
         offset += (length + 3) & ~3
 
 
@@ -308,7 +353,7 @@ def _flat_attrs(data: bytes, start: int, end: int) -> dict[str, bytes]:
     return out
 
 
-def _record(a: dict[str, bytes]) -> FlowRecord:
+def _record(a: dict[str, bytes], family: TableFamily | None = None) -> FlowRecord:
     def num(name: str) -> int:
         return int.from_bytes(a[f"FUSION_ATTR_REC_{name}"], sys.byteorder)
 
@@ -325,7 +370,7 @@ def _record(a: dict[str, bytes]) -> FlowRecord:
         segs_out=num("SEGS_OUT"),
         profile_id=num("PROFILE_ID"),
         profile_version=num("PROFILE_VERSION"),
-        theta=_unpack_theta(a["FUSION_ATTR_REC_THETA"]),
+        theta=_unpack_theta(a["FUSION_ATTR_REC_THETA"], family),
     )
 
 

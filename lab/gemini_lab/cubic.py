@@ -37,6 +37,7 @@ within a phase, and the two phases are minutes apart on a shared machine.
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import json
 import math
 import time
@@ -70,6 +71,7 @@ from gemini_lab.abtest import (
 )
 from gemini_lab.driver import POLL_S, GuestDriver, fresh_guest_dir
 from gemini_lab.loop import ACTOR, EPOCH, LabPath, write_mmdb
+from gemini_lab.netem import receiver_addr
 
 CUBIC = "cubic"
 DEFAULT_ARM, TUNED_ARM = "cubic-default", "cubic-tuned"
@@ -102,9 +104,9 @@ class CubicConfig:
     check_flows: int = 0  # flows per β of the check (CHECK_BETAS) before the agent starts
     path: LabPath = LOSSY
     tuned: tuple[str, ...] = TUNED
-    # any module_params datapath of the registry (gemini_lab.datapath_loop runs GEMINI's and
-    # DC-Vegas'): its CC runs on the lab host, its spec is the policy's, its module's
-    # parameters are what the agent writes and the guest reads back
+    # any datapath of the registry (gemini_lab.datapath_loop runs GEMINI's and DC-Vegas'):
+    # its CC runs on the lab host, its spec is the policy's, and what the agent writes (module
+    # parameters, or the namespace's θ table) is what the guest reads back (reading_params)
     datapath: str = CUBIC
 
     def arms(self) -> tuple[str, str]:
@@ -521,9 +523,26 @@ def from_record(path: Path) -> tuple[CubicResult, CubicConfig]:
     return result, cfg
 
 
-def reading_params(reading: dict, name: str) -> dict[str, int]:
-    """The datapath's module parameters in one of the guest's readings (fleet.probe)."""
+def reading_params(reading: dict, name: str, dst: str = receiver_addr(0)) -> dict[str, int]:
+    """The θ the datapath runs in one of the guest's readings (fleet.probe): a host-wide
+    datapath's module parameters; for a table datapath (GEMINI, DC-Vegas) the θ its table
+    gives destination ``dst`` (the loop's path), by longest prefix, else its namespace's
+    default (net.<name>.*)."""
+    table = reading.get("tables", {}).get(name)
+    if table is not None:
+        return theta_for(table, dst)
     return reading.get("module_params", {}).get(name) or reading.get(name) or {}
+
+
+def theta_for(table: dict, dst: str) -> dict[str, int]:
+    """The θ of the longest rule of ``table`` (cubic_guest.table_dump) matching ``dst``."""
+    addr = ipaddress.ip_address(dst)
+    matching = [
+        (ipaddress.ip_network(prefix).prefixlen, theta)
+        for prefix, theta in table["rules"]
+        if addr in ipaddress.ip_network(prefix)
+    ]
+    return max(matching, key=lambda m: m[0])[1] if matching else table["sysctls"]
 
 
 def _theta_text(theta: dict | None, name: str = CUBIC) -> str:

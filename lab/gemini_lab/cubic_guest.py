@@ -8,15 +8,17 @@ turn, runs back-to-back cubic flows on one path, and puts the kernel's own value
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from gemini_api.datapaths import Apply, load_datapath, registry
+from gemini_api.datapaths import Apply, Datapath, load_datapath, registry
+from gemini_api.fusion_genl import FusionNetlink, TableFamily
 from gemini_lab.bulk import put
 from gemini_lab.experiment import BASE_PORT
-from gemini_lab.netem import receiver_addr, receiver_ns, wait_listening
+from gemini_lab.netem import python_in, receiver_addr, receiver_ns, sh, wait_listening
 
 CHECK_PORT = BASE_PORT + 90
 
@@ -47,6 +49,39 @@ def loaded_module_params() -> dict[str, dict[str, int]]:
             if values:
                 out[dp.name] = values
     return out
+
+
+def _read_tables() -> list[Datapath]:
+    """The table datapaths besides the default (Fusion, which the lab reads its own way) whose
+    module the guest runs: GEMINI's and DC-Vegas's when a loop loaded them."""
+    return [
+        d
+        for d in registry()
+        if d.genl_family and d != registry().default and Path(f"/sys/module/{d.module}").is_dir()
+    ]
+
+
+def table_dump(d: Datapath) -> dict:
+    """What table datapath ``d`` runs in this network namespace: its net.<name>.* sysctls (the
+    default profile), and its profile table as the module gives it back over netlink, each
+    rule with the θ of its profile."""
+    root = d.sysctl_root()
+    with FusionNetlink(TableFamily.of(d)) as nl:
+        version, profiles, rules = nl.get_profiles()
+    return {
+        "sysctls": {n: int((root / n).read_text()) for n in d.spec.names},
+        "version": version,
+        "rules": [[r.prefix, profiles[r.profile_id]] for r in rules],
+    }
+
+
+def loaded_tables(ns: str) -> dict[str, dict]:
+    """Every loaded table datapath's dump (``table_dump``) in lab host ``ns``: read there by a
+    process of its own (netlink and /proc/sys/net answer for the reader's namespace); none is
+    started while no such module is loaded."""
+    if not _read_tables():
+        return {}
+    return json.loads(sh(*python_in(ns, "gemini_lab.cubic_guest", "tables")))
 
 
 def cubic_params() -> dict[str, int]:
@@ -99,3 +134,9 @@ def exp_cubic_check(e: dict, out: Path) -> dict:
         write_cubic_params(before)
         receiver.terminate()
     return {"before": before, "after": cubic_params(), "cells": cells}
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["tables"]:
+        sys.exit("usage: python -m gemini_lab.cubic_guest tables")
+    print(json.dumps({d.name: table_dump(d) for d in _read_tables()}))

@@ -1,13 +1,16 @@
-"""The closed loop (agent → Booster → agent → kernel) for any ``module_params`` datapath:
+"""The closed loop (agent → Booster → agent → kernel) for any datapath of the registry:
 ``gemini-lab datapath-loop --datapath NAME``.
 
 gemini_lab.cubic runs it for CUBIC; nothing in it is CUBIC's but its defaults, so this module
 only chooses, per datapath, a path where the datapath's signals occur and which θ parameter to
 search, and runs gemini_lab.cubic's loop with ``CubicConfig.datapath`` set. The guest loads the
 datapath's module first (experiment kind ``datapath_load``: ours from the build beside
-tcp_fusion.ko), the lab host's namespace runs its CC, the agent writes the θ Booster plans into
-/sys/module/<module>/parameters and reports the flows it reads through sock_diag, and the guest
-reads the module's parameters back at each checkpoint (gemini_lab.fleet.probe).
+tcp_fusion.ko) and the lab host's namespace runs its CC. The agent applies θ as the datapath's
+spec says: GEMINI and DC-Vegas are table datapaths, so it installs Booster's θ per context in
+the module's profile table and net.<name>.* sysctls of the lab host's namespace and reports the
+flows from the module's records, each with the θ it ran; at each checkpoint the guest dumps
+that namespace's table and sysctls back (gemini_lab.fleet.probe, cubic_guest.table_dump). A
+host-wide datapath's θ goes into /sys/module/<module>/parameters and is read back from there.
 
 The path for GEMINI and DC-Vegas is a small datacenter-like one that qemu's emulation keeps up
 with: 20 Mbit/s, 10 ms, a 100-packet queue marking ECN from 20 packets, dctcp receivers (so a

@@ -1,9 +1,10 @@
 """Guest side: run real TCP flows over the lab's paths and measure them.
 
 Flows are gemini_lab.bulk (blocking sockets; sender in the sender namespace, a one-shot
-receiver per flow in the path's namespace). θ for fusion flows is the sender namespace's
-default profile (sysctl) or a destination profile installed over netlink. The module's own
-flow records are collected by a listener started before the first flow.
+receiver per flow in the path's namespace). θ for the flows of a table datapath (Fusion,
+GEMINI, DC-Vegas) is the sender namespace's default profile (its net.<name>.* sysctls) or a
+destination profile installed over netlink. The module's own flow records are collected by a
+listener started before the first flow.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gemini_api.datapaths import DEFAULT_DATAPATH
 from gemini_lab.netem import SENDER_NS, python_in, receiver_addr, receiver_ns, sh
 
 BASE_PORT = 5201
@@ -45,9 +47,10 @@ def unprivileged_record_listener() -> str:
     return f"failed: {last[0]}"
 
 
-def set_default_theta(theta: dict[str, int]) -> None:
+def set_default_theta(theta: dict[str, int], datapath: str = DEFAULT_DATAPATH) -> None:
+    """The sender namespace's default profile of table datapath ``datapath``."""
     for name, value in theta.items():
-        sh("sysctl", "-qw", f"net.fusion.{name}={value}", ns=SENDER_NS)
+        sh("sysctl", "-qw", f"net.{datapath}.{name}={value}", ns=SENDER_NS)
 
 
 def read_sysctl(name: str, ns: str = SENDER_NS) -> int:
@@ -55,16 +58,17 @@ def read_sysctl(name: str, ns: str = SENDER_NS) -> int:
 
 
 class RecordCollector:
-    """`python -m gemini_lab.records` in the sender namespace, for the duration of a block."""
+    """`python -m gemini_lab.records` in the sender namespace, for the duration of a block: the
+    records of table datapath ``datapath`` (Fusion's by default)."""
 
-    def __init__(self, out: Path) -> None:
-        self.out = out
+    def __init__(self, out: Path, datapath: str = DEFAULT_DATAPATH) -> None:
+        self.out, self.datapath = out, datapath
         self.proc: subprocess.Popen | None = None
         self.summary: dict = {}
 
     def __enter__(self) -> RecordCollector:
         self.proc = subprocess.Popen(
-            python_in(SENDER_NS, "gemini_lab.records", str(self.out)),
+            python_in(SENDER_NS, "gemini_lab.records", str(self.out), self.datapath),
             stdout=subprocess.PIPE,
             text=True,
         )

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from gemini_lab.bulk import HOST_CC
-from gemini_lab.cubic_guest import cubic_params, loaded_module_params
+from gemini_lab.cubic_guest import cubic_params, loaded_module_params, loaded_tables
 from gemini_lab.experiment import BASE_PORT
 from gemini_lab.netem import python_in, receiver_addr, sh
 
@@ -76,6 +76,7 @@ def probe(ns: str, requested: float | None = None) -> dict:
         "sysctl": sysctl.strip(),
         "cubic": cubic_params(),
         "module_params": loaded_module_params(),  # every loaded module_params datapath's
+        "tables": loaded_tables(ns),  # the namespace's θ tables of GEMINI, DC-Vegas if loaded
         "connections": parse_ss_ccs(ss),
         "ss": ss.strip(),
         "congctl_routes": [r.strip() for r in routes.splitlines() if " congctl " in f" {r} "],

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gemini_api.aggregate import FlowStats
+from gemini_api.datapaths import Datapath, registry
 from gemini_api.fusion_genl import FusionError, FusionNetlink, Rule
 from gemini_api.theta import load_spec
 from gemini_lab import fleet
@@ -29,6 +30,7 @@ from gemini_lab.datapath_guest import (
     exp_datapath_incast,
     exp_datapath_load,
     exp_datapath_pair,
+    load_module,
 )
 from gemini_lab.ecn import exp_ecn, exp_incast
 from gemini_lab.experiment import (
@@ -90,9 +92,23 @@ def default_theta() -> dict[str, int]:
     return {p.name: p.default for p in load_spec().params}
 
 
+def flow_table(cc: str) -> Datapath:
+    """The table datapath whose θ a flow of ``cc`` runs (its module loaded, once per boot):
+    the CC's own when it is one (Fusion, GEMINI, DC-Vegas), else Fusion's, whose θ the flow
+    then ignores."""
+    dp = registry().for_cc(cc)
+    if dp is None or not dp.genl_family:
+        return registry().default
+    if dp != registry().default:
+        load_module(dp.name)
+    return dp
+
+
 def exp_flow(e: dict, out: Path) -> dict:
-    set_default_theta({**default_theta(), **e.get("theta", {})})
-    with RecordCollector(out / f"records-{e['label'].replace('/', '-')}.jsonl") as rc:
+    table = flow_table(e["cc"])
+    set_default_theta({**table.spec.default(), **e.get("theta", {})}, table.name)
+    records = out / f"records-{e['label'].replace('/', '-')}.jsonl"
+    with RecordCollector(records, table.name) as rc:
         if e["path"] in SCHEDULES:
             SCHEDULES[e["path"]].restart()
             time.sleep(e.get("offset_s", 0))  # this far into the rate schedule
@@ -104,13 +120,13 @@ def exp_flow(e: dict, out: Path) -> dict:
             omit_s=e.get("omit_s", 0),
         )
         ports = set(result["ports"])
-        if e["cc"] == "fusion":
+        if e["cc"] == table.cc:
             # the record comes when the socket closes, some round trips after the last byte:
             # on an 800 ms path after the flow's own measurement has ended
             rc.wait_for(lambda r: r["sport"] in ports, len(ports))
     result["records"] = [r for r in rc.records() if r["sport"] in ports]
     result["record_listener"] = rc.summary
-    set_default_theta(default_theta())
+    set_default_theta(table.spec.default(), table.name)
     return result
 
 

@@ -1,6 +1,7 @@
-"""Guest side: write every Fusion flow record of this network namespace to a JSON-lines file.
+"""Guest side: write every flow record of a table datapath (Fusion's unless DATAPATH names
+another: gemini, dcvegas) in this network namespace to a JSON-lines file.
 
-    python -m gemini_lab.records OUT.jsonl
+    python -m gemini_lab.records OUT.jsonl [DATAPATH]
 
 Prints "ready" once subscribed, so callers start traffic only when no record can be missed;
 on SIGTERM it drains what the socket holds, prints a summary line and exits.
@@ -14,12 +15,14 @@ import signal
 import sys
 from dataclasses import asdict
 
-from gemini_api.fusion_genl import FlowRecordListener
+from gemini_api.datapaths import DEFAULT_DATAPATH, datapath
+from gemini_api.fusion_genl import FlowRecordListener, TableFamily
 
 
 def main() -> None:
     out_path = sys.argv[1]
-    listener = FlowRecordListener()
+    name = sys.argv[2] if len(sys.argv) > 2 else DEFAULT_DATAPATH
+    listener = FlowRecordListener(family=TableFamily.of(datapath(name)))
     stopping = False
 
     def stop(*_: object) -> None:

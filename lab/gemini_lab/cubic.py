@@ -588,6 +588,23 @@ ENDPOINT_COLUMNS: list[ArmColumn] = [  # one host: flows, and no interval
 ]
 
 
+def _turns(name: str) -> str:
+    """Why the one lab host runs the arms one day each, by how the datapath applies θ."""
+    if datapath(name).per_destination:
+        return (
+            "one lab host, so the arms take turns; the agent installs the policy's θ per "
+            "context in the module's table of the host's namespace"
+        )
+    return f"{name}'s parameters are host-wide: one θ per guest at a time, so the arms take turns"
+
+
+def _where(name: str) -> str:
+    """What a reading's θ is, by how the datapath applies θ (reading_params)."""
+    if datapath(name).per_destination:
+        return f"{name} θ for the path's destination (the namespace's table, read back)"
+    return f"{name} parameters"
+
+
 def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
     """Markdown: the set-up, the check, the kernel's readings, the comparison, the endpoint."""
     e, spec = result.experiment, load_datapath(cfg.datapath)
@@ -618,8 +635,7 @@ def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
         f"- Experiment `{e.get('name')}` through REST: {DEFAULT_ARM} (kernel defaults) vs "
         f"{TUNED_ARM} (the policy), days of {cfg.day_s} s from {e.get('start')}, crossover on "
         f"day 1: the host ran {result.arms.get('day-0')} on day 0 and "
-        f"{result.arms.get('day-1')} on day 1 ({name}'s parameters are host-wide: one θ per "
-        "guest at a time, so the arms take turns).",
+        f"{result.arms.get('day-1')} on day 1 ({_turns(name)}).",
         "",
         "## Utility: tuned θ vs kernel defaults (mean [95 % interval over reporting intervals])",
         "",
@@ -645,7 +661,7 @@ def render(result: CubicResult, cfg: CubicConfig, command: str) -> str:
         "",
         "## What the kernel ran (read in the guest)",
         "",
-        f"| checkpoint | arm Booster assigned | {name} parameters (off the kernel's defaults) "
+        f"| checkpoint | arm Booster assigned | {_where(name)} (off the kernel's defaults) "
         "| net.ipv4.tcp_congestion_control |",
         "|---|---|---|---|",
     ]

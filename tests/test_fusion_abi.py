@@ -185,15 +185,16 @@ def test_a_two_parameter_table_message_carries_dcvegas_theta_in_spec_order():
     assert got == [(bytes(4), 0), (bytes([10, 2, 0, 0]), 16)]
 
 
-@pytest.mark.parametrize("d", TABLES, ids=lambda d: d.name)
-def test_flow_record_fast_parser_agrees_with_pyroute2(d: Datapath):
-    family = _family(d)
-    first = d.spec.params[0]
-    theta = d.spec.default() | {first.name: first.wide[1]}
+RECORD_FAMILY_ID = 0x1F  # the generic netlink family id a record message carries here
+
+
+def record_message(theta: dict[str, int], family: fusion_genl.TableFamily) -> bytes:
+    """A flow record as a module multicasts it (10.0.0.2:40001 → 10.1.0.2:5201, profile 2 of
+    table version 7), ``theta`` as ``family``'s blob, encoded by pyroute2."""
     msg = fusion_genl.fusion_msg()
     msg["cmd"] = fusion_genl.CMD_FLOW_RECORD
     msg["version"] = 1
-    msg["header"]["type"] = 0x1F
+    msg["header"]["type"] = RECORD_FAMILY_ID
     msg["attrs"] = [
         ("FUSION_ATTR_REC_FAMILY", 2),
         ("FUSION_ATTR_REC_SADDR", bytes([10, 0, 0, 2])),
@@ -211,7 +212,15 @@ def test_flow_record_fast_parser_agrees_with_pyroute2(d: Datapath):
         ("FUSION_ATTR_REC_THETA", fusion_genl._pack_theta(theta, family)),
     ]
     msg.encode()
-    data = bytes(msg.data)
+    return bytes(msg.data)
+
+
+@pytest.mark.parametrize("d", TABLES, ids=lambda d: d.name)
+def test_flow_record_fast_parser_agrees_with_pyroute2(d: Datapath):
+    family = _family(d)
+    first = d.spec.params[0]
+    theta = d.spec.default() | {first.name: first.wide[1]}
+    data = record_message(theta, family)
     slow = fusion_genl.fusion_msg(data)
     slow.decode()
 
@@ -242,7 +251,7 @@ def test_flow_record_fast_parser_agrees_with_pyroute2(d: Datapath):
     # length is not a multiple of 4 (the next message starts at the aligned offset)
     other = struct.pack("=IHHII", 21, 0x20, 0, 1, 0) + bytes([fusion_genl.CMD_FLOW_RECORD, 1, 0, 0])
     other += b"\x07" + bytes(3)
-    records = list(fusion_genl._records_in(data + other + data, 0x1F, family))
+    records = list(fusion_genl._records_in(data + other + data, RECORD_FAMILY_ID, family))
     assert records == [decoded, decoded]
     assert list(fusion_genl._records_in(data, 0x20, family)) == []  # another family's message
 

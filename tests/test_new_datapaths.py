@@ -24,10 +24,11 @@ from gemini_agent.context import Place
 from gemini_agent.daemon import Agent
 from gemini_agent.datapath import ModuleParams
 from gemini_agent.dryrun import would_write
+from gemini_agent.sources import flow_from_record
 from gemini_agent.writeback import Kernel
 from gemini_api.aggregate import FlowStats
 from gemini_api.datapaths import Apply, registry
-from gemini_api.fusion_genl import Rule
+from gemini_api.fusion_genl import Rule, TableFamily, _records_in
 from gemini_api.theta import ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
@@ -37,6 +38,7 @@ from .conftest import OPERATOR, agent_md, auth
 from .sysctls import fusion_sysctls
 from .test_experiment_arm import Answers, _agent
 from .test_experiment_ingest import HOSTS, aggregate
+from .test_fusion_abi import RECORD_FAMILY_ID, record_message
 
 NEW = ("gemini", "dcvegas")
 HOST_WIDE = tuple(d.name for d in registry() if d.apply is Apply.MODULE_PARAMS)
@@ -350,3 +352,20 @@ def test_a_dry_run_shows_the_new_datapaths_own_table_and_sysctls(
     assert f"{name}: θ per destination (1 places" in text
     assert f"{registry().default.name}:" not in text  # Fusion's table is not this policy's
     assert kernel.table is None and kernel.sysctls() == spec.default()  # nothing written
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_a_modules_record_becomes_a_trial_of_the_theta_it_carries(tmp_path, monkeypatch, name):
+    """The agent's path from the module's multicast to the report: the record parsed with the
+    datapath's θ (RecordSource's parser), made a Flow of that datapath, reported as a trial of
+    that θ with the table's version under a policy of the datapath."""
+    d = registry().get(name)
+    ran = _tuned(d.spec)
+    data = record_message(ran, TableFamily.of(d))
+    [rec] = _records_in(data, RECORD_FAMILY_ID, TableFamily.of(d))
+    agent, _ = _table_agent(tmp_path, name, [], monkeypatch)
+    agent.follow_datapath(d)
+    agent.aggregator.add(flow_from_record(rec, dt.datetime.now(dt.UTC), name))
+    [agg] = agent.aggregator.close_interval(0, 1).aggregates
+    assert (agg.cc, agg.theta_version, agg.flow_count) == ("", 7, 1)
+    assert agg.datapath_theta.datapath == name and dict(agg.datapath_theta.values) == ran

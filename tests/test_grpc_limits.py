@@ -34,7 +34,6 @@ from gemini_booster.service.grpc_server import (
     GrpcLimits,
 )
 from gemini_booster.service.ratelimit_log import RateLimitedLog
-from gemini_booster.storage import credentials as token_store
 from gemini_booster.storage import policies as policy_store
 
 from .conftest import AGENT, OPERATOR, Running, agent_md, make_settings, new_database, serve
@@ -119,7 +118,15 @@ def call(
 def test_operator_and_viewer_tokens_are_refused_on_the_agent_port(
     svc: Running, channel: grpc.Channel, method: str, request_fn: Callable[[], Any]
 ) -> None:
-    viewer = token_store.create_token(svc.engine, f"viewer-{method}", "viewer", actor="test")
+    # Made through REST, as an operator does, so this replica knows it at once (a token written
+    # to the database behind Booster's back is seen within its token cache's reload bounds).
+    created = svc.http.post(
+        "/v1/tokens",
+        json={"name": f"viewer-{method.lower()}", "role": "viewer"},
+        headers={"authorization": f"Bearer {OPERATOR}"},
+    )
+    assert created.status_code == 201, created.text
+    viewer = created.json()["token"]
     for token in (OPERATOR, viewer):
         req = request_fn()
         err = call(channel, method, req, agent_md(token))

@@ -1,6 +1,6 @@
 # Shared by the packaging scripts (sourced, not run). Everything built lands under var/packaging/
-# of the checkout and is reused while its inputs are unchanged: each product carries a key, the
-# hash of what made it, next to it.
+# of the checkout (the Debian base tarball in the machine's cache, see base_store) and is reused
+# while its inputs are unchanged: each product carries a key, the hash of what made it, next to it.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,11 +40,24 @@ wheelhouse() {
   echo "$wh"
 }
 
+# base_store: where the base tarball is kept: $GEMINI_CACHE/packaging (/var/cache/gemini by
+# default, as the trixie chroot and the Go tools are), so that a clean clone does not
+# debootstrap again; var/packaging where the cache is `off` or cannot be written.
+base_store() {
+  local cache=${GEMINI_CACHE:-/var/cache/gemini}
+  if [ "$cache" != off ] && mkdir -p "$cache/packaging" 2>/dev/null && [ -w "$cache/packaging" ]; then
+    echo "$cache/packaging"
+  else
+    echo "$VAR"
+  fi
+}
+
 # base_rootfs: Debian $SUITE, minbase variant, with Python; a tarball reused while this function
 # and the package list are unchanged. Debootstrap is the only step that needs a mirror.
 BASE_PACKAGES=python3,python3-venv,ca-certificates
 base_rootfs() {
-  local tar=$VAR/base-$SUITE.tar k
+  local tar k
+  tar=$(base_store)/base-$SUITE.tar
   k=$({ echo "$SUITE $BASE_PACKAGES"; declare -f base_rootfs; } | sha256sum | cut -c1-16)
   if [ -f "$tar" ] && [ "$(cat "$tar.key" 2>/dev/null)" = "$k" ]; then echo "$tar"; return; fi
   need debootstrap
@@ -66,8 +79,9 @@ CFG
   find "$dir/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete
   rm -rf "$dir"/usr/share/man/* "$dir"/usr/share/info/* "$dir"/usr/share/locale/*
   rm -rf "$dir"/var/lib/apt/lists/* "$dir"/var/log/* "$dir"/var/cache/debconf/*-old "$dir"/dev/*
-  tar -C "$dir" --numeric-owner -cf "$tar.tmp" .
-  mv "$tar.tmp" "$tar"
+  # written aside and renamed into place: clones that share the cache may build at once
+  tar -C "$dir" --numeric-owner -cf "$tar.tmp.$$" .
+  mv "$tar.tmp.$$" "$tar"
   echo "$k" >"$tar.key"
   rm -rf "$dir"
   echo "$tar"

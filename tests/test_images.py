@@ -329,7 +329,15 @@ def test_agent_deb_declares_what_it_installs(debs) -> None:
 
 
 def _base_rootfs(dest: Path) -> Path:
-    tar = VAR / "base-bookworm.tar"
+    """The images' Debian base, unpacked: the tarball packaging/lib.sh keeps (in the machine's
+    cache, built there first if it is not)."""
+    tar = subprocess.run(
+        ["bash", "-c", "source packaging/lib.sh && base_rootfs"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     with tarfile.open(tar) as tf:
         tf.extractall(dest, filter="fully_trusted")
     return dest

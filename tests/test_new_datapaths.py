@@ -31,6 +31,7 @@ from gemini_api.datapaths import Apply, registry
 from gemini_api.fusion_genl import Rule, TableFamily, _records_in
 from gemini_api.theta import ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
+from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster import simulation as sim
 from gemini_booster.storage import trials as trial_store
 
@@ -369,3 +370,63 @@ def test_a_modules_record_becomes_a_trial_of_the_theta_it_carries(tmp_path, monk
     [agg] = agent.aggregator.close_interval(0, 1).aggregates
     assert (agg.cc, agg.theta_version, agg.flow_count) == ("", 7, 1)
     assert agg.datapath_theta.datapath == name and dict(agg.datapath_theta.values) == ran
+
+
+class _FlowDuringAnswer(Answers):
+    """Answers in turn; before the second, a record of a flow of ``datapath`` arrives (the
+    agent's record thread runs while its GetParameters waits)."""
+
+    def __init__(self, answers: list[bytes], agent_flow) -> None:
+        super().__init__(answers)
+        self.calls, self.agent_flow = 0, agent_flow
+
+    def unary_unary(self, method: str, *args, **kwargs):
+        inner = super().unary_unary(method, *args, **kwargs)
+
+        def call(request, **kw):
+            self.calls += 1
+            if self.calls == 2:
+                self.agent_flow()
+            return inner(request, **kw)
+
+        return call
+
+
+def test_flows_ending_while_the_new_policys_answer_is_awaited_are_judged_by_it(
+    tmp_path, monkeypatch
+) -> None:
+    """The crossover from a GEMINI policy's arm to its kernel-default arm under the host's
+    own (Fusion) policy: a GEMINI flow that ends while the agent asks under the host's policy
+    is reported under that policy as a gemini baseline, never with a GEMINI θ (which Booster
+    refuses whole: one report lost per crossover in the lab before)."""
+    name = NEW[0]
+    d = registry().get(name)
+    default_arm = pb.ExperimentArm(cc=d.cc, params=pb.ExperimentArm.KERNEL_DEFAULT)
+    answer = _answer(name, d.spec.default(), {PLACE: _tuned(d.spec)})
+    under_arm = pb.GetParametersResponse.FromString(answer)
+    under_arm.experiment_arm.CopyFrom(default_arm)
+    host = pb.GetParametersResponse.FromString(_fusion_answer())
+    host.experiment_arm.CopyFrom(default_arm)
+    agent, _ = _table_agent(tmp_path, name, [], monkeypatch)
+    ended = dt.datetime.now(dt.UTC)
+    stats = FlowStats(2_000_000, 1_000_000, 50_000, 40_000)
+
+    def gemini_flow() -> None:
+        agent.aggregator.add(Flow("192.0.2.1", stats, _tuned(d.spec), 4, ended, datapath=name))
+
+    channel = _FlowDuringAnswer(
+        [under_arm.SerializeToString(), host.SerializeToString()], gemini_flow
+    )
+    monkeypatch.setattr(agent.reporter.booster, "current", lambda: pb_grpc.BoosterStub(channel))
+    agent.arm = pb.ExperimentArm(cc=d.cc, params=pb.ExperimentArm.POLICY, policy="dc")
+    agent.aggregator.policy = "dc"
+    agent.follow_datapath(d)
+    sent: list[pb.ReportRequest] = []
+    monkeypatch.setattr(agent.reporter, "submit", sent.append)
+    agent.refresh_theta()
+    assert channel.calls == 2 and agent.policy == "default" and agent.aggregator.tuned == "fusion"
+    agent.close_interval()
+    [report] = sent
+    [agg] = report.aggregates
+    assert report.policy == "default" and agg.cc == d.cc
+    assert not agg.HasField("datapath_theta") and not agg.HasField("theta")

@@ -401,7 +401,9 @@ class Agent:
         if self.follow_arm(resp) and not _retry:
             self.refresh_theta(_retry=True)  # the plans of the arm's policy, not the host's
             return
-        self.follow_datapath(registry().answered(resp.target_cc))
+        # on the retry the interval closed as the policy changed, before the answer: the flows
+        # since then are the new policy's, attributed by the datapath it tunes
+        self.follow_datapath(registry().answered(resp.target_cc), close=not _retry)
         if self.s.apply_to_kernel:
             arm_plan = self.apply_arm()
             self.apply_host_theta(resp)
@@ -412,13 +414,18 @@ class Agent:
             plan = shown.plan_from(resp, asked)
             self.dry_run.show(would_write(self, resp, plan, rank))
 
-    def follow_datapath(self, tuned: Datapath | None) -> None:
+    def follow_datapath(self, tuned: Datapath | None, close: bool = True) -> None:
         """The datapath the policy asked under tunes: recorded flows of it are its trials, of
         any other its CC's baselines (gemini_agent.aggregator). The interval closes before it
-        changes: its flows were reported under the datapath before."""
+        changes (``close``): its flows were reported under the datapath before. Not when the
+        policy itself just changed (follow_arm closed the interval then): the flows that ended
+        while its first answer was on the way are reported under it, so they are judged by
+        the datapath it tunes, not by the previous policy's (a report of the host's Fusion
+        policy carrying a GEMINI θ is refused whole)."""
         name = tuned.name if tuned is not None else None
         if name != self.aggregator.tuned:
-            self.close_interval()
+            if close:
+                self.close_interval()
             self.aggregator.tuned = name
 
     def count_kernel_drops(self) -> None:

@@ -15,7 +15,7 @@ gemini-lab cubic        Booster tunes CUBIC on a lossy path; tuned θ vs kernel 
 gemini-lab shortflows   completion time of 1 MB transfers and of a size mix, per CC and path (UML)
 gemini-lab plannertune  Booster's planner tunes θ for long flows, one UML boot per round
 gemini-lab evaluate     long flows: Booster-tuned θ beside default Fusion and the baselines (UML)
-gemini-lab datapath-loop --datapath NAME   the closed loop for any module_params datapath
+gemini-lab datapath-loop --datapath NAME   the closed loop for any kernel datapath
                         (gemini, dcvegas, cubic): tuned θ vs its kernel defaults (qemu)
 gemini-lab datapath-signals  GEMINI's α, delay and ECN cuts by hop; DC-Vegas's cut and queue (UML)
 gemini-lab datapath-tune --datapath NAME --scenario S --tuned P ...  Booster's planner tunes
@@ -861,7 +861,7 @@ STUDIES: dict[str, Study] = {
     "abtest": Study("an A/B experiment over lab hosts, with a crossover", opts_abtest, cmd_abtest),
     "cubic": Study("Booster tunes CUBIC; tuned θ vs kernel defaults", opts_cubic, cmd_cubic),
     "datapath-loop": Study(
-        "the closed loop for any module_params datapath", opts_datapath_loop, cmd_datapath_loop
+        "the closed loop for any kernel datapath", opts_datapath_loop, cmd_datapath_loop
     ),
     "datapath-signals": Study(
         "GEMINI's and DC-Vegas' signals (UML)", _summary, cmd_datapath_signals

@@ -233,3 +233,12 @@ def test_datapath_tune_refuses_a_malformed_pin_before_running(tmp_path):
     with pytest.raises(SystemExit, match="has no parameter bogus"):
         cli.main([*argv[:-1], "bogus=3"])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_gemini_and_dcvegas_are_tuned_in_datapath_flow_rounds_fusion_in_flow_rounds():
+    """Their θ tables (#31) must not turn their rounds into Fusion's flow rounds, which set up
+    neither ECN nor their module options."""
+    for name in ("gemini", "dcvegas"):
+        kind = plannertune.TuneConfig(datapath=name, scenarios=("datacenter",)).round_kind()
+        assert kind == plannertune.RoundKind.DATAPATH_FLOW, name
+    assert CFG.round_kind() == plannertune.RoundKind.FLOW

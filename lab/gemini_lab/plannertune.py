@@ -67,7 +67,14 @@ class RoundKind(StrEnum):
 
 
 # a datapath whose θ acts only in its own experiment (Gear's needs the INT switch attached)
-OWN_KIND = {"gear": RoundKind.GEAR_PAIR}
+# A datapath whose lab experiment is not the one its apply kind implies: Gear runs behind the
+# INT switch; GEMINI and DC-Vegas (per-context tables since #31 stage c) are still tuned in
+# datapath_flow rounds, which set up ECN and their module options (capacity) as before.
+OWN_KIND = {
+    "gear": RoundKind.GEAR_PAIR,
+    "gemini": RoundKind.DATAPATH_FLOW,
+    "dcvegas": RoundKind.DATAPATH_FLOW,
+}
 GEAR_KINDS = (RoundKind.GEAR_FLOW, RoundKind.GEAR_PAIR)
 GEAR_FLOW_S = 10  # a gear_flow round (as test_lab_gear's η runs)
 

@@ -29,8 +29,7 @@ import statistics
 import pytest
 
 from gemini_lab import gear
-from gemini_lab.host import run_plan
-from gemini_lab.vm import LabError
+from tests.labkit import healthy_uml_run
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -41,15 +40,7 @@ FLOOR_PKTS = 3
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> dict:
-    try:
-        results = run_plan(gear.gear_plan(), tmp_path_factory.mktemp("gear"), backend="uml")
-    except LabError as exc:
-        if "missing" in str(exc):
-            pytest.skip(str(exc))
-        raise
-    assert results["guest_failure"] is None, results["guest_failure"]
-    assert results["kernel_problems"] == [], results["kernel_problems"]
-    return results
+    return healthy_uml_run(gear.gear_plan(), tmp_path_factory.mktemp("gear"))
 
 
 def _run(lab: dict, label: str) -> dict:

@@ -222,6 +222,7 @@ class Agent:
     def apply_tables(
         self,
         resp: pb.GetParametersResponse,
+        tuned: Datapath | None,
         asked: list[Place],
         arm_plan: Plan | None,
         rank: list[Place],
@@ -231,8 +232,8 @@ class Agent:
         written, so a host without its module (one that tunes its stock CUBIC only) logs no
         error and counts no refused table on every refresh. Its table goes back to the safe
         default once (ThetaApplier.release): when the policy turns from it, its arm ends, or
-        the agent starts on such a policy, no tuned θ is left running for flows nobody plans."""
-        tuned = registry().answered(resp.target_cc)
+        the agent starts on such a policy, no tuned θ is left running for flows nobody plans.
+        ``tuned``: the datapath the answer's policy tunes (None for a CC no datapath runs)."""
         armed = self.arm_table(self.arm) if arm_plan is not None else None
         for name, applier in self.tables.items():
             fixed = arm_plan if applier is armed else None
@@ -252,7 +253,7 @@ class Agent:
             if leaves:
                 applier.release(self.destinations)
             else:
-                plan = fixed or applier.plan_from(resp, asked)
+                plan = fixed if fixed is not None else applier.plan_from(resp, asked)
                 applier.apply(plan, self.destinations, rank)
         except OSError as exc:  # the sysctls are gone: the module was unloaded
             log.error("cannot write %s θ into the kernel: %s", applier.spec.datapath, exc)
@@ -403,13 +404,13 @@ class Agent:
             return
         # on the retry the interval closed as the policy changed, before the answer: the flows
         # since then are the new policy's, attributed by the datapath it tunes
-        self.follow_datapath(registry().answered(resp.target_cc), close=not _retry)
+        tuned = registry().answered(resp.target_cc)
+        self.follow_datapath(tuned, close=not _retry)
         if self.s.apply_to_kernel:
             arm_plan = self.apply_arm()
             self.apply_host_theta(resp)
-            self.apply_tables(resp, asked, arm_plan, rank)
+            self.apply_tables(resp, tuned, asked, arm_plan, rank)
         else:
-            tuned = registry().answered(resp.target_cc)
             shown = self.tables.get(tuned.name, self.applier) if tuned else self.applier
             plan = shown.plan_from(resp, asked)
             self.dry_run.show(would_write(self, resp, plan, rank))

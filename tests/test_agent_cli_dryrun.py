@@ -74,8 +74,7 @@ def test_a_dry_run_shows_the_table_and_sysctls_it_would_write(tmp_path):
         default_theta=pb.Theta(**SPEC.default()),
         parameters=[pb.ContextParameters(theta=pb.Theta(**t)) for t in (eu, bad)][: len(rank)],
     )
-    plan = agent.applier.plan_from(resp, rank)
-    lines = would_write(agent, resp, plan, rank)
+    lines = would_write(agent, resp, rank, rank)
     text = "\n".join(lines)
     assert f"{root}/mult_decrease = {SPEC.default()['mult_decrease']}" in text
     first = rank[0]
@@ -96,7 +95,7 @@ def test_a_dry_run_of_a_host_wide_datapath_shows_its_module_parameters(tmp_path)
         default_datapath_theta=pb.DatapathTheta(datapath=host.name, values=theta),
     )
     rank = agent.ranked_places()
-    text = "\n".join(would_write(agent, resp, agent.applier.plan_from(resp, rank), rank))
+    text = "\n".join(would_write(agent, resp, rank, rank))
     name, value = next(iter(theta.items()))
     assert f"{host.spec.target}/{name} = {value}" in text
     assert "θ per destination" not in text and str(root) not in text

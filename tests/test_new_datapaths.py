@@ -347,8 +347,7 @@ def test_a_dry_run_shows_the_new_datapaths_own_table_and_sysctls(
     agent, kernel = _table_agent(tmp_path, name, [], monkeypatch)
     resp = pb.GetParametersResponse.FromString(_answer(name, _tuned(spec), {PLACE: _tuned(spec)}))
     rank = agent.ranked_places()
-    plan = agent.tables[name].plan_from(resp, rank)
-    text = "\n".join(would_write(agent, resp, plan, rank))
+    text = "\n".join(would_write(agent, resp, rank, rank))
     assert f"{name}: default θ → sysctls under {kernel.sysctl_root}:" in text
     assert f"{name}: θ per destination (1 places" in text
     assert f"{registry().default.name}:" not in text  # Fusion's table is not this policy's

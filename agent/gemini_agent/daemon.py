@@ -30,6 +30,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Sequence
 
 import grpc
 from prometheus_client import start_http_server
@@ -234,26 +235,37 @@ class Agent:
         default once (ThetaApplier.release): when the policy turns from it, its arm ends, or
         the agent starts on such a policy, no tuned θ is left running for flows nobody plans.
         ``tuned``: the datapath the answer's policy tunes (None for a CC no datapath runs)."""
-        armed = self.arm_table(self.arm) if arm_plan is not None else None
+        plans = self.table_plans(resp, tuned, asked, arm_plan)
         for name, applier in self.tables.items():
-            fixed = arm_plan if applier is armed else None
-            self.leaves[name] = fixed is None and tuned != applier.datapath
-            self._apply_table(applier, self.leaves[name], fixed, resp, asked, rank)
+            self.leaves[name] = plans[name] is None
+            self._apply_table(applier, plans[name], rank)
 
-    def _apply_table(
+    def table_plans(
         self,
-        applier: ThetaApplier,
-        leaves: bool,
-        fixed: Plan | None,
         resp: pb.GetParametersResponse,
-        asked: list[Place],
-        rank: list[Place],
-    ) -> None:
+        tuned: Datapath | None,
+        asked: Sequence[Place],
+        arm_plan: Plan | None,
+    ) -> dict[str, Plan | None]:
+        """What each table datapath runs for Booster's answer: the arm's fixed θ in the table
+        whose CC the arm runs, the policy's plan in the table it tunes, None (left alone) in
+        the rest. The applying agent and its dry run (gemini_agent.dryrun) both follow it."""
+        armed = self.arm_table(self.arm) if arm_plan is not None else None
+        plans: dict[str, Plan | None] = {}
+        for name, applier in self.tables.items():
+            if applier is armed:
+                plans[name] = arm_plan
+            elif applier.datapath == tuned:
+                plans[name] = applier.plan_from(resp, asked)
+            else:
+                plans[name] = None
+        return plans
+
+    def _apply_table(self, applier: ThetaApplier, plan: Plan | None, rank: list[Place]) -> None:
         try:
-            if leaves:
+            if plan is None:
                 applier.release(self.destinations)
             else:
-                plan = fixed if fixed is not None else applier.plan_from(resp, asked)
                 applier.apply(plan, self.destinations, rank)
         except OSError as exc:  # the sysctls are gone: the module was unloaded
             log.error("cannot write %s θ into the kernel: %s", applier.spec.datapath, exc)
@@ -411,9 +423,7 @@ class Agent:
             self.apply_host_theta(resp)
             self.apply_tables(resp, tuned, asked, arm_plan, rank)
         else:
-            shown = self.tables.get(tuned.name, self.applier) if tuned else self.applier
-            plan = shown.plan_from(resp, asked)
-            self.dry_run.show(would_write(self, resp, plan, rank))
+            self.dry_run.show(would_write(self, resp, asked, rank))
 
     def follow_datapath(self, tuned: Datapath | None, close: bool = True) -> None:
         """The datapath the policy asked under tunes: recorded flows of it are its trials, of

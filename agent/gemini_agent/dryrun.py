@@ -137,11 +137,11 @@ def arm_lines(arm: pb.ExperimentArm | None) -> list[str]:
 
 
 def would_write(
-    agent: Agent, resp: pb.GetParametersResponse, plan: Plan, rank: Sequence[Place]
+    agent: Agent, resp: pb.GetParametersResponse, asked: Sequence[Place], rank: Sequence[Place]
 ) -> list[str]:
-    """Everything the agent would write for Booster's answer ``resp`` (``plan`` its checked θ
-    per destination for the table datapath the policy tunes), by the same choices the
-    applying agent makes (Agent.apply_tables)."""
+    """Everything the agent would write for Booster's answer ``resp`` (to GetParameters for
+    the places ``asked``), by the same choices the applying agent makes
+    (Agent.table_plans)."""
     try:
         arm_plan = agent.fixed_plan(agent.arm)
     except ThetaError as exc:
@@ -152,10 +152,9 @@ def would_write(
     datapath, theta = agent.host_choice(resp)
     if datapath in agent.module_params:  # a host-wide datapath: its module parameters
         lines += host_lines(datapath, theta)
-    tuned = registry().answered(resp.target_cc)
-    armed = agent.arm_table(agent.arm) if arm_plan is not None else None
-    for applier in agent.tables.values():
-        shown = arm_plan if applier is armed else plan if applier.datapath == tuned else None
+    plans = agent.table_plans(resp, registry().answered(resp.target_cc), asked, arm_plan)
+    for name, applier in agent.tables.items():
+        shown = plans[name]
         if shown is not None:
             root = str(applier.kernel.sysctl_root)
             lines += table_lines(

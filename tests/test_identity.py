@@ -103,6 +103,7 @@ def metric(running: Running | BoosterServer, name: str, **labels: str) -> float:
 def test_a_hosts_token_cannot_report_or_read_as_another_host(strict: Running) -> None:
     token_a = token_store.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
     token_store.create_token(strict.engine, "b-1", "agent", "test", host_id="host-b")
+    strict.booster.tokens_changed()  # as REST does: written behind the replica's back
     stub = strict.stub()
 
     e = refused(stub.ReportAggregates, report("host-b"), token_a)
@@ -129,6 +130,7 @@ def test_a_hosts_token_cannot_report_or_read_as_another_host(strict: Running) ->
 
 def test_an_unbound_agent_token_is_refused_unless_allowed(strict: Running, db_url) -> None:
     fleet = token_store.create_token(strict.engine, "fleet", "agent", "test")
+    strict.booster.tokens_changed()
     e = refused(strict.stub().ReportAggregates, report("host-a"), fleet)
     assert e.code() == DENIED
     assert "bound to no host" in e.details() and fleet not in e.details()
@@ -154,6 +156,7 @@ def test_the_fleet_wide_bootstrap_token_needs_the_setting(db_url) -> None:
 
 def test_rotation_refuses_no_report_and_expiry_is_enforced(strict: Running) -> None:
     first = token_store.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
+    strict.booster.tokens_changed()
     stub = strict.stub()
 
     def send(token: str, seed: int) -> None:
@@ -213,6 +216,7 @@ def test_an_agent_picks_up_its_rotated_token_file_without_a_restart(
     """The real agent reporter: after a rotation without grace its old token is refused and
     the report stays spooled; once the new token is in the file, the same reporter sends it."""
     first = token_store.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
+    strict.booster.tokens_changed()
     reporter, metrics = token_file_reporter(
         strict.grpc_target, POLICY, first, tmp_path, retry_initial_s=0.001, retry_max_s=0.001
     )
@@ -241,6 +245,7 @@ def test_an_agent_picks_up_its_rotated_token_file_without_a_restart(
 
 def test_a_revoked_token_is_refused(strict: Running) -> None:
     token = token_store.create_token(strict.engine, "a-1", "agent", "test", host_id="host-a")
+    strict.booster.tokens_changed()
     stub = strict.stub()
     stub.GetParameters(parameters("host-a"), metadata=agent_md(token), timeout=10)
     assert strict.http.delete("/v1/tokens/a-1", headers=auth(OPERATOR)).status_code == 204

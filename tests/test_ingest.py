@@ -300,6 +300,7 @@ def test_missing_or_forged_credentials_are_refused(svc, metadata, code):
 
 def test_viewer_token_may_not_report(svc):
     token = token_store.create_token(svc.engine, "viewer-1", "viewer", actor="test")
+    svc.booster.tokens_changed()  # as REST does: written behind the replica's back
     with pytest.raises(grpc.RpcError) as e:
         svc.stub().ReportAggregates(report(), metadata=agent_md(token))
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED

@@ -50,6 +50,7 @@ def strict(db_url: str) -> Iterator[tuple[Running, dict[str, str]]]:
             h: token_store.create_token(server.engine, f"{h}-1", "agent", "test", host_id=h)
             for h in HOSTS
         }
+        server.booster.tokens_changed()  # as REST does: written behind the replica's back
         yield running, tokens
     finally:
         http.close()

@@ -146,6 +146,7 @@ def mtls_booster(tmp_path, db_url):
         server.booster.reload_policies()
         fleet = token_store.create_token(server.engine, "fleet", "agent", "test")
         bound_b = token_store.create_token(server.engine, "b-1", "agent", "test", host_id="host-b")
+        server.booster.tokens_changed()  # as REST does: written behind the replica's back
         yield server, server_ca, fleet, bound_b
     finally:
         server.stop()

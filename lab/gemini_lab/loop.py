@@ -432,8 +432,11 @@ def _default_phase(timeline: _Timeline, settings: Settings, cfg: LoopConfig) -> 
     timeline.restart(settings)
     timeline.wait_for(cfg.default_reports, since=start)
     # the host runs Booster's θ again: the agent asks for it as soon as a report gets
-    # through, also mid-interval (gemini_agent.daemon, Agent.drain_between_intervals)
-    timeline.wait_for(1, since=restarted)
+    # through, also mid-interval (gemini_agent.daemon, Agent.drain_between_intervals), and
+    # at each interval's end after its report. The first ask may still fail while gRPC
+    # reconnects to the new server; the second report since the restart is sent by the
+    # tick after one that asked, so by then the agent has applied an answer or failed twice.
+    timeline.wait_for(2, since=restarted)
     return start, restarted
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from gemini_api.datapaths import Apply, registry
 from gemini_lab import gear, gear_tune
+from gemini_lab.host import REPO
 
 from . import test_new_datapaths as nd
 
@@ -113,3 +114,21 @@ def test_the_held_out_verdict_is_a_tie_where_the_spans_overlap() -> None:
     table = gear_tune.heldout_table(held, {}, 0.1)
     assert "| default | 1 | 2.00–2.00 | 60.0–60.0 |" in table
     assert "| tuned | 1 | 1.02–1.02 | 88.0–88.0 |" in table and "Tuned better" in table
+
+
+def test_a_gear_run_replaces_only_its_own_section_of_the_record() -> None:
+    b, e = gear.SECTION_BEGIN, gear.SECTION_END
+    record = f"# Gear\n{b}\nold table\n{e}\n## Hand-written\nanalysis\n"
+    assert gear.with_section(record, "new table\n") == (
+        f"# Gear\n{b}\nnew table\n{e}\n## Hand-written\nanalysis\n"
+    )
+    for broken in ("# Gear\nanalysis\n", f"{b}\n{b}\n{e}\n", f"{e}\n{b}\n"):
+        with pytest.raises(ValueError, match="hand-written text would be lost"):
+            gear.with_section(broken, "new table\n")
+
+
+def test_the_committed_gear_record_can_take_a_run_and_keep_its_analysis() -> None:
+    text = (REPO / "benchmarks" / "results" / gear.RESULTS_NAME).read_text()
+    kept = text.split(gear.SECTION_END)[1]
+    assert "## What this shows" in kept
+    assert gear.with_section(text, "x").endswith(kept)

@@ -242,8 +242,6 @@ def pair_share(result: dict) -> float:
 def render_pairs(results: dict, command: str, date: str, commit: str) -> str:
     ex = results["experiments"]
     lines = [
-        "# Gear: intra-DC vs cross-DC throughput share, one flow each (UML lab)",
-        "",
         f"Command: `{command}`  ",
         f"Date: {date}; commit {commit}; UML guest on its simulated clock (figures do not move "
         "with host load; two boots of one configuration are close, not identical).",
@@ -314,11 +312,30 @@ def _wan_lines(ex: dict) -> list[str]:
 
 
 RESULTS_NAME = "gear.md"
+# benchmarks/results/gear.md is partly hand-written (the analysis, Booster-tuned Gear): a run
+# of this module replaces only the lines between these two markers, never the whole file
+SECTION_BEGIN = "<!-- begin: written by python -m gemini_lab.gear; edits here are replaced -->"
+SECTION_END = "<!-- end: written by python -m gemini_lab.gear -->"
+
+
+def with_section(record: str, section: str) -> str:
+    """``record`` with the text between its generated-section markers replaced by ``section``;
+    a record without exactly one pair of markers, in order, is refused (ValueError) rather
+    than overwritten."""
+    counts = record.count(SECTION_BEGIN), record.count(SECTION_END)
+    if counts != (1, 1) or record.index(SECTION_BEGIN) > record.index(SECTION_END):
+        raise ValueError(
+            f"expected one {SECTION_BEGIN!r} before one {SECTION_END!r}; found {counts[0]} "
+            f"and {counts[1]}: the record's hand-written text would be lost"
+        )
+    head, rest = record.split(SECTION_BEGIN)
+    tail = rest.split(SECTION_END)[1]
+    return f"{head}{SECTION_BEGIN}\n{section.rstrip()}\n{SECTION_END}{tail}"
 
 
 def main() -> None:
-    """``python -m gemini_lab.gear``: run the pair benchmark in one UML boot and write
-    benchmarks/results/gear.md."""
+    """``python -m gemini_lab.gear``: run the pair benchmark in one UML boot and write its
+    section of benchmarks/results/gear.md (the markers checked before the boot)."""
     import datetime
     import subprocess
     import sys
@@ -327,6 +344,11 @@ def main() -> None:
 
     from gemini_lab.host import REPO, run_plan
 
+    out = REPO / "benchmarks" / "results" / RESULTS_NAME
+    try:
+        with_section(out.read_text(), "")
+    except ValueError as exc:
+        raise SystemExit(f"python -m gemini_lab.gear: {out}: {exc}") from exc
     with tempfile.TemporaryDirectory(prefix="gear-pairs-") as tmp:
         results = run_plan(pair_plan(), Path(tmp), backend="uml", timeout_s=3600)
     commit = subprocess.run(
@@ -338,8 +360,7 @@ def main() -> None:
         datetime.datetime.now(datetime.UTC).date().isoformat(),
         commit,
     )
-    out = REPO / "benchmarks" / "results" / RESULTS_NAME
-    out.write_text(text)
+    out.write_text(with_section(out.read_text(), text))
     print(text)
 
 

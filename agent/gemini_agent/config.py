@@ -37,6 +37,10 @@ class AgentSettings(BaseSettings):
     host_id: str = Field(default_factory=lambda: os.uname().nodename)
     policy: str = "default"
     booster_address: str = "127.0.0.1:50051"
+    # Booster's read port (its parameters_listen), for GetParameters only: there the fleet's
+    # ingest cannot slow the answer. Unset: GetParameters goes to booster_address, as reports
+    # do. Same TLS files and token as booster_address.
+    parameters_address: str | None = None
     token: SecretStr = SecretStr("")
     # or a file holding only the token, re-read when it changes (gemini_agent.credentials)
     token_file: Path | None = None

@@ -396,7 +396,7 @@ class Agent:
             contexts=[self.resolver.message(p, now.hour) for p in asked],
         )
         try:
-            resp = self.reporter.booster.current().GetParameters(
+            resp = self.reporter.parameters.current().GetParameters(
                 req, metadata=self.reporter.token.metadata(), timeout=self.s.rpc_deadline_s
             )
         except grpc.RpcError as err:

@@ -76,20 +76,21 @@ def set_aside_reason(err: grpc.RpcError) -> str | None:
     return None
 
 
-def open_channel(settings: AgentSettings) -> grpc.Channel:
-    """The channel to Booster's agent port, with the project's service config (retries on
-    UNAVAILABLE, round robin over replicas, keepalive: gemini_api.service_config), a failed
-    connection tried again within ``retry_max_s`` like a spooled report, and, where set, TLS
-    and this host's client certificate."""
+def open_channel(settings: AgentSettings, address: str | None = None) -> grpc.Channel:
+    """The channel to Booster's agent port (or to ``address``, its read port), with the
+    project's service config (retries on UNAVAILABLE, round robin over replicas, keepalive:
+    gemini_api.service_config), a failed connection tried again within ``retry_max_s`` like a
+    spooled report, and, where set, TLS and this host's client certificate."""
+    target = address or settings.booster_address
     options = channel_options(reconnect_max_s=settings.retry_max_s)
     if not settings.tls_ca_file:
-        return grpc.insecure_channel(settings.booster_address, options=options)
+        return grpc.insecure_channel(target, options=options)
     creds = grpc.ssl_channel_credentials(
         _read(settings.tls_ca_file, "tls_ca_file"),
         private_key=_read(settings.tls_key_file, "tls_key_file"),
         certificate_chain=_read(settings.tls_cert_file, "tls_cert_file"),
     )
-    return grpc.secure_channel(settings.booster_address, creds, options=options)
+    return grpc.secure_channel(target, creds, options=options)
 
 
 def _read(path: Path | None, setting: str) -> bytes | None:
@@ -116,14 +117,24 @@ class AgentChannel:
     current channel, said once per change; the next change is tried again."""
 
     def __init__(
-        self, settings: AgentSettings, metrics: AgentMetrics, channel: grpc.Channel | None = None
+        self,
+        settings: AgentSettings,
+        metrics: AgentMetrics,
+        channel: grpc.Channel | None = None,
+        address: str | None = None,
     ) -> None:
-        self.settings, self.metrics = settings, metrics
+        """``address``: another port than ``booster_address`` (the read port)."""
+        self.settings, self.metrics, self.address = settings, metrics, address
         given = (settings.tls_ca_file, settings.tls_cert_file, settings.tls_key_file)
         self.files = [p for p in given if p is not None] if channel is None else []
         self.seen = self._identities()
-        self.channel = channel or open_channel(settings)
+        self.channel = channel or self._open()
         self.stub = pb_grpc.BoosterStub(self.channel)
+
+    def _open(self) -> grpc.Channel:
+        if self.address is None:
+            return open_channel(self.settings)
+        return open_channel(self.settings, self.address)
 
     def _identities(self) -> tuple[FileIdentity | None, ...]:
         out: list[FileIdentity | None] = []
@@ -142,7 +153,7 @@ class AgentChannel:
         self.seen = now
         try:
             _check_pair(self.settings)
-            channel = open_channel(self.settings)
+            channel = self._open()
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             self.metrics.tls_reloads.labels("unusable").inc()
             log.error("TLS files changed but do not load (%s): keeping the current channel", exc)
@@ -161,9 +172,17 @@ class Reporter:
         spool: Spool,
         metrics: AgentMetrics,
         channel: grpc.Channel | None = None,
+        parameters_channel: grpc.Channel | None = None,
     ) -> None:
+        """``booster`` carries reports; ``parameters`` carries GetParameters: the same
+        channel unless ``parameters_address`` names Booster's read port."""
         self.settings, self.spool, self.metrics = settings, spool, metrics
         self.booster = AgentChannel(settings, metrics, channel)
+        self.parameters = (
+            self.booster
+            if settings.parameters_address is None and parameters_channel is None
+            else AgentChannel(settings, metrics, parameters_channel, settings.parameters_address)
+        )
         self.token = AgentToken(settings, metrics)
         self.failures = 0
         self.next_attempt = 0.0

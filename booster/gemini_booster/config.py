@@ -76,6 +76,19 @@ class Settings(BaseSettings):
         le=64,
         description="processes serving the agent port (SO_REUSEPORT); more ingest faster",
     )
+    parameters_listen: str | None = Field(
+        default=None,
+        description="a second agent port that answers GetParameters only, from processes of "
+        "its own that store no reports, so ingest cannot slow the read (docs/operating.md, "
+        "'A read port'); unset = GetParameters only on grpc_listen, as before",
+    )
+    parameters_processes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="processes serving parameters_listen (SO_REUSEPORT when more than one); "
+        "one answers about 1,000 GetParameters/s per core",
+    )
     max_report_bytes: int = Field(default=1 << 20, ge=1024)
     max_aggregates_per_report: int = Field(default=4096, ge=1)
     ingest_batch_max: int = Field(default=256, ge=1)
@@ -185,6 +198,16 @@ class Settings(BaseSettings):
             raise ValueError(
                 "bootstrap_agent_token is a fleet-wide agent token: it needs "
                 "allow_unbound_agent_tokens = true (or create a token per host instead)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _parameters_port_is_another(self) -> Settings:
+        same = self.parameters_listen == self.grpc_listen
+        if same and not self.grpc_listen.endswith(":0"):  # :0, two ports the kernel picks
+            raise ValueError(
+                f"parameters_listen is grpc_listen ({self.grpc_listen}): the read port must be "
+                "a port of its own (or unset)"
             )
         return self
 

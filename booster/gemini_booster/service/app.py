@@ -49,6 +49,7 @@ class BoosterServer:
     booster: Booster = field(init=False)
     grpc_server: AgentServer | None = None
     grpc_port: int = 0
+    parameters_port: int = 0  # the read port (parameters_listen); 0 when there is none
     http_port: int = 0
     fronts: Fronts | None = None
     _uvicorn: uvicorn.Server | None = None
@@ -82,6 +83,7 @@ class BoosterServer:
         self.grpc_port = self.grpc_server.start()
         self.fronts = Fronts(self.booster, s, url)
         self.fronts.start(self.grpc_port)
+        self.parameters_port = self.fronts.parameters_port
         rest_app = create_app(self.booster, auth)
         rest_app.include_router(charts.router)  # the dashboard's chart data (read-only)
         config = uvicorn.Config(

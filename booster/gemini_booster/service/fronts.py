@@ -1,5 +1,5 @@
-"""Extra agent-facing processes on Booster's one gRPC port, so ingestion is not bound to one
-interpreter.
+"""Extra agent-facing processes: fronts on Booster's agent port, so ingestion is not bound to
+one interpreter, and readers on its read port, so ingestion cannot slow GetParameters.
 
 One Python process tops out well below the ingestion target on two cores: gRPC's own per-call
 work and the checks on each report share one interpreter lock. With ``grpc_processes = N``,
@@ -10,6 +10,14 @@ A front is a Booster core without refits: it validates and stores reports itself
 group-commit writer; exactly-once rests on the database's unique report id) and answers
 GetParameters from plans it follows in PostgreSQL like any replica does (``sync.py``). The
 only thing it sends its parent is a snapshot of its metrics, merged into ``/metrics``.
+
+With ``parameters_listen`` set, Booster also starts ``parameters_processes`` *readers*: the
+same kind of process on a port of their own that answers GetParameters only (``Serves``,
+``grpc_server.py``). A reader stores no report, so no report's parsing, checks or storing
+ever holds its interpreter: an agent that asks for its θ there is not slowed by the fleet's
+ingest, on whatever process the ingest lands (measured in
+benchmarks/results/get_parameters-ingest.md). Its answers come from the plans it follows in
+PostgreSQL, like any other process's; the same tokens and limits hold on both ports.
 
 A front never outlives its parent: it watches the parent's process sentinel and exits as soon
 as the parent is gone, however the parent died (``kill -9`` included), and it exits on SIGTERM
@@ -22,23 +30,36 @@ import logging
 import multiprocessing as mp
 import signal
 import threading
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 from ..config import Settings
 from ..storage import database
 from .auth import TokenAuthority
 from .core import Booster
-from .grpc_server import AgentServer, tls_credentials
+from .grpc_server import AgentServer, ListenError, Serves, can_bind, tls_credentials
 from .orphans import exit_with_parent
 
 log = logging.getLogger(__name__)
 METRICS_EVERY_S = 1.0
 STOP_GRACE_S = 1.0  # on SIGTERM: calls in flight may finish
 ORPHAN_EXIT_S = 0.3  # parent gone: a moment for calls in flight, then out (agents retry)
+START_S = 60.0  # a process's own start (the core loads policies and plans first)
+START_POLL_S = 0.1  # how often a starting process is checked for having died instead
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a front process serves, and where."""
+
+    name: str  # of the process, as ps shows it
+    serves: Serves
+    listen: str
+    share_port: bool  # SO_REUSEPORT: other processes serve the same port
 
 
 def _serve_front(
-    front_id: int, settings: Settings, url: str, listen: str, events: mp.Queue, ready
+    front_id: int, role: Role, settings: Settings, url: str, events: mp.Queue, ready, port
 ) -> None:
     logging.basicConfig(level=settings.log_level)
     stop = threading.Event()
@@ -52,12 +73,13 @@ def _serve_front(
     server = AgentServer(
         core,
         auth,
-        listen,
+        role.listen,
         settings.max_report_bytes,
-        share_port=True,
+        share_port=role.share_port,
         tls=tls_credentials(settings),
+        serves=role.serves,
     )
-    server.start()
+    port.value = server.start()
     ready.set()
     while not stop.wait(METRICS_EVERY_S):
         events.put((front_id, list(core.metrics.registry.collect())))
@@ -68,37 +90,66 @@ def _serve_front(
 
 @dataclass
 class Fronts:
-    """The main process's side: starts the fronts and merges their metrics."""
+    """The main process's side: starts the fronts and the readers, and merges their metrics."""
 
     booster: Booster
     settings: Settings
     url: str
+    parameters_port: int = 0  # the read port, once started (0: none)
     _procs: list = field(default_factory=list)
     _events: mp.Queue | None = None
     _thread: threading.Thread | None = None
 
     def start(self, port: int) -> None:
-        n = self.settings.grpc_processes - 1
-        if n <= 0:
+        """Start the fronts on the agent port ``port`` and the readers on the read port."""
+        s = self.settings
+        fronts = s.grpc_processes - 1
+        if fronts <= 0 and s.parameters_listen is None:
             return
-        ctx = mp.get_context("spawn")  # never fork a process that runs gRPC threads
-        self._events = ctx.Queue()
-        host = self.settings.grpc_listen.rsplit(":", 1)[0]
-        for i in range(n):
-            ready = ctx.Event()
-            proc = ctx.Process(
-                target=_serve_front,
-                args=(i, self.settings, self.url, f"{host}:{port}", self._events, ready),
-                name=f"gemini-booster-front-{i}",
-                daemon=True,
-            )
-            proc.start()
-            if not ready.wait(60):
-                raise RuntimeError(f"front process {i} did not start")
-            self._procs.append(proc)
+        self._events = mp.get_context("spawn").Queue()
+        host = s.grpc_listen.rsplit(":", 1)[0]
+        for _ in range(fronts):
+            self._spawn(Role("gemini-booster-front", Serves.ALL, f"{host}:{port}", True))
+        if s.parameters_listen is not None:
+            if not can_bind(s.parameters_listen):
+                raise ListenError(
+                    f"gRPC read port: cannot listen on {s.parameters_listen} (in use, or not "
+                    "an address)"
+                )
+            shared = s.parameters_processes > 1
+            first = Role("gemini-booster-reader", Serves.PARAMETERS, s.parameters_listen, shared)
+            self.parameters_port = self._spawn(first)  # the port it bound (``:0`` picks one)
+            host = s.parameters_listen.rsplit(":", 1)[0]
+            others = replace(first, listen=f"{host}:{self.parameters_port}")
+            for _ in range(s.parameters_processes - 1):
+                self._spawn(others)
         self._thread = threading.Thread(target=self._merge_loop, name="fronts", daemon=True)
         self._thread.start()
-        log.info("%d front process(es) serving gRPC on port %d", n, port)
+        log.info(
+            "%d front process(es) serving gRPC on port %d; read port: %s",
+            fronts,
+            port,
+            self.parameters_port or "none",
+        )
+
+    def _spawn(self, role: Role) -> int:
+        """Start one process in ``role``; the port it serves, once it serves."""
+        ctx = mp.get_context("spawn")  # never fork a process that runs gRPC threads
+        ready, bound = ctx.Event(), ctx.Value("i", 0)
+        i = len(self._procs)
+        proc = ctx.Process(
+            target=_serve_front,
+            args=(i, role, self.settings, self.url, self._events, ready, bound),
+            name=f"{role.name}-{i}",
+            daemon=True,
+        )
+        proc.start()
+        self._procs.append(proc)
+        deadline = time.monotonic() + START_S
+        while not ready.wait(START_POLL_S):
+            if not proc.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"{role.name} process {i} did not start (its log says why)")
+        return int(bound.value)
 
     def _merge_loop(self) -> None:
         assert self._events is not None

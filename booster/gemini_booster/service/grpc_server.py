@@ -59,6 +59,11 @@ Limits, applied before a handler does any work (``GrpcLimits``, from ``Settings`
   progress (agents behind NAT may keep idle connections open); ``max_ping_strikes`` pings more
   often and the connection is closed (GOAWAY "too_many_pings").
 
+The read port (``parameters_listen``, served by processes of its own: ``fronts.py``) is the
+same service with ``Serves.PARAMETERS``: GetParameters with the same credentials, limits and
+answers, and ReportAggregates refused at once, before reading or authenticating anything, with
+UNIMPLEMENTED and a message naming the port to report to.
+
 Beside the agent service the port answers gRPC's standard health checking
 (``grpc.health.v1.Health``) and server reflection, both without credentials:
 
@@ -75,6 +80,7 @@ Beside the agent service the port answers gRPC's standard health checking
 from __future__ import annotations
 
 import asyncio
+import enum
 import gc
 import logging
 import resource
@@ -123,6 +129,17 @@ CANNOT_ANSWER = "Booster cannot answer now; retry"
 STORAGE_UNAVAILABLE = "storage unavailable; retry with the same id"
 ONE_MESSAGE = "one request message per call"
 QUOTA_METADATA = (("gemini-rejection", "quota"),)
+READ_PORT_ONLY = (
+    "this is Booster's read port (parameters_listen): it answers GetParameters only; send "
+    "reports to the agent port (grpc_listen)"
+)
+
+
+class Serves(enum.Enum):
+    """Which of the agent service's calls a port answers."""
+
+    ALL = "all"  # the agent port (grpc_listen): reports and GetParameters
+    PARAMETERS = "parameters"  # the read port (parameters_listen): GetParameters only
 
 
 MAX_DETAILS_CHARS = 1024  # of a refusal's message: it travels as a trailer
@@ -370,17 +387,33 @@ class AgentService:
             await self._invalid(context, e, report=False)
         raise AssertionError("unreachable: abort raises")
 
-    def handler(self) -> grpc.GenericRpcHandler:
+    async def _not_here(self, _requests: Any, context: grpc.aio.ServicerContext) -> bytes:
+        """ReportAggregates on the read port: refused before any work, the refusal counted."""
+        t0 = time.perf_counter()
+        try:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, READ_PORT_ONLY)
+        finally:
+            self.metrics.grpc_latency.labels("ReportAggregates", "UNIMPLEMENTED").observe(
+                time.perf_counter() - t0
+            )
+        raise AssertionError("unreachable: abort raises")
+
+    def handler(self, serves: Serves = Serves.ALL) -> grpc.GenericRpcHandler:
         def one_message(method: str, fn: Handler) -> grpc.RpcMethodHandler:
             async def call(_requests: Any, context: grpc.aio.ServicerContext) -> bytes:
                 return await self._call(method, fn, context)
 
             return grpc.stream_unary_rpc_method_handler(call)
 
+        report = (
+            one_message("ReportAggregates", self.report)
+            if serves is Serves.ALL
+            else grpc.stream_unary_rpc_method_handler(self._not_here)
+        )
         return grpc.method_handlers_generic_handler(
             SERVICE,
             {
-                "ReportAggregates": one_message("ReportAggregates", self.report),
+                "ReportAggregates": report,
                 "GetParameters": one_message("GetParameters", self.get_parameters),
             },
         )
@@ -409,9 +442,11 @@ class AgentServer:
         share_port: bool = False,
         tls: grpc.ServerCredentials | None = None,
         limits: GrpcLimits | None = None,
+        serves: Serves = Serves.ALL,
     ):
         """``limits`` default to those of the core's settings; ``max_message_bytes``, when
-        given, overrides theirs (the older way to say it)."""
+        given, overrides theirs (the older way to say it). ``serves``: the agent port's calls,
+        or the read port's."""
         limits = limits or grpc_limits(booster.settings)
         if max_message_bytes is not None:
             limits = replace(limits, max_message_bytes=max_message_bytes)
@@ -419,6 +454,7 @@ class AgentServer:
         self._service = AgentService(booster, auth, limits)
         self._listen = listen
         self._share_port = share_port
+        self._serves = serves
         self._tls = tls
         self._options = [
             *limits.options(),
@@ -445,7 +481,7 @@ class AgentServer:
         self._server = grpc.aio.server(
             options=self._options, maximum_concurrent_rpcs=self.limits.max_concurrent_rpcs
         )
-        self._server.add_generic_rpc_handlers((self._service.handler(),))
+        self._server.add_generic_rpc_handlers((self._service.handler(self._serves),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(REFLECTED, self._server)
         failed = ListenError(f"gRPC: cannot listen on {self._listen} (in use, or not an address)")

@@ -20,13 +20,16 @@ children, and of the PostgreSQL server with its backends, over the run ÷ report
 and p99 of both calls at the client, answers other than OK, and PostgreSQL's lock waits over
 100 ms (``log_lock_waits``, ``deadlock_timeout`` = 100 ms). With ``--baseline TREE`` every
 configuration also runs from another checkout (e.g. the commit before append-only ingest) on a
-database of its own, interleaved with this one.
+database of its own, interleaved with this one. With ``--read-port`` every configuration also
+runs with this checkout's read port (``parameters_listen``: GetParameters answered by a process
+of its own that stores no report) on a database of its own, and the GetParameters load goes
+there instead of the agent port: the current layout and the read port side by side.
 
 On a 2-core machine replicas, load generators and PostgreSQL share the cores: more replicas add
 no cores, so CPU per report and lock waits are what shows whether replicas scale.
 
     python -m benchmarks.replicas [--seconds 10] [--runs 2] [--replicas 4] [--hosts 2000]
-                                  [--baseline TREE]
+                                  [--baseline TREE] [--read-port]
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from .ingest import loadgen_binary
 
 POLICY = mix.POLICY
 GET_CONTEXTS = 10
+READ_PORT = "read port"  # the side whose GetParameters go to the read port (--read-port)
 START_S = 180
 LOCK_WAIT = re.compile(r"still waiting for (\w+) on .* after ([\d.]+) ms")
 ACQUIRED = re.compile(r"acquired (\w+) on .* after ([\d.]+) ms")
@@ -138,6 +142,7 @@ class Replica:
     proc: subprocess.Popen | None = None
     grpc_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
+    parameters_port: int | None = None  # its read port, where GetParameters go; None: none
 
     @property
     def http(self) -> str:
@@ -146,6 +151,13 @@ class Replica:
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def get_target(self) -> str:
+        """Where the fleet's GetParameters go: the read port if it has one."""
+        if self.parameters_port is None:
+            return self.target
+        return f"127.0.0.1:{self.parameters_port}"
 
     def start(self) -> Replica:
         env = (
@@ -163,6 +175,8 @@ class Replica:
             }
             | self.env
         )
+        if self.parameters_port is not None:
+            env["GEMINI_BOOSTER_PARAMETERS_LISTEN"] = self.get_target
         log = open(self.work / f"{self.name}.log", "ab")  # noqa: SIM115 (lives with the process)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gemini_booster.cli", "serve"],
@@ -306,6 +320,7 @@ def seed_plans(side: Side, fleet: Fleet) -> None:
     rng = np.random.default_rng(0)
     default = load_spec().default()
     aggs = [sim.make_aggregate(c, default, 1.0, 20, rng) for c in contexts()]
+    aggs_contexts = [c.message() for c in contexts()]
     md = (("authorization", f"Bearer {side.tokens[0]}"),)
     stub = pb_grpc.BoosterStub(grpc.insecure_channel(a.target))
     stub.ReportAggregates(sim.make_report(fleet.hosts[0], POLICY, aggs), metadata=md)
@@ -322,10 +337,10 @@ def seed_plans(side: Side, fleet: Fleet) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"no replica refitted the seed policy: {codes}")
         time.sleep(1)
-    for r in side.replicas:
-        while len(httpx.get(f"{r.http}/v1/policies/{POLICY}/parameters", headers=h).json()) < (
-            CONTEXTS
-        ):
+    ask = pb.GetParametersRequest(host_id=fleet.hosts[0], policy=POLICY, contexts=aggs_contexts)
+    for r in side.replicas:  # where the fleet asks: the agent port, or the read port
+        get = pb_grpc.BoosterStub(grpc.insecure_channel(r.get_target)).GetParameters
+        while not all(p.plan_version >= 1 for p in get(ask, metadata=md, timeout=60).parameters):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"replica {r.name} never served the plans")
             time.sleep(0.2)
@@ -344,6 +359,7 @@ class Run:
     report: dict
     get: dict
     lock_waits: list[LockWait]
+    seconds: float = 0.0  # the calls' offered duration
 
 
 def loadgen(
@@ -445,13 +461,14 @@ def measure(
     booster_pids = [r.proc.pid for r in side.replicas if r.proc is not None]
     n0, b0, p0, t0 = side.stored(), cpu_s(booster_pids), cpu_s([pg_pid]), time.monotonic()
     conc, gconc = max(args.concurrency // n, 1), max(args.get_concurrency // n, 1)
+    get_rate = [f"-rate={args.get_rate / n:g}"] if args.get_rate > 0 else []
     procs = [  # --concurrency 0: GetParameters alone, the control for its latency under ingest
         loadgen(binary, r.target, d, t, "ReportAggregates", args.seconds, conc)
         for r, (d, t) in zip(serving, files["reports"], strict=True)
         if args.concurrency > 0
     ]
     get_procs = [
-        loadgen(binary, r.target, d, t, "GetParameters", args.seconds, gconc)
+        loadgen(binary, r.get_target, d, t, "GetParameters", args.seconds, gconc, *get_rate)
         for r, (d, t) in zip(serving, files["gets"], strict=True)
     ]
     reports = merged([json.loads(p.communicate()[0]) for p in procs])
@@ -468,6 +485,7 @@ def measure(
         reports,
         got,
         lock_waits(pg_log, log_offset),
+        args.seconds,
     )
 
 
@@ -538,6 +556,49 @@ def ratios(runs: list[Run], label: str, max_n: int) -> list[str]:
     return out
 
 
+def _spread(runs: list[Run], key, fmt: str) -> str:
+    """Median (min–max) of ``key`` over ``runs``."""
+    vals = [key(r) for r in runs]
+    return f"{np.median(vals):{fmt}} ({min(vals):{fmt}}–{max(vals):{fmt}})"
+
+
+def layouts(runs: list[Run], max_n: int) -> list[str]:
+    """The agent port's layout against the read port's, each figure's median (min–max) over
+    the runs and the read port's ratio to it."""
+    lines = [
+        "| replicas | GetParameters on | GetParameters p50 ms | GetParameters p99 ms | stored "
+        "reports/s | Booster CPU ms/report | GetParameters/s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    figures = (
+        (lambda r: r.get["p50_ms"], ".1f"),
+        (lambda r: r.get["p99_ms"], ".1f"),
+        (lambda r: r.stored_per_s, ",.0f"),
+        (lambda r: r.booster_ms, ".2f"),
+        (lambda r: r.get["calls"] / r.seconds, ",.0f"),
+    )
+    for n in range(1, max_n + 1):
+        agent = [r for r in runs if r.side == "this" and r.replicas == n]
+        read = [r for r in runs if r.side == READ_PORT and r.replicas == n]
+        if not (agent and read):
+            continue
+        for where, rs in (("agent port", agent), ("read port", read)):
+            cells = " | ".join(_spread(rs, key, fmt) for key, fmt in figures)
+            lines.append(f"| {n} | {where} | {cells} |")
+        ratio = " | ".join(
+            f"{_median(read, key) / max(_median(agent, key), 1e-9):.2f}×" for key, _ in figures
+        )
+        lines.append(f"| {n} | read ÷ agent port | {ratio} |")
+    return lines if len(lines) > 2 else []
+
+
+def get_load(args) -> str:
+    """How the GetParameters load was offered, for the record."""
+    if args.get_rate > 0:
+        return f"at {args.get_rate:g} calls/s (open loop)"
+    return f"at {args.get_concurrency} in flight (closed loop)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=10)
@@ -547,9 +608,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=3000)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--get-concurrency", type=int, default=4)
+    ap.add_argument(
+        "--get-rate",
+        type=float,
+        default=0,
+        help="GetParameters started per second, whatever the answers (open loop, as a fleet "
+        "asks); 0: closed loop at --get-concurrency",
+    )
     ap.add_argument("--max-rate", type=int, default=1500, help="distinct reports per second")
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout to compare")
     ap.add_argument("--record", default="replicas", help="benchmarks/results/<record>.md")
+    ap.add_argument(
+        "--read-port",
+        action="store_true",
+        help="also run this checkout with GetParameters on a read port (parameters_listen)",
+    )
     ap.add_argument(
         "--env",
         action="append",
@@ -574,17 +647,26 @@ def main() -> None:
     print(f"building {args.hosts} hosts' reports with the agent's builder…", file=sys.stderr)
     fleet = build_fleet(args.hosts, args.seed, work)
     sizes = fleet.report_sizes()
-    trees: list[tuple[str, Path | None]] = [("this", None)]
+    trees: list[tuple[str, Path | None, bool]] = [("this", None, False)]
+    if args.read_port:
+        trees.append((READ_PORT, None, True))
     if args.baseline is not None:
-        trees.append(("baseline", args.baseline.resolve()))
+        trees.append(("baseline", args.baseline.resolve(), False))
     sides: list[Side] = []
     try:
-        for label, tree in trees:
-            url = create_database(admin, f"fleet_{label}")
+        for label, tree, read_port in trees:
+            url = create_database(admin, f"fleet_{label.replace(' ', '_')}")
             migrate(url, tree, work)
             env = dict(kv.split("=", 1) for kv in args.env or ()) if tree is None else {}
             reps = [
-                Replica(f"{label}-{i + 1}", url, work, tree, env).start()
+                Replica(
+                    f"{label.replace(' ', '-')}-{i + 1}",
+                    url,
+                    work,
+                    tree,
+                    env,
+                    parameters_port=free_port() if read_port else None,
+                ).start()
                 for i in range(args.replicas)
             ]
             side = Side(label, url, reps, host_tokens(url, fleet.hosts))
@@ -607,7 +689,7 @@ def main() -> None:
         "agent's builder over the realistic mix of benchmarks/report_size.py: "
         f"mean {np.mean(sizes):,.0f} B, p99 {np.percentile(sizes, 99):,.0f} B. Ingestion at "
         f"{args.concurrency} calls in flight and GetParameters ({GET_CONTEXTS} of {CONTEXTS} "
-        f"planned contexts) at {args.get_concurrency}, at the same time, split across the "
+        f"planned contexts) {get_load(args)}, at the same time, split across the "
         f"replicas serving; {args.seconds} s per run, {args.runs} runs per configuration "
         f"(medians), configurations interleaved. {os.cpu_count()} cores shared by every "
         "replica (all of them running, the unused ones idle), the load generators and "
@@ -618,6 +700,8 @@ def main() -> None:
         *summary(runs, labels, args.replicas),
         "",
         *[line for label in labels for line in ratios(runs, label, args.replicas)],
+        "",
+        *layouts(runs, args.replicas),
         "",
         "Every run:",
         "",
@@ -633,15 +717,23 @@ def main() -> None:
     ]
     write_result(
         args.record,
-        "python -m benchmarks.replicas "
-        + " ".join(
-            f"--{k.replace('_', '-')} {v}"
-            for k, vs in vars(args).items()
-            if vs is not None
-            for v in (vs if isinstance(vs, list) else [vs])
-        ),
+        "python -m benchmarks.replicas " + command_line(args),
         lines,
     )
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The options as given again on a command line (a flag by its name alone)."""
+    words = []
+    for k, vs in vars(args).items():
+        flag = f"--{k.replace('_', '-')}"
+        if isinstance(vs, bool):
+            words += [flag] if vs else []
+            continue
+        for v in vs if isinstance(vs, list) else [vs]:
+            if v is not None:
+                words.append(f"{flag} {v}")
+    return " ".join(words)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ tests/test_lab_flashpass.py, puts the switch between them)."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,9 +19,9 @@ from gemini_api.theta import ThetaError
 from gemini_lab.flashpass import wire
 from gemini_lab.flashpass.control import EmulationRate
 from gemini_lab.flashpass.receiver import Receiver
-from gemini_lab.flashpass.sender import Sender, payload
+from gemini_lab.flashpass.sender import Sender, append_record, flow_log, flow_record, payload
 from gemini_lab.flashpass.switch import EMULATION_WIRE, SwitchPort
-from gemini_lab.flashpass.theta import Theta, read_theta
+from gemini_lab.flashpass.theta import Theta, read_theta, read_theta_file
 from gemini_lab.flashpass.wire import Kind, Packet, WireError
 
 DP = datapath("flashpass")
@@ -153,17 +155,51 @@ def test_the_prototype_refuses_a_theta_file_outside_the_region(tmp_path: Path) -
         read_theta(path)
 
 
-def test_a_flow_over_loopback_delivers_every_byte_one_data_packet_per_credit() -> None:
+def loopback_flow(theta: Theta, flow: int = 3, size: int = 100_000) -> tuple[dict, dict]:
+    """One flow over the host's loopback: the sender's report and what the receiver counted."""
     receiver = Receiver()
     thread = threading.Thread(target=receiver.run)
     thread.start()
     try:
-        report = Sender("127.0.0.1", 3, 100_000, Theta(0.01, 0.1, 0.005), 10e6).run()
+        report = Sender("127.0.0.1", flow, size, theta, 10e6).run()
     finally:
         receiver.stopped = True
         thread.join()
-    got = receiver.report()["3"]
+        receiver.close()
+    return report, receiver.report()[str(flow)]
+
+
+def test_a_flow_over_loopback_delivers_every_byte_one_data_packet_per_credit() -> None:
+    report, got = loopback_flow(Theta(0.01, 0.1, 0.005))
     assert report["finished"] and got["received"] == got["total"] == report["packets"]
     assert got["corrupt"] == 0
     assert len(report["credits"]) == got["emulation_in"]
     assert len(report["data_sends"]) + report["wasted_credits"] <= len(report["credits"])
+
+
+def test_a_finished_flows_record_carries_what_a_trial_needs(tmp_path: Path) -> None:
+    """The line a flow appends to the flow log: destination, bytes, FCT, the credit round
+    trips' mean and minimum, losses, and the θ it read with the file's version."""
+    path = tmp_path / "flashpass.toml"
+    units = {"min_target_loss": 10, "max_target_loss": 100, "t_wait": 50}  # T_wait 5 ms
+    ConfigFile(DP.spec, path).write(units)
+    read = read_theta_file(path)
+    assert read.units == units and read.version == path.stat().st_mtime_ns > 0
+    before = time.time_ns()
+    report, got = loopback_flow(read.theta, size=60_000)
+    append_record(flow_log(path), flow_record(report, read))
+    (line,) = (tmp_path / "flashpass.flows").read_text().splitlines()
+    rec = json.loads(line)
+    assert (rec["dst"], rec["finished"], rec["bytes_delivered"]) == ("127.0.0.1", True, 60_000)
+    assert got["received"] == got["total"]
+    assert rec["duration_us"] >= units["t_wait"] * 100  # the first data leaves at T + T_wait
+    assert 0 < rec["rtt_min_us"] <= rec["rtt_avg_us"] < rec["duration_us"]
+    assert rec["retransmits"] == 0
+    assert rec["emulation_lost"] == report["emulation_out"] - len(report["credits"]) >= 0
+    assert (rec["theta"], rec["theta_version"]) == (units, read.version)
+    assert before <= rec["end_unix_ns"] <= time.time_ns()
+
+
+def test_without_a_theta_file_a_flow_runs_the_default_at_version_0(tmp_path: Path) -> None:
+    read = read_theta_file(tmp_path / "absent.toml")
+    assert (read.theta, read.units, read.version) == (Theta.default(), DP.spec.default(), 0)

@@ -62,6 +62,13 @@ class Receiver:
                 assert isinstance(sock, socket.socket)
                 self._drain(sock)
 
+    def close(self) -> None:
+        """Its sockets closed: the ports are free for the next receiver."""
+        for key in list(self.sel.get_map().values()):
+            self.sel.unregister(key.fileobj)
+            key.fileobj.close()  # type: ignore[union-attr]
+        self.sel.close()
+
     def _drain(self, sock: socket.socket) -> None:
         while True:
             try:
@@ -120,6 +127,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, stop)
     (a.log.with_suffix(".ready")).write_text("listening\n")
     receiver.run()
+    receiver.close()
     a.log.write_text(json.dumps(receiver.report()))
 
 

@@ -13,6 +13,14 @@ timing):
 When everything has been sent, a tail-loss probe after two RTTs asks the receiver what is
 missing; the answer's packets go back on the send queue and wait for credits like new data.
 
+When the flow ends, the sender appends its record to the flow log beside the θ file
+(``records = "flow_log"``: ``flashpass.flows`` beside ``flashpass.toml``), one JSON line with
+what a kernel flow record carries: destination, bytes delivered, duration (the FCT), the RTT's
+mean and minimum as the sender measures them (each credit's arrival less its emulation
+packet's send time), retransmissions and emulation losses, the θ it ran with its version
+(gemini_lab.flashpass.theta), and the end time. The agent tails that log
+(gemini_agent.flowlog) and reports each line as a trial of its θ.
+
 Usage (in the sender's namespace):
     python -m gemini_lab.flashpass.sender ADDR --flow 1 --bytes 300000 --link-mbit 10 \
         --theta /etc/gemini/flashpass.toml --log flow1.json
@@ -24,6 +32,7 @@ import argparse
 import bisect
 import heapq
 import json
+import os
 import selectors
 import socket
 import time
@@ -33,7 +42,7 @@ from pathlib import Path
 
 from gemini_lab.flashpass import wire
 from gemini_lab.flashpass.control import EmulationRate
-from gemini_lab.flashpass.theta import Theta, read_theta
+from gemini_lab.flashpass.theta import Theta, ThetaRead, read_theta_file
 from gemini_lab.flashpass.wire import Kind, Packet
 
 NS = 1_000_000_000
@@ -43,6 +52,8 @@ NOT_ECT = 0x00
 # sent more than an RTT plus a full emulation queue's wait ago, so loss is not read early.
 PROBE_RTTS = 2  # a tail-loss probe waits this many RTTs after the last data packet
 GIVE_UP_S = 60.0  # a flow that has not finished by then is reported as failed
+FLOW_LOG_SUFFIX = ".flows"  # the flow log: beside the θ file, its suffix replaced
+US = 1000  # ns per µs
 
 
 def payload(flow: int, seq: int) -> bytes:
@@ -56,7 +67,7 @@ class Sender:
     def __init__(
         self, addr: str, flow: int, size_bytes: int, theta: Theta, link_bps: float
     ) -> None:
-        self.addr, self.flow, self.theta = addr, flow, theta
+        self.addr, self.flow, self.theta, self.size_bytes = addr, flow, theta, size_bytes
         self.total = max(1, -(-size_bytes // wire.DATA_PAYLOAD))
         max_rate = link_bps * wire.EMULATION_SHARE / (wire.EMULATION_IP_BYTES * 8)
         self.rate = EmulationRate(max_rate, theta.min_target_loss, theta.max_target_loss)
@@ -192,7 +203,11 @@ class Sender:
 
     def _report(self, start: int) -> dict:
         return self.log | {
+            "dst": self.addr,
+            "bytes": self.size_bytes,
             "start_ns": start,
+            "duration_ns": time.monotonic_ns() - start,
+            "end_unix_ns": time.time_ns(),
             "finished": bool(self.done_ns),
             "fct_s": (self.done_ns - start) / NS if self.done_ns else None,
             "emulation_out": self.emu_out,
@@ -207,6 +222,42 @@ class Sender:
         }
 
 
+def flow_record(report: dict, theta: ThetaRead) -> dict:
+    """The flow's line in the flow log: what the agent reports it by (see the module's notes).
+    A flow that did not finish delivered no byte the sender knows of."""
+    rtts_ns = [arrival - emu_ts for _, emu_ts, arrival in report["credits"]]
+    return {
+        "flow": report["flow"],
+        "dst": report["dst"],
+        "finished": report["finished"],
+        "bytes_delivered": report["bytes"] if report["finished"] else 0,
+        "duration_us": report["duration_ns"] // US,
+        "rtt_avg_us": sum(rtts_ns) // len(rtts_ns) // US if rtts_ns else 0,
+        "rtt_min_us": min(rtts_ns) // US if rtts_ns else 0,
+        "retransmits": report["retransmits"],
+        "emulation_lost": report["emulation_out"] - len(report["credits"]),
+        "theta": theta.units,
+        "theta_version": theta.version,
+        "end_unix_ns": report["end_unix_ns"],
+    }
+
+
+def flow_log(theta_file: Path) -> Path:
+    return theta_file.with_suffix(FLOW_LOG_SUFFIX)
+
+
+def append_record(log: Path, record: dict) -> None:
+    """One line in one write(2) on an O_APPEND descriptor: lines of senders finishing together
+    never interleave, and a reader sees each line whole or not yet (a file system that splits
+    the write, as hostfs does by page, may show it partly: the agent waits for its newline)."""
+    line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("addr")
@@ -216,13 +267,11 @@ def main() -> None:
     ap.add_argument("--theta", type=Path, help="θ file (the spec's default when absent)")
     ap.add_argument("--log", type=Path, required=True)
     a = ap.parse_args()
-    theta = read_theta(a.theta)
-    report = Sender(a.addr, a.flow, a.bytes, theta, a.link_mbit * 1e6).run()
+    theta = read_theta_file(a.theta)
+    report = Sender(a.addr, a.flow, a.bytes, theta.theta, a.link_mbit * 1e6).run()
     a.log.write_text(json.dumps(report))
     if a.theta is not None:  # the flow's record, with the θ it ran (records = "flow_log")
-        summary = {k: report[k] for k in ("flow", "packets", "theta", "finished", "fct_s")}
-        with a.theta.with_suffix(".flows").open("a") as f:
-            f.write(json.dumps(summary) + "\n")
+        append_record(flow_log(a.theta), flow_record(report, theta))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from gemini_agent.congestion import ArmApplier, NetKernel
 from gemini_agent.context import ContextResolver, MmdbTable, Place, PrefixTable
 from gemini_agent.datapath import HostTheta, datapath_message, host_theta, host_writer
 from gemini_agent.dryrun import DryRun, would_write
+from gemini_agent.flowlog import flow_log_sources
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.reporter import Reporter
 from gemini_agent.sources import RecordSource, SockDiagSource, Source, recorded_datapaths
@@ -396,9 +397,7 @@ class Agent:
             contexts=[self.resolver.message(p, now.hour) for p in asked],
         )
         try:
-            resp = self.reporter.parameters.current().GetParameters(
-                req, metadata=self.reporter.token.metadata(), timeout=self.s.rpc_deadline_s
-            )
+            resp = self.reporter.get_parameters(req, self.s.rpc_deadline_s)
         except grpc.RpcError as err:
             log.warning("GetParameters failed (%s): keeping the last good θ", err.code().name)
             self.booster_silent = True
@@ -464,12 +463,13 @@ class Agent:
         self.refresh_theta()
 
     def make_sources(self) -> list[Source]:
-        """The flow sources to start: the records of each table module loaded here, and socket
-        diagnostics when on. A host without any such module (one that tunes its stock CUBIC
-        only) has no records to read: with socket diagnostics on, the agent still runs on their
-        flows and says so once; with them off it would report nothing, so it stops at start,
-        naming both ways out (a Fusion fleet's host missing its module is a deployment error
-        to see at once, not an agent that runs and reports nothing)."""
+        """The flow sources to start: the records of each table module loaded here, the flow
+        log of each user-space transport installed here (FlashPass's), and socket diagnostics
+        when on. A host without any of these (one that tunes its stock CUBIC only) has no
+        records to read: with socket diagnostics on, the agent still runs on their flows and
+        says so once; with them off it would report nothing, so it stops at start, naming both
+        ways out (a Fusion fleet's host missing its module is a deployment error to see at
+        once, not an agent that runs and reports nothing)."""
         sources: list[Source] = []
         missing: list[Exception] = []
         for d in recorded_datapaths():
@@ -477,6 +477,8 @@ class Agent:
                 sources.append(RecordSource(self.aggregator.add, self.metrics, d))
             except (FusionError, OSError) as exc:
                 missing.append(exc)
+        add = self.aggregator.add
+        sources += flow_log_sources(add, self.metrics, self.module_params, self.s.interval_s)
         if not sources and missing:
             if not self.s.sockdiag:
                 raise FusionError(

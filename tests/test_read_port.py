@@ -178,20 +178,25 @@ def calls(fams: list[Metric], method: str) -> float:
     )
 
 
-def test_an_agent_asks_the_read_port_and_reports_to_the_agent_port(server, tmp_path: Path):
-    token = host_token(server, HOST)
+def agent_of(server: BoosterServer, tmp_path: Path, parameters_address: str) -> Agent:
+    """HOST's agent (dry run) with its own token, reporting to the agent port and asking
+    ``parameters_address`` for θ."""
     sysctls = fusion_sysctls(tmp_path)
     settings = AgentSettings(
         host_id=HOST,
         policy=POLICY,
-        token=token,
+        token=host_token(server, HOST),
         booster_address=f"127.0.0.1:{server.grpc_port}",
-        parameters_address=f"127.0.0.1:{server.parameters_port}",
+        parameters_address=parameters_address,
         spool_dir=tmp_path / "spool",
         sysctl_root=sysctls,
         apply_to_kernel=False,
     )
-    agent = Agent(settings, kernel=Kernel(sysctls, use_netlink=False), module_params={})
+    return Agent(settings, kernel=Kernel(sysctls, use_netlink=False), module_params={})
+
+
+def test_an_agent_asks_the_read_port_and_reports_to_the_agent_port(server, tmp_path: Path):
+    agent = agent_of(server, tmp_path, f"127.0.0.1:{server.parameters_port}")
     agent.reporter.submit(report(HOST))
     assert agent.reporter.drain() == 1
     agent.refresh_theta()
@@ -206,6 +211,14 @@ def test_an_agent_asks_the_read_port_and_reports_to_the_agent_port(server, tmp_p
     assert calls(main, "ReportAggregates") == 1
     assert calls(reader, "ReportAggregates") == 0
     assert reports_stored(server) == 1
+
+
+def test_an_agent_asks_the_agent_port_when_the_read_port_does_not_answer(server, tmp_path):
+    agent = agent_of(server, tmp_path, f"127.0.0.1:{free_port()}")  # nothing listens there
+    agent.refresh_theta()
+    assert not agent.booster_silent, "no θ although the agent port answers"
+    main, _ = families(server)
+    assert calls(main, "GetParameters") == 1
 
 
 def test_a_read_port_on_the_agent_port_is_refused(db_url):

@@ -397,9 +397,7 @@ class Agent:
             contexts=[self.resolver.message(p, now.hour) for p in asked],
         )
         try:
-            resp = self.reporter.parameters.current().GetParameters(
-                req, metadata=self.reporter.token.metadata(), timeout=self.s.rpc_deadline_s
-            )
+            resp = self.reporter.get_parameters(req, self.s.rpc_deadline_s)
         except grpc.RpcError as err:
             log.warning("GetParameters failed (%s): keeping the last good θ", err.code().name)
             self.booster_silent = True

@@ -40,6 +40,11 @@ REJECTION_KEY = "gemini-rejection"
 QUOTA = "quota"
 
 
+# GetParameters on the read port fails so when nothing serves it there (a Booster without a read
+# port, its reader process down, an upgrade in progress): asked again at once on the agent port.
+READ_PORT_ABSENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNIMPLEMENTED}
+
+
 # What a Booster before the compact sketch says of its fields (validation.unknown_field_paths).
 OLD_BOOSTER = "_sketch: unknown field number"
 
@@ -186,6 +191,27 @@ class Reporter:
         self.token = AgentToken(settings, metrics)
         self.failures = 0
         self.next_attempt = 0.0
+
+    def get_parameters(
+        self, req: pb.GetParametersRequest, timeout_s: float
+    ) -> pb.GetParametersResponse:
+        """Booster's answer for ``req``: from the read port when one is set, and from the agent
+        port when there is none or it does not answer (``READ_PORT_ABSENT``), so that a read
+        port named before Booster serves one never leaves the host without θ."""
+        metadata = self.token.metadata()
+        try:
+            return self.parameters.current().GetParameters(
+                req, metadata=metadata, timeout=timeout_s
+            )
+        except grpc.RpcError as err:
+            if self.parameters is self.booster or err.code() not in READ_PORT_ABSENT:
+                raise
+            log.warning(
+                "read port %s did not answer (%s): GetParameters on the agent port",
+                self.settings.parameters_address,
+                err.code().name,
+            )
+        return self.booster.current().GetParameters(req, metadata=metadata, timeout=timeout_s)
 
     def submit(self, report: pb.ReportRequest) -> None:
         dropped = self.spool.dropped

@@ -176,6 +176,18 @@ def test_a_gear_pair_reaches_the_planner_as_its_fair_goodput():
     assert row["error"].startswith("modules not loaded")
 
 
+def test_the_record_lists_each_theta_run_with_its_utility_and_the_incumbent():
+    start = GEAR_CFG.start()
+    tried = start | {"ai_step": 400}
+    runs = [plannertune._row(h, t, _pair_result(t, a, b))
+            for h, t, a, b in (("a", start, 60.0, 20.0), ("b", tried, 45.0, 40.0))]  # fmt: skip
+    history = {"gear-pair": [{"round": 0, "incumbent": start, "runs": runs},
+                             {"round": 1, "incumbent": tried}]}  # fmt: skip
+    rows = plannertune.render(history, GEAR_CFG, "cmd").split("| θ run")[1].splitlines()
+    assert rows[2] == "| 0 | η 95, W_AI 100, maxStage 5 (incumbent) | 39.8 (share 3.00) |"
+    assert rows[3] == "| 0 | η 95, W_AI 400, maxStage 5 | 79.8 (share 1.12) |"
+
+
 def test_experiment_kinds_are_refused_for_a_datapath_they_cannot_run():
     with pytest.raises(ValueError, match="runs Gear only"):
         plannertune.TuneConfig(datapath="dcvegas", kind=plannertune.RoundKind.GEAR_PAIR)

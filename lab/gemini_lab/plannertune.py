@@ -463,6 +463,7 @@ def render(history: dict[str, list[dict]], cfg: TuneConfig, command: str) -> str
             best = f"{max(us):.2f}" if us else "–"
             listed = " ".join(_utility_text(x, cfg.sigma) for x in row["runs"])
             parts.append(f"| {row['round']} | {inc_text} | {best} | {listed} |")
+        parts += _runs_table(rows[:-1], cfg)
         parts += [
             "",
             f"Tuned θ (the incumbent after round {cfg.rounds - 1}): "
@@ -471,6 +472,20 @@ def render(history: dict[str, list[dict]], cfg: TuneConfig, command: str) -> str
         if rows[-1]["incumbent"] == cfg.start():
             parts.append(stayed_at_default_text(cfg.datapath))
     return "\n".join(parts) + "\n"
+
+
+def _runs_table(rounds: list[dict], cfg: TuneConfig) -> list[str]:
+    """Every θ each round ran (the searched parameters) with its utility: what the planner was
+    shown, so that a reader can follow how the incumbent moved."""
+    spec = cfg.spec()
+    names = cfg.tuned or spec.names
+    lines = ["", "| round | θ run (searched parameters) | utility |", "|---:|---|---|"]
+    for row in rounds:
+        for x in row["runs"]:
+            theta = ", ".join(f"{spec.param(n).symbol} {x['theta'][n]}" for n in names)
+            mark = " (incumbent)" if x["theta"] == row["incumbent"] else ""
+            lines.append(f"| {row['round']} | {theta}{mark} | {_utility_text(x, cfg.sigma)} |")
+    return lines
 
 
 def stayed_at_default_text(name: str) -> str:

@@ -14,7 +14,11 @@ Runs as root in the guest:
     python -m gemini_lab.flashpass.lab PLAN.json RESULT.json
 PLAN: {"runs": [{"transport", "rate_kbit", "data_buffer_packets", "return_ms",
 "sender_delays_ms": [...], "flows": [{"flow", "bytes", "sender", "start_ms"}], "theta"}]};
-a plan without "runs" is one run of FlashPass.
+a plan without "runs" is one run of FlashPass. ``theta`` is written to the run's θ file
+before its flows start; ``theta_file`` instead names a θ file in the output directory that
+someone else writes (the agent, on the lab's host machine: tests/test_lab_flashpass_loop.py).
+Either way each flow reads θ from the file at its start and appends its record to the flow
+log beside it (gemini_lab.flashpass.sender).
 """
 
 from __future__ import annotations
@@ -121,7 +125,9 @@ def run_one(run: dict, out: Path) -> dict:
     port = SwitchPort(int(run["rate_kbit"]), int(run["data_buffer_packets"]))
     build(port, float(run.get("return_ms", run.get("rtt_ms", 0))), delays)
     theta_file = None
-    if run.get("theta") is not None:
+    if run.get("theta_file"):  # written by an agent, beside the plan (the output directory)
+        theta_file = out / run["theta_file"]
+    elif run.get("theta") is not None:
         theta_file = out / "flashpass.toml"
         theta_file.write_text("".join(f"{k} = {v}\n" for k, v in run["theta"].items()))
     receiver = _start_receiver(run, out)

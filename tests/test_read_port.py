@@ -6,6 +6,8 @@ its reports go to the agent port, and dies with its parent."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -26,7 +28,7 @@ from gemini_booster import simulation as sim
 from gemini_booster.config import Settings
 from gemini_booster.models import PolicyCreate
 from gemini_booster.service.app import BoosterServer
-from gemini_booster.service.grpc_server import READ_PORT_ONLY
+from gemini_booster.service.grpc_server import READ_PORT_ONLY, Serves
 from gemini_booster.storage import credentials as token_store
 from gemini_booster.storage import policies as policy_store
 
@@ -219,6 +221,29 @@ def test_an_agent_asks_the_agent_port_when_the_read_port_does_not_answer(server,
     assert not agent.booster_silent, "no θ although the agent port answers"
     main, _ = families(server)
     assert calls(main, "GetParameters") == 1
+
+
+def test_a_reader_that_dies_is_replaced_on_the_same_port(server):
+    token = host_token(server, HOST)
+    assert server.fronts is not None
+    (first,) = server.fronts.pids(Serves.PARAMETERS)
+    os.kill(first, signal.SIGKILL)
+
+    def answered_by_another() -> bool:
+        pids = server.fronts.pids(Serves.PARAMETERS) if server.fronts else []
+        if pids == [first] or not pids:
+            return False
+        try:
+            stub(server.parameters_port).GetParameters(
+                parameters(HOST), metadata=agent_md(token), timeout=CALL_S
+            )
+        except grpc.RpcError:
+            return False  # the new process not listening yet
+        return True
+
+    until(answered_by_another, "a new reader serves the read port")
+    assert server.fronts.respawned == 1
+    assert first not in server.fronts.pids(Serves.PARAMETERS)
 
 
 def test_a_read_port_on_the_agent_port_is_refused(db_url):

@@ -32,6 +32,8 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
 
 from ..config import Settings
 from ..storage import database
@@ -46,6 +48,8 @@ STOP_GRACE_S = 1.0  # on SIGTERM: calls in flight may finish
 ORPHAN_EXIT_S = 0.3  # parent gone: a moment for calls in flight, then out (agents retry)
 START_S = 60.0  # a process's own start (the core loads policies and plans first)
 START_POLL_S = 0.1  # how often a starting process is checked for having died instead
+WATCH_S = 1.0  # how often the watcher looks again at what to watch
+RESPAWN_BACKOFF_S = 5.0  # a replacement that did not start: tried again after this
 
 
 @dataclass(frozen=True)
@@ -88,17 +92,31 @@ def _serve_front(
     engine.dispose()
 
 
+@dataclass(frozen=True)
+class Child:
+    """One front or reader process, with what it serves and its id in merged metrics."""
+
+    proc: BaseProcess
+    role: Role  # with the port it bound: what a replacement binds
+    sender: int
+
+
 @dataclass
 class Fronts:
-    """The main process's side: starts the fronts and the readers, and merges their metrics."""
+    """The main process's side: starts the fronts and the readers, merges their metrics, and
+    starts another in the place of one that died while Booster runs (killed for memory, a
+    crash): the read port, or a share of the agent port's capacity, is never gone for good."""
 
     booster: Booster
     settings: Settings
     url: str
     parameters_port: int = 0  # the read port, once started (0: none)
-    _procs: list = field(default_factory=list)
+    respawned: int = 0  # processes started in the place of one that died
+    _children: list[Child] = field(default_factory=list)
+    _senders: int = 0
     _events: mp.Queue | None = None
-    _thread: threading.Thread | None = None
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _stopping: threading.Event = field(default_factory=threading.Event)
 
     def start(self, port: int) -> None:
         """Start the fronts on the agent port ``port`` and the readers on the read port."""
@@ -119,12 +137,12 @@ class Fronts:
             shared = s.parameters_processes > 1
             first = Role("gemini-booster-reader", Serves.PARAMETERS, s.parameters_listen, shared)
             self.parameters_port = self._spawn(first)  # the port it bound (``:0`` picks one)
-            host = s.parameters_listen.rsplit(":", 1)[0]
-            others = replace(first, listen=f"{host}:{self.parameters_port}")
             for _ in range(s.parameters_processes - 1):
-                self._spawn(others)
-        self._thread = threading.Thread(target=self._merge_loop, name="fronts", daemon=True)
-        self._thread.start()
+                self._spawn(self._children[-1].role)
+        for target, name in ((self._merge_loop, "fronts"), (self._watch, "fronts-watch")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
         log.info(
             "%d front process(es) serving gRPC on port %d; read port: %s",
             fronts,
@@ -132,24 +150,58 @@ class Fronts:
             self.parameters_port or "none",
         )
 
+    def pids(self, serves: Serves) -> list[int]:
+        """The live processes serving ``serves`` (for operators' tools and tests)."""
+        return [c.proc.pid for c in self._children if c.role.serves is serves and c.proc.pid]
+
     def _spawn(self, role: Role) -> int:
         """Start one process in ``role``; the port it serves, once it serves."""
         ctx = mp.get_context("spawn")  # never fork a process that runs gRPC threads
         ready, bound = ctx.Event(), ctx.Value("i", 0)
-        i = len(self._procs)
+        sender, self._senders = self._senders, self._senders + 1
         proc = ctx.Process(
             target=_serve_front,
-            args=(i, role, self.settings, self.url, self._events, ready, bound),
-            name=f"{role.name}-{i}",
+            args=(sender, role, self.settings, self.url, self._events, ready, bound),
+            name=f"{role.name}-{sender}",
             daemon=True,
         )
         proc.start()
-        self._procs.append(proc)
         deadline = time.monotonic() + START_S
         while not ready.wait(START_POLL_S):
             if not proc.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"{role.name} process {i} did not start (its log says why)")
+                proc.kill()
+                raise RuntimeError(f"{role.name} process {sender} did not start (its log says why)")
+        host = role.listen.rsplit(":", 1)[0]
+        self._children.append(Child(proc, replace(role, listen=f"{host}:{bound.value}"), sender))
         return int(bound.value)
+
+    def _watch(self) -> None:
+        """Start another process in the place of each that dies before ``stop``."""
+        while not self._stopping.is_set():
+            watched = list(self._children)
+            ended = wait([c.proc.sentinel for c in watched], timeout=WATCH_S)
+            for child in (c for c in watched if c.proc.sentinel in ended):
+                if self._stopping.is_set():
+                    return
+                self._replace(child)
+
+    def _replace(self, dead: Child) -> None:
+        self._children.remove(dead)
+        self.booster.metrics.remote.pop(dead.sender, None)  # counters restart, as on a restart
+        log.error(
+            "%s process %d exited (code %s): starting another",
+            dead.role.name,
+            dead.sender,
+            dead.proc.exitcode,
+        )
+        while not self._stopping.is_set():
+            try:
+                self._spawn(dead.role)
+                self.respawned += 1
+                return
+            except RuntimeError as e:
+                log.error("%s; trying again in %g s", e, RESPAWN_BACKOFF_S)
+                self._stopping.wait(RESPAWN_BACKOFF_S)
 
     def _merge_loop(self) -> None:
         assert self._events is not None
@@ -161,12 +213,15 @@ class Fronts:
             self.booster.metrics.remote[sender] = families
 
     def stop(self) -> None:
-        for proc in self._procs:
-            proc.terminate()
-        for proc in self._procs:
-            proc.join(timeout=STOP_GRACE_S + 5)
-            if proc.is_alive():
-                proc.kill()
-        if self._thread is not None and self._events is not None:
+        self._stopping.set()
+        if len(self._threads) > 1:
+            self._threads[1].join(timeout=START_S)  # the watcher, mid-start perhaps
+        for child in self._children:
+            child.proc.terminate()
+        for child in self._children:
+            child.proc.join(timeout=STOP_GRACE_S + 5)
+            if child.proc.is_alive():
+                child.proc.kill()
+        if self._threads and self._events is not None:
             self._events.put(None)
-            self._thread.join(timeout=5)
+            self._threads[0].join(timeout=5)

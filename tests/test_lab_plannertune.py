@@ -247,6 +247,26 @@ def test_datapath_tune_refuses_a_malformed_pin_before_running(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_datapath_tune_searches_the_tuned_parameters_over_theta_prime_with_region_wide(
+    tmp_path, monkeypatch
+):
+    seen = []
+
+    def tune(cfg, out):  # stands in for the UML boots: only the configuration is checked
+        seen.append(cfg)
+        raise SystemExit("stop before booting")
+
+    monkeypatch.setattr(plannertune, "tune", tune)
+    argv = ["datapath-tune", "--datapath", "gear", "--scenario", "gear-pair", "--tuned",
+            "ai_step", "--pin", "class_rtt_ratio=10", "--out", str(tmp_path)]  # fmt: skip
+    for region in ("production", "wide"):
+        with pytest.raises(SystemExit, match="stop before booting"):
+            cli.main([*argv, "--region", region])
+    wide = GEAR_CFG.spec().region_bounds("wide")["ai_step"]
+    assert [c.search_bounds()["ai_step"] for c in seen] == [(10, 400), wide]
+    assert seen[1].search_bounds()["class_rtt_ratio"] == (10, 10)  # a pin stays pinned
+
+
 def test_gemini_and_dcvegas_are_tuned_in_datapath_flow_rounds_fusion_in_flow_rounds():
     """Their θ tables (#31) must not turn their rounds into Fusion's flow rounds, which set up
     neither ECN nor their module options."""

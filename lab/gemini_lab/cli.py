@@ -501,6 +501,7 @@ def cmd_datapath_tune(args: argparse.Namespace) -> None:
             time_scale=args.time_scale,
             module_extra=_name_values(args.extra, "--extra"),
             kind=kind,
+            region=args.region,
         )
     except ValueError as exc:  # ThetaError, a kind that cannot run the datapath
         raise SystemExit(f"gemini-lab datapath-tune: {exc}") from exc
@@ -807,6 +808,7 @@ def opts_datapath_tune(p: argparse.ArgumentParser) -> None:
         choices=[k.value for k in plannertune.RoundKind],
         help="a round's experiment (default: the datapath's own; gear: gear_pair)",
     )
+    p.add_argument("--region", choices=("production", "wide"), default="production", help="Θ or Θ′")
     p.add_argument("--sigma", type=float, default=0.1)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--hosts", type=int, default=4)

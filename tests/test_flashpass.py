@@ -90,14 +90,19 @@ def test_the_receiver_credits_each_emulation_packet_and_answers_probes() -> None
 
 def test_the_switch_port_is_an_emulation_class_of_its_share_with_single_threshold_red() -> None:
     port = SwitchPort(rate_kbit=10_000, data_buffer_packets=16)
-    assert port.emulation_kbit == round(10_000 * 84 / 1584)
+    # the share in the bytes HTB charges (frames with their Ethernet header): 98/(98+1514)
+    assert port.emulation_kbit == round(10_000 * 98 / 1612) == 608
+    # at that rate the class passes one emulation packet per data frame the rest carries
+    pps = port.emulation_kbit * 1000 / (EMULATION_WIRE * 8)
+    assert pps * (EMULATION_WIRE + 1514) * 8 == pytest.approx(10e6, rel=1e-3)
+    assert wire.max_emulation_pps(10e6) == pytest.approx(pps, rel=1e-3)
     red = port.red_args()
     assert red[red.index("limit") + 1] == str(8 * EMULATION_WIRE)
     assert red[red.index("min") + 1] == str(2 * EMULATION_WIRE)
     assert red[red.index("max") + 1] == str(3 * EMULATION_WIRE)
     assert "ecn" in red and "nodrop" not in red  # non-ECT above the threshold is dropped
     cmds = [" ".join(c) for c in port.commands("eth0")]
-    assert any("classid 1:10 htb rate 530kbit ceil 530kbit" in c for c in cmds)
+    assert any("classid 1:10 htb rate 608kbit ceil 608kbit" in c for c in cmds)
     assert any(f"dport {wire.EMULATION_PORT} 0xffff flowid 1:10" in c for c in cmds)
 
 

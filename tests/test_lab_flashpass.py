@@ -70,7 +70,7 @@ def test_credits_are_the_emulation_packets_the_port_let_through(run: dict) -> No
     assert credits == arrived == passed  # every credit is a surviving emulation packet
     assert sent - passed == red["drops"] > 0  # the rest died in the emulation queue
     for s in run["senders"]:  # and Algorithm 2 answered the loss by cutting the rate
-        max_rate = PLAN["rate_kbit"] * 1000 * wire.EMULATION_SHARE / (wire.EMULATION_IP_BYTES * 8)
+        max_rate = wire.max_emulation_pps(PLAN["rate_kbit"] * 1000)
         assert min(rate for _, rate in s["rates"]) < 0.9 * max_rate
 
 

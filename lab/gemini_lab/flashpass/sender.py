@@ -69,7 +69,7 @@ class Sender:
     ) -> None:
         self.addr, self.flow, self.theta, self.size_bytes = addr, flow, theta, size_bytes
         self.total = max(1, -(-size_bytes // wire.DATA_PAYLOAD))
-        max_rate = link_bps * wire.EMULATION_SHARE / (wire.EMULATION_IP_BYTES * 8)
+        max_rate = wire.max_emulation_pps(link_bps)
         self.rate = EmulationRate(max_rate, theta.min_target_loss, theta.max_target_loss)
         self.emu = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.data = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

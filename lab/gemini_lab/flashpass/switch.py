@@ -2,7 +2,7 @@
 paper: a separate, rate-limited emulation queue with single-threshold ECN, and the data queue).
 
     htb 1:  ── 1:1  the link (rate = ceil = the link)
-                ├─ 1:10 emulation: rate = ceil = 84/(84+1500) of the link, never borrows
+                ├─ 1:10 emulation: rate = ceil = 98/(98+1514) of the link, never borrows
                 │    └─ red 10:  limit 8 packets, marks ECT / drops non-ECT above 2 packets
                 └─ 1:20 data (default): the rest, may borrow the emulation's idle share
                      └─ bfifo 20:  the shallow data buffer
@@ -13,7 +13,7 @@ ECN-capable packet is marked CE and one that is not is dropped, so the over-prov
 (non-ECT) emulation packets are the first to go. min = 2 packets, max = 3, probability 1: a
 single threshold, as the lab's DCTCP marking (gemini_lab.netem.red_args) sets one; ``burst`` 2
 is the smallest tc takes (averaging weight 1/2). Packet sizes as HTB and RED count them
-include the 14-byte Ethernet header.
+include the 14-byte Ethernet header; so does the emulation share (gemini_lab.flashpass.wire).
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from dataclasses import dataclass
 
 from gemini_lab.flashpass import wire
 
-ETHERNET_HEADER = 14
-EMULATION_WIRE = wire.EMULATION_IP_BYTES + ETHERNET_HEADER
-DATA_WIRE = wire.DATA_IP_BYTES + ETHERNET_HEADER
+EMULATION_WIRE = wire.EMULATION_FRAME
+DATA_WIRE = wire.DATA_FRAME
 MARK_THRESHOLD_PACKETS = 2  # the paper's single threshold (§4.3.4)
 # The emulation class's token bucket: one packet, so it sends at its rate and never in a burst
 # (HTB's default burst, rate/HZ + an MTU, is some twenty emulation packets back to back, and

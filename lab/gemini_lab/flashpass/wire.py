@@ -2,7 +2,11 @@
 
 The sizes are the paper's in IP bytes, scaled to the lab's MTU: an emulation packet is 84
 bytes, a data packet 1500 (the paper's 1538 is an Ethernet frame with preamble and gap,
-which veth does not carry). The emulation rate's share of the link is then 84/(84+1500).
+which veth does not carry). The emulation rate's share of the link is in the units the link's
+rate limiter counts, as the paper's 84/(84+1538) is in wire bytes: on veth each packet is
+charged with its 14-byte Ethernet header, so the share is 98/(98+1514) = 6.1%. One emulation
+packet per 1612 bytes of the link then buys exactly one data frame's worth; the IP bytes'
+84/1584 = 5.3% bought credits for only 8.2 of 10 Mbit/s (benchmarks/results/flashpass.md).
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ EMULATION_BUFFER_PACKETS = 8
 IP_UDP_HEADER = 28  # IPv4 (20) + UDP (8): what the kernel adds to each datagram
 EMULATION_IP_BYTES = 84
 DATA_IP_BYTES = 1500
-EMULATION_SHARE = EMULATION_IP_BYTES / (EMULATION_IP_BYTES + DATA_IP_BYTES)
+ETHERNET_HEADER = 14  # what veth adds, and what HTB and RED count of each packet
+EMULATION_FRAME = EMULATION_IP_BYTES + ETHERNET_HEADER
+DATA_FRAME = DATA_IP_BYTES + ETHERNET_HEADER
+EMULATION_SHARE = EMULATION_FRAME / (EMULATION_FRAME + DATA_FRAME)
 # kind, flow id, sequence number, emulation timestamp (ns), total data packets of the flow
 HEADER = struct.Struct("!BIIqI")
 DATA_PAYLOAD = DATA_IP_BYTES - IP_UDP_HEADER - HEADER.size
@@ -64,6 +71,12 @@ class Packet:
             return cls(Kind(kind), flow, seq, ts, total, raw[HEADER.size :])
         except ValueError:
             raise WireError(f"unknown packet kind {kind}") from None
+
+
+def max_emulation_pps(link_bps: float) -> float:
+    """The emulation class's rate in packets per second: one per data frame the link carries
+    beside it (a flow's Algorithm 2 starts here and never exceeds it)."""
+    return link_bps * EMULATION_SHARE / (EMULATION_FRAME * 8)
 
 
 def emulation(flow: int, seq: int, ts_ns: int) -> bytes:

@@ -394,14 +394,18 @@ def merged(results: list[dict]) -> dict:
     if not results:
         return {"calls": 0, "p50_ms": 0.0, "p99_ms": 0.0, "codes": {}}
     codes: dict[str, int] = {}
+    messages: dict[str, int] = {}
     for r in results:
         for k, v in r["codes"].items():
             codes[k] = codes.get(k, 0) + v
+        for k, v in (r.get("messages") or {}).items():
+            messages[k] = messages.get(k, 0) + v
     return {
         "calls": sum(r["calls"] for r in results),
         "p50_ms": max(r["p50_ms"] for r in results),
         "p99_ms": max(r["p99_ms"] for r in results),
         "codes": codes,
+        "messages": messages,  # each refusal's code and message, as the client saw it
     }
 
 
@@ -592,6 +596,18 @@ def layouts(runs: list[Run], max_n: int) -> list[str]:
     return lines if len(lines) > 2 else []
 
 
+def refusals(runs: list[Run]) -> list[str]:
+    """What each answer other than OK said, summed per build and call (none: no lines)."""
+    seen: dict[tuple[str, str, str], int] = {}
+    for r in runs:
+        for which, d in (("ReportAggregates", r.report), ("GetParameters", r.get)):
+            for message, n in d.get("messages", {}).items():
+                key = (r.side, which, message)
+                seen[key] = seen.get(key, 0) + n
+    lines = [f"- {side}, {which}: {n} × `{msg[:200]}`" for (side, which, msg), n in seen.items()]
+    return ["Answers other than OK, as the client saw them:", "", *lines, ""] if lines else []
+
+
 def get_load(args) -> str:
     """How the GetParameters load was offered, for the record."""
     if args.get_rate > 0:
@@ -703,6 +719,7 @@ def main() -> None:
         "",
         *layouts(runs, args.replicas),
         "",
+        *refusals(runs),
         "Every run:",
         "",
         "| build | replicas | stored/s | Booster ms | PostgreSQL ms | Report p99 | Get p99 | "

@@ -13,7 +13,6 @@ from functools import partial
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
 from prometheus_client import Metric
 from sqlalchemy import text
@@ -21,7 +20,6 @@ from sqlalchemy import text
 from gemini_agent.config import AgentSettings
 from gemini_agent.daemon import Agent
 from gemini_agent.writeback import Kernel
-from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster import simulation as sim
@@ -36,8 +34,8 @@ from .conftest import AGENT, OPERATOR, agent_md, free_port, make_settings
 from .polling import until
 from .processes import alive, children, start_booster
 from .sysctls import fusion_sysctls
+from .test_identity import POLICY, parameters, report
 
-POLICY = "read-port"
 HOST, OTHER = "host-a", "host-b"
 CALL_S = 30.0  # one call's bound: a busy host must not fail the test
 LATENCY = "gemini_booster_grpc_request_seconds_count"
@@ -64,19 +62,6 @@ def server(db_url) -> Iterator[BoosterServer]:
 
 def stub(port: int) -> pb_grpc.BoosterStub:
     return pb_grpc.BoosterStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-
-
-def report(host: str, seed: int = 0) -> pb.ReportRequest:
-    rng = np.random.default_rng(seed)
-    theta = load_spec().default()
-    aggs = [sim.make_aggregate(c, theta, 1.0, 20, rng) for c in sim.DEFAULT_CONTEXTS]
-    return sim.make_report(host, POLICY, aggs)
-
-
-def parameters(host: str) -> pb.GetParametersRequest:
-    return pb.GetParametersRequest(
-        host_id=host, policy=POLICY, contexts=[c.message() for c in sim.DEFAULT_CONTEXTS]
-    )
 
 
 def host_token(server: BoosterServer, host: str) -> str:

@@ -82,17 +82,14 @@ class Loop:
     left: bool  # the θ file after the agent's exit: restored (absent)
 
 
+# the agent's settings but for where Booster is and its own directories
+AGENT_SETTINGS = {"host_id": "flashpass-lab-host", "policy": POLICY, "token": AGENT}
+AGENT_SETTINGS |= {"rpc_deadline_s": 10, "staleness_s": 3600}
+
+
 def _agent(tmp: Path, target: str, theta_file: Path) -> Agent:
-    settings = AgentSettings(
-        host_id="flashpass-lab-host",
-        policy=POLICY,
-        booster_address=target,
-        token=AGENT,
-        spool_dir=tmp / "spool",
-        sysctl_root=tmp / "net-fusion",
-        rpc_deadline_s=10,
-        staleness_s=3600,
-    )
+    where = {"spool_dir": tmp / "spool", "sysctl_root": tmp / "net-fusion"}
+    settings = AgentSettings(booster_address=target, **where, **AGENT_SETTINGS)
     kernel = Kernel(fusion_sysctls(tmp), use_netlink=False)  # Fusion is not run here
     return Agent(settings, kernel=kernel, module_params={DP.name: ConfigFile(DP.spec, theta_file)})
 

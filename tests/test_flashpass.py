@@ -5,6 +5,7 @@ tests/test_lab_flashpass.py, puts the switch between them)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import threading
 import time
@@ -16,7 +17,7 @@ from gemini_agent.daemon import host_datapaths
 from gemini_agent.datapath import ConfigFile, ModuleParams, host_writer
 from gemini_api.datapaths import Apply, Records, datapath
 from gemini_api.theta import ThetaError
-from gemini_lab.flashpass import wire
+from gemini_lab.flashpass import evaluate, wire
 from gemini_lab.flashpass.control import EmulationRate
 from gemini_lab.flashpass.receiver import Receiver
 from gemini_lab.flashpass.sender import Sender, append_record, flow_log, flow_record, payload
@@ -208,3 +209,17 @@ def test_a_finished_flows_record_carries_what_a_trial_needs(tmp_path: Path) -> N
 def test_without_a_theta_file_a_flow_runs_the_default_at_version_0(tmp_path: Path) -> None:
     read = read_theta_file(tmp_path / "absent.toml")
     assert (read.theta, read.units, read.version) == (Theta.default(), DP.spec.default(), 0)
+
+
+def test_the_evaluation_runs_the_papers_theta_with_the_settings_asked_and_refuses_others() -> None:
+    ap = argparse.ArgumentParser()
+    evaluate.options(ap)
+    a = ap.parse_args(["--theta", "max_target_loss=200"])
+    assert evaluate.flashpass_theta(a.theta) == evaluate.THETA | {"max_target_loss": 200}
+    assert evaluate.flashpass_theta([]) == evaluate.THETA == DP.spec.default()
+    with pytest.raises(ThetaError, match="max_target_loss"):
+        evaluate.flashpass_theta([("max_target_loss", 950)])  # outside Θ'
+    with pytest.raises(ThetaError, match="no FlashPass parameter"):
+        evaluate.flashpass_theta([("t_wiat", 400)])
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--theta", "t_wait"])

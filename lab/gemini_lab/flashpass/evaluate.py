@@ -9,7 +9,9 @@ the longest path's BDP). Each seed draws the senders' delays and the flows' star
 UML boot per seed runs FlashPass, CUBIC and BBR on the same draw, each on a fresh topology.
 
     python -m gemini_lab.flashpass.evaluate --seeds 1 2 3 --held-out 4
-(the table on stdout and in var/flashpass-eval/table.md, every run's figures in raw.json)
+(the table on stdout and in var/flashpass-eval/table.md, every run's figures in raw.json).
+FlashPass runs the paper's θ unless ``--theta NAME=UNITS ...`` changes some of it (spec units;
+a θ outside Θ' is refused before any boot).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gemini_api.datapaths import datapath
+from gemini_api.theta import ThetaError
 from gemini_lab.flashpass.switch import DATA_QDISC, EMULATION_QDISC
 from gemini_lab.uml import run_in_uml
 
@@ -36,7 +40,7 @@ FLOW_BYTES = 1_000_000
 THETA = {"min_target_loss": 10, "max_target_loss": 100, "t_wait": 400}  # the paper's defaults
 
 
-def seed_runs(seed: int) -> list[dict]:
+def seed_runs(seed: int, theta: dict[str, int] | None = None) -> list[dict]:
     rng = random.Random(seed)
     delays = [round(rng.uniform(0, MAX_ONE_WAY_MS), 1) for _ in range(SENDERS)]
     flows = [
@@ -54,7 +58,7 @@ def seed_runs(seed: int) -> list[dict]:
         "return_ms": RETURN_MS,
         "sender_delays_ms": delays,
         "flows": flows,
-        "theta": THETA,
+        "theta": theta or THETA,
     }
     return [base | {"transport": t} for t in TRANSPORTS]
 
@@ -81,9 +85,9 @@ def summary(result: dict) -> dict:
     return row
 
 
-def run_seed(seed: int, out: Path) -> dict:
+def run_seed(seed: int, out: Path, theta: dict[str, int] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    runs = seed_runs(seed)
+    runs = seed_runs(seed, theta)
     (out / "plan.json").write_text(json.dumps({"runs": runs}))
     files = '"$GEMINI_LAB_OUT/plan.json" "$GEMINI_LAB_OUT/result.json"'
     cmd = f"{sys.executable} -m gemini_lab.flashpass.lab {files}"
@@ -125,14 +129,34 @@ def options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--held-out", type=int, nargs="*", default=[4])
     ap.add_argument("--work", type=Path, default=Path("var/flashpass-eval"))
+    ap.add_argument("--theta", nargs="*", default=[], metavar="NAME=UNITS", type=_setting)
+
+
+def _setting(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not value.strip().lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=UNITS (an integer)")
+    return name.strip(), int(value)
+
+
+def flashpass_theta(settings: list[tuple[str, int]]) -> dict[str, int]:
+    """The paper's θ with ``settings`` in place; ThetaError naming a parameter outside Θ'."""
+    spec = datapath("flashpass").spec
+    unknown = {n for n, _ in settings} - set(spec.names)
+    if unknown:
+        raise ThetaError(f"no FlashPass parameter {sorted(unknown)}; have {list(spec.names)}")
+    return spec.validate(THETA | dict(settings), spec.limits)
 
 
 def run(a: argparse.Namespace) -> None:
     """Every seed in UML, then the tables (stdout and ``work``/table.md)."""
-    main_runs = [run_seed(s, a.work / f"seed{s}") for s in a.seeds]
-    held = [run_seed(s, a.work / f"seed{s}") for s in a.held_out]
+    theta = flashpass_theta(a.theta)
+    main_runs = [run_seed(s, a.work / f"seed{s}", theta) for s in a.seeds]
+    held = [run_seed(s, a.work / f"seed{s}", theta) for s in a.held_out]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     lines = [
+        f"FlashPass's θ {theta} (the paper's: {THETA}).",
+        "",
         f"Seeds {a.seeds} (min–max over seeds):",
         "",
         *table(main_runs),

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gemini_agent.table import LEFT_OUT_REASONS
 
 FALLBACK_REASONS = ("stale", "table_refused")
-RECORD_DROP_WHERE = ("socket", "kernel", "unheard")
+RECORD_DROP_WHERE = ("socket", "kernel", "unheard", "malformed")
 CATCH_ALL_REASONS = (*LEFT_OUT_REASONS, "unasked")
 # Why an experiment's arm did not run, or was not fully undone (gemini_agent.congestion).
 ARM_FAILURES = ("unavailable_cc", "not_allowed", "kernel_error", "restore_error", "theta_refused")
@@ -51,7 +51,8 @@ class AgentMetrics:
         self.records_dropped = Counter(
             "gemini_agent_records_dropped",
             "Flow records lost before the agent read them: its socket overran, the kernel "
-            "had no room or memory for one, or no listener was there (agent down)",
+            "had no room or memory for one, no listener was there (agent down), or a "
+            "transport's flow-log line was not a record (malformed)",
             ["where"],
             registry=r,
         )

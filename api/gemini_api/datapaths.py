@@ -21,7 +21,8 @@ A datapath is four things (docs/datapaths.md is the recipe for adding one):
    - ``records = "sock_diag"``: flows are read from sock_diag destroy events and attributed
      to the θ the host ran;
    - ``records = "flow_log"``: a user-space transport appends one JSON line per finished flow
-     (with the θ it ran) to ``<target>.flows``; the agent has no reader for it yet;
+     (with the θ it ran) to the log beside its θ file (``target`` with the suffix
+     ``.flows``), which the agent tails (gemini_agent.flowlog);
 4. its planning space in Booster — the spec's regions, searched by the same planner.
 
 ``message`` says which field of the wire protocol carries its θ: ``theta`` (the fixed Theta

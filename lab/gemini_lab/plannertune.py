@@ -64,6 +64,7 @@ class RoundKind(StrEnum):
     DATAPATH_FLOW = "datapath_flow"  # a module_params datapath: θ written host-wide, read back
     GEAR_FLOW = "gear_flow"  # Gear alone behind the lab's INT switch on the context's path
     GEAR_PAIR = "gear_pair"  # Gear's intra/cross pair behind the INT switch (gemini_lab.gear_tune)
+    FLASHPASS = "flashpass"  # FlashPass's workload at the host's θ (gemini_lab.flashpass.tune)
 
 
 # a datapath whose θ acts only in its own experiment (Gear's needs the INT switch attached)
@@ -74,6 +75,7 @@ OWN_KIND = {
     "gear": RoundKind.GEAR_PAIR,
     "gemini": RoundKind.DATAPATH_FLOW,
     "dcvegas": RoundKind.DATAPATH_FLOW,
+    "flashpass": RoundKind.FLASHPASS,
 }
 GEAR_KINDS = (RoundKind.GEAR_FLOW, RoundKind.GEAR_PAIR)
 GEAR_FLOW_S = 10  # a gear_flow round (as test_lab_gear's η runs)

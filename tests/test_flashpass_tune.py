@@ -25,7 +25,7 @@ def _record(flow: int, theta: dict[str, int], **kw: int) -> dict:
 
 
 def test_flashpass_is_its_own_round_kind() -> None:
-    cfg = tune.FlashPassTune().config()
+    cfg = tune.config()
     assert cfg.round_kind() == RoundKind.FLASHPASS
     assert TuneConfig(scenarios=("x",), datapath="flashpass").round_kind() == RoundKind.FLASHPASS
     assert cfg.start() == PAPER  # the planner starts from the paper's θ
@@ -61,7 +61,7 @@ def test_a_flow_at_another_theta_stops_the_run() -> None:
 
 
 def test_hosts_at_one_theta_make_one_trial(tmp_path: Path) -> None:
-    tuner = tune.Tuner(tune.FlashPassTune().config())
+    tuner = tune.Tuner(tune.config())
     runs = {"h0": PAPER, "h1": OTHER, "h2": PAPER}
     for i, theta in enumerate(runs.values()):
         (tmp_path / f"run{i}").mkdir()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from gemini_api.sums import FlowSums
@@ -36,22 +35,12 @@ ROUND_TIMEOUT_S = 1500
 US_PER_S = 1_000_000
 
 
-@dataclass(frozen=True)
-class FlashPassTune:
-    """The tuning run's size: ``rounds`` boots of ``hosts`` FlashPass runs each."""
-
-    rounds: int = 4
-    hosts: int = 3
-    explorers: int = 2
-    sigma: float = 0.1
-    seed: int = 1
-
-    def config(self) -> TuneConfig:
-        return TuneConfig(
-            scenarios=(SCENARIO,), sigma=self.sigma, rounds=self.rounds, hosts=self.hosts,
-            explorers=self.explorers, seed=self.seed, datapath="flashpass",
-            kind=RoundKind.FLASHPASS,
-        )  # fmt: skip
+def config(rounds: int = 4, hosts: int = 3, explorers: int = 2, sigma: float = 0.1) -> TuneConfig:
+    """The tuning run: ``rounds`` boots of ``hosts`` FlashPass runs each, over Θ at σ."""
+    return TuneConfig(
+        scenarios=(SCENARIO,), sigma=sigma, rounds=rounds, hosts=hosts, explorers=explorers,
+        datapath="flashpass", kind=RoundKind.FLASHPASS,
+    )  # fmt: skip
 
 
 def dev_seed(r: int) -> int:
@@ -106,8 +95,7 @@ def observe(tuner: Tuner, r: int, runs: dict[str, dict[str, int]], out: Path) ->
     return rows
 
 
-def tune(ft: FlashPassTune, work: Path) -> dict[str, list[dict]]:
-    cfg = ft.config()
+def tune(cfg: TuneConfig, work: Path) -> dict[str, list[dict]]:
     tuner = Tuner(cfg)
     history: list[dict] = []
     for r in range(cfg.rounds):
@@ -135,9 +123,9 @@ def main() -> None:
     ap.add_argument("--explorers", type=int, default=2)
     ap.add_argument("--work", type=Path, default=Path("var/flashpass-tune"))
     a = ap.parse_args()
-    ft = FlashPassTune(a.rounds, a.hosts, a.explorers)
-    history = tune(ft, a.work)
-    cfg, command = ft.config(), "python -m gemini_lab.flashpass.tune " + " ".join(sys.argv[1:])
+    cfg = config(a.rounds, a.hosts, a.explorers)
+    history = tune(cfg, a.work)
+    command = "python -m gemini_lab.flashpass.tune " + " ".join(sys.argv[1:])
     (a.work / "record.md").write_text(plannertune.render(history, cfg, command))
     plannertune.write_tuned(history, cfg, command, a.work / "tuned.json")
     print(json.dumps(plannertune.tuned_theta(history)))

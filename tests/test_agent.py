@@ -17,7 +17,7 @@ from sqlalchemy import text
 from gemini_agent.aggregator import Aggregator, Flow
 from gemini_agent.config import AgentSettings
 from gemini_agent.context import ContextResolver, MmdbTable, Place, PrefixTable
-from gemini_agent.daemon import Agent
+from gemini_agent.daemon import Agent, booster_peers
 from gemini_agent.metrics import AgentMetrics
 from gemini_agent.reporter import Reporter
 from gemini_agent.spool import Spool
@@ -376,3 +376,14 @@ def test_a_report_interval_ends_after_it_starts_when_the_clock_steps_back(tmp_pa
     report = pb.ReportRequest.FromString(payload)
     assert report.interval_end_unix_ms > report.interval_start_unix_ms
     assert agent.interval_start_ms == report.interval_end_unix_ms
+
+
+def test_booster_peers_name_both_of_boosters_ports(tmp_path) -> None:
+    """Sock_diag leaves the agent's own connections out: to the agent port and, when the
+    agent asks for θ on a read port, to that one too."""
+    alone = booster_peers(_settings(tmp_path, "127.0.0.1:50051"))
+    assert alone == {("127.0.0.1", 50051)}
+    both = booster_peers(
+        _settings(tmp_path, "127.0.0.1:50051", parameters_address="127.0.0.1:50052")
+    )
+    assert both == {("127.0.0.1", 50051), ("127.0.0.1", 50052)}

@@ -68,16 +68,20 @@ def make_resolver(s: AgentSettings) -> ContextResolver:
 
 
 def booster_peers(s: AgentSettings) -> frozenset[tuple[str, int]]:
-    """(address, port) of Booster as the kernel will name it in a socket's destination."""
-    host, _, port = s.booster_address.rpartition(":")
+    """(address, port) of Booster as the kernel will name it in a socket's destination: its
+    agent port and, when set, its read port (parameters_address)."""
+    addresses = [s.booster_address, *([s.parameters_address] if s.parameters_address else [])]
+    return frozenset().union(*(_peers(a) for a in addresses))
+
+
+def _peers(address: str) -> frozenset[tuple[str, int]]:
+    host, _, port = address.rpartition(":")
     host = host.strip("[]")
     try:
         infos = socket.getaddrinfo(host, int(port), proto=socket.IPPROTO_TCP)
     except (OSError, ValueError) as exc:
         log.warning(
-            "cannot resolve Booster at %s (%s): its connection may count as a flow",
-            s.booster_address,
-            exc,
+            "cannot resolve Booster at %s (%s): its connection may count as a flow", address, exc
         )
         return frozenset()
     return frozenset((str(info[4][0]), int(port)) for info in infos)

@@ -77,16 +77,6 @@
  * it too. A probe that doubled regardless of the queue filled buffers: on the Ethernet path
  * it raised mean queueing from 16 to 65 ms for 4 % more throughput.
  *
- * The queue test sees a step a round trip after it is taken, and passes up to 1 ms of queue,
- * so the probe can overshoot by two steps and the floor: more than a shallow buffer holds.
- * Below the window at which the latest reduction began (probe_ceiling) the path has shown
- * its limit already, so there s stays γ and the probe doubles only past it, where a stale
- * estimate is what it is for (BIC and CUBIC likewise grow slowly toward their last W_max).
- * On a path whose buffer holds a fifth of the BDP (50 Mbit/s, 20 ms, 17 packets) a probe
- * doubling after every cut took the window from 88 to 112 packets in four round trips (steps
- * 2, 4, 8, 12) and overflowed the buffer every 150 ms: 2,400 segments retransmitted in 20 s
- * against cubic's 37, 45.3 Mbit/s; with the ceiling, 227 and 46.7 Mbit/s.
- *
  * Pacing (eq. 5): R = W / T^min, set as the socket's pacing rate with internal pacing
  * requested, so it holds with or without the fq qdisc.
  *
@@ -168,7 +158,6 @@ struct fusion_flow {
 	u32 cut_round;				/* round of the latest reduction, + 1 */
 	u32 reduction_end_seq;			/* the reduction is over once this is acked */
 	u32 probe_step;				/* eq. 4's additive step: γ, doubling */
-	u32 probe_ceiling;			/* W when the latest reduction began */
 	u32 ss_rtt_min_us;			/* HyStart: min of this round's first samples */
 	u8 ss_samples;
 	u8 mode;
@@ -352,8 +341,6 @@ static u32 fusion_reduced_cwnd(const struct sock *sk, const struct fusion_flow *
  */
 static void fusion_note_cut(struct sock *sk, struct fusion_flow *f, enum fusion_cut cause)
 {
-	if (!f->reduction)			/* not a lower target within one */
-		f->probe_ceiling = tcp_snd_cwnd(tcp_sk(sk));
 	f->mode = FUSION_AVOIDANCE;
 	f->reduction = cause;
 	f->reduction_end_seq = tcp_sk(sk)->snd_nxt;
@@ -560,19 +547,15 @@ static u32 fusion_prr_cwnd(struct sock *sk, const struct rate_sample *rs)
 	return in_flight + sndcnt;
 }
 
-/*
- * Eq. 4 once per round: W' = max(α · R^max · T^min, W) + s. The step s doubles while no queue
- * shows and W has passed the window at which the latest reduction began; otherwise it is γ.
- */
+/* Eq. 4 once per round: W' = max(α · R^max · T^min, W) + s; s doubles while no queue shows. */
 static u32 fusion_avoid_cwnd(struct fusion_flow *f, u32 cwnd)
 {
 	u32 gamma_pkts = fusion_theta(f, FUSION_THETA_ADD_INCREASE);
-	bool probing = f->queue_free && cwnd >= f->probe_ceiling;
-	u32 step = probing ? f->probe_step : gamma_pkts;
+	u32 step = f->queue_free ? f->probe_step : gamma_pkts;
 
 	cwnd = max(fusion_bdp(f, fusion_theta(f, FUSION_THETA_MULT_INCREASE),
 			      FUSION_MULT_INCREASE_SCALE), cwnd) + step;
-	f->probe_step = probing ?
+	f->probe_step = f->queue_free ?
 			max(min(step << 1, cwnd >> FUSION_PROBE_MAX_SHIFT), gamma_pkts) : gamma_pkts;
 	return cwnd;
 }

@@ -137,8 +137,6 @@ class AgentChannel:
         self.stub = pb_grpc.BoosterStub(self.channel)
 
     def _open(self) -> grpc.Channel:
-        if self.address is None:
-            return open_channel(self.settings)
         return open_channel(self.settings, self.address)
 
     def _identities(self) -> tuple[FileIdentity | None, ...]:

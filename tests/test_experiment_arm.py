@@ -146,7 +146,7 @@ def _agent(
 ) -> Agent:
     """An agent whose Booster answers ``answers`` in turn; Fusion's sysctls in a directory.
     Without ``monkeypatch`` (in a forked worker only) the channel is replaced for good."""
-    channel = lambda settings: Answers(answers)  # noqa: E731
+    channel = lambda settings, address=None: Answers(answers)  # noqa: E731
     if monkeypatch is not None:
         monkeypatch.setattr(reporter_module, "open_channel", channel)
     else:

@@ -244,7 +244,8 @@ def _table_agent(
 ) -> tuple[Agent, TableKernel]:
     """An agent whose Booster answers ``answers`` in turn and whose destination database puts
     DST_NET in PLACE, with ``name``'s table module stood in for by a TableKernel."""
-    monkeypatch.setattr(reporter_module, "open_channel", lambda settings: Answers(answers))
+    channel = lambda settings, address=None: Answers(answers)  # noqa: E731
+    monkeypatch.setattr(reporter_module, "open_channel", channel)
     kernel = TableKernel(tmp / name, registry().get(name).spec)
     csv = tmp / "paths.csv"
     csv.write_text(f"{DST_NET},{PLACE.region},{PLACE.isp}\n")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from concurrent import futures
 from functools import partial
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from sqlalchemy import text
 
 from gemini_agent.config import AgentSettings
 from gemini_agent.daemon import Agent
+from gemini_agent.reporter import READ_PORT_RETRY_S
 from gemini_agent.writeback import Kernel
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
@@ -206,6 +208,42 @@ def test_an_agent_asks_the_agent_port_when_the_read_port_does_not_answer(server,
     assert not agent.booster_silent, "no θ although the agent port answers"
     main, _ = families(server)
     assert calls(main, "GetParameters") == 1
+
+
+class NoBooster(grpc.GenericRpcHandler):
+    """A real gRPC server that serves no Booster method (every call UNIMPLEMENTED, as a port of
+    something else or a Booster without a read port would), counting the Booster calls it
+    refuses."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> None:
+        if handler_call_details.method.startswith("/gemini."):  # not the channel's health watch
+            self.calls += 1
+        return None
+
+
+def test_a_read_port_that_refuses_is_not_asked_again_until_its_retry_time(server, tmp_path):
+    refuser = NoBooster()
+    other = grpc.server(futures.ThreadPoolExecutor(max_workers=1), handlers=[refuser])
+    port = other.add_insecure_port("127.0.0.1:0")
+    other.start()
+    try:
+        agent = agent_of(server, tmp_path, f"127.0.0.1:{port}")
+        now = [1000.0]
+        agent.reporter.read_port.clock = lambda: now[0]
+        agent.refresh_theta()
+        agent.refresh_theta()
+        assert not agent.booster_silent, "no θ although the agent port answers"
+        assert refuser.calls == 1, "the refusing read port was asked on every refresh"
+        assert calls(families(server)[0], "GetParameters") == 2
+        now[0] += READ_PORT_RETRY_S
+        agent.refresh_theta()
+        assert refuser.calls == 2, "the read port was not tried again after its retry time"
+        assert calls(families(server)[0], "GetParameters") == 3
+    finally:
+        other.stop(None)
 
 
 def test_a_reader_that_dies_is_replaced_on_the_same_port(server):

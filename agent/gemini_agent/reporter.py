@@ -18,7 +18,7 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import grpc
@@ -43,6 +43,10 @@ QUOTA = "quota"
 # GetParameters on the read port fails so when nothing serves it there (a Booster without a read
 # port, its reader process down, an upgrade in progress): asked again at once on the agent port.
 READ_PORT_ABSENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNIMPLEMENTED}
+# After the read port failed so, GetParameters goes to the agent port alone for this long before
+# the read port is tried again: a Booster without one is not asked twice per refresh, and a
+# reader that came back (respawned, upgraded) is found within this bound.
+READ_PORT_RETRY_S = 60.0
 
 
 # What a Booster before the compact sketch says of its fields (validation.unknown_field_paths).
@@ -168,6 +172,35 @@ class AgentChannel:
         return self.stub
 
 
+class ReadPortState:
+    """Whether GetParameters should try the read port now: yes, except within
+    ``READ_PORT_RETRY_S`` of its last failure. It says when the port went away and came back,
+    once each, not on every refresh."""
+
+    def __init__(self, address: str | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.address, self.clock = address, clock
+        self.retry_at: float | None = None  # None: the read port is in use
+
+    def usable(self) -> bool:
+        return self.retry_at is None or self.clock() >= self.retry_at
+
+    def failed(self, code: grpc.StatusCode) -> None:
+        if self.retry_at is None:
+            log.warning(
+                "read port %s did not answer (%s): GetParameters on the agent port, the read "
+                "port tried again every %.0f s",
+                self.address,
+                code.name,
+                READ_PORT_RETRY_S,
+            )
+        self.retry_at = self.clock() + READ_PORT_RETRY_S
+
+    def answered(self) -> None:
+        if self.retry_at is not None:
+            log.info("read port %s answers again: GetParameters there", self.address)
+        self.retry_at = None
+
+
 class Reporter:
     def __init__(
         self,
@@ -186,6 +219,7 @@ class Reporter:
             if settings.parameters_address is None and parameters_channel is None
             else AgentChannel(settings, metrics, parameters_channel, settings.parameters_address)
         )
+        self.read_port = ReadPortState(settings.parameters_address)
         self.token = AgentToken(settings, metrics)
         self.failures = 0
         self.next_attempt = 0.0
@@ -194,21 +228,22 @@ class Reporter:
         self, req: pb.GetParametersRequest, timeout_s: float
     ) -> pb.GetParametersResponse:
         """Booster's answer for ``req``: from the read port when one is set, and from the agent
-        port when there is none or it does not answer (``READ_PORT_ABSENT``), so that a read
-        port named before Booster serves one never leaves the host without θ."""
+        port when there is none or it does not answer (``READ_PORT_ABSENT``; then for
+        ``READ_PORT_RETRY_S``), so that a read port named before Booster serves one never
+        leaves the host without θ."""
         metadata = self.token.metadata()
-        try:
-            return self.parameters.current().GetParameters(
-                req, metadata=metadata, timeout=timeout_s
-            )
-        except grpc.RpcError as err:
-            if self.parameters is self.booster or err.code() not in READ_PORT_ABSENT:
-                raise
-            log.warning(
-                "read port %s did not answer (%s): GetParameters on the agent port",
-                self.settings.parameters_address,
-                err.code().name,
-            )
+        if self.parameters is not self.booster and self.read_port.usable():
+            try:
+                resp = self.parameters.current().GetParameters(
+                    req, metadata=metadata, timeout=timeout_s
+                )
+            except grpc.RpcError as err:
+                if err.code() not in READ_PORT_ABSENT:
+                    raise
+                self.read_port.failed(err.code())
+            else:
+                self.read_port.answered()
+                return resp
         return self.booster.current().GetParameters(req, metadata=metadata, timeout=timeout_s)
 
     def submit(self, report: pb.ReportRequest) -> None:

@@ -42,6 +42,21 @@ def test_the_two_objectives_rank_a_late_flow_oppositely():
     assert query[1].tpt_sum < query[0].tpt_sum  # type: ignore[union-attr]
 
 
+def test_completion_objective_is_all_bits_over_all_completion_times():
+    sums = sw.incast_sums(_incast([100.0, 400.0]), THETA, sw.Objective.COMPLETION)
+    assert sums is not None and sums.flow_count == 1
+    assert sums.tpt_sum == pytest.approx(1.6 / 0.5)
+    assert sums.delay_sum == pytest.approx(1.0)
+
+
+def test_completion_objective_ranks_a_late_flow_below_even_completions():
+    """A timeout's RTO adds to ΣFCT whole, so the spread incast whose one late flow lifts the
+    mean of rates scores lower, as the query does."""
+    even, spread = _incast([100.0] * 4), _incast([50.0, 50.0, 50.0, 400.0])
+    done = [sw.incast_sums(r, THETA, sw.Objective.COMPLETION) for r in (even, spread)]
+    assert done[1].tpt_sum < done[0].tpt_sum  # type: ignore[union-attr]
+
+
 def test_an_incast_run_at_another_theta_is_refused():
     with pytest.raises(RuntimeError, match="not the planned"):
         sw.incast_sums(_incast([100.0], {**THETA, "queue_threshold": 7}), THETA, sw.Objective.QUERY)

@@ -1,8 +1,8 @@
 """The datapaths' evaluation widened (issue #31, item 5): what ``gemini-lab datapath-tune`` and
 ``gemini-lab datapath-eval`` do not run, in the UML lab on its simulated clock.
 
-    python -m gemini_lab.datapath_sweeps {gemini-dc,dcvegas-incast,dcvegas-query,gear-pair,k-sweep}
-        --out DIR
+    python -m gemini_lab.datapath_sweeps {gemini-dc,dcvegas-incast,dcvegas-query,
+        dcvegas-completion,gear-pair,k-sweep} --out DIR
 
 - ``gemini-dc``: Booster's planner tunes GEMINI on the datacenter path (K and H searched over
   Θ, the rest pinned at the paper's defaults scaled by s = 10, T = 50 ms included: the
@@ -14,7 +14,9 @@
   planner is given for it (``Objective``): ``dcvegas-incast`` what an agent reports today, each
   of the 40 short flows as one flow (its bytes over its completion time; queueing delay the
   smoothed RTT over the minimum at its end); ``dcvegas-query`` the query as one flow (all its
-  bytes over the slowest completion), which needs the application's query boundaries. Held
+  bytes over the slowest completion), which needs the application's query boundaries;
+  ``dcvegas-completion`` all the flows' bits over all their completion times (Σbits / ΣFCT),
+  which an agent can report from its per-flow records. Held
   out: incasts of other sizes (20 × 4 MB, 60 × 3 MB) and the held-out datacenter path's long
   flow, default against tuned beside dctcp, reno and vegas.
 - ``gear-pair``: Booster's planner tunes Gear's η, W_AI and maxStage (k pinned at 10) on its
@@ -115,10 +117,14 @@ class Objective(StrEnum):
     a θ whose timeouts leave a few flows late while the rest finish early at high rates; the
     incast's goal is the query's completion (its slowest flow). QUERY gives the planner that:
     the incast as one flow of all its bytes over the slowest completion, which an agent would
-    need the application's query boundaries to report (it has none)."""
+    need the application's query boundaries to report (it has none). COMPLETION is what an
+    agent can report from the same per-flow records: all the flows' bits over all their
+    completion times (Σbits / ΣFCT, the inverse of the mean completion time per bit), so a
+    timeout adds its whole RTO to the denominator however fast the other flows finish."""
 
     PER_FLOW = "per-flow"
     QUERY = "query"
+    COMPLETION = "completion"
 
 
 def incast_sums(result: dict, asked: dict[str, int], objective: Objective) -> FlowSums | None:
@@ -135,10 +141,11 @@ def incast_sums(result: dict, asked: dict[str, int], objective: Objective) -> Fl
     if not done:
         return None
     queue_ms = [(f["rtt_us"] - f["min_rtt_us"]) / US_PER_MS for f in done]
-    if objective == Objective.QUERY:
+    if objective != Objective.PER_FLOW:
         bits = result["bytes_each"] * 8 * len(done)
         slowest = max(f["fct_ms"] for f in done)
-        return FlowSums.of_flow(bits / slowest / US_PER_MS, sum(queue_ms) / len(done))
+        time_ms = slowest if objective == Objective.QUERY else sum(f["fct_ms"] for f in done)
+        return FlowSums.of_flow(bits / time_ms / US_PER_MS, sum(queue_ms) / len(done))
     bits = result["bytes_each"] * 8
     total = FlowSums()
     for f, q in zip(done, queue_ms, strict=True):
@@ -351,6 +358,7 @@ COMMANDS: dict[str, Callable[[Path, str], str]] = {
     "gemini-dc": cmd_gemini_dc,
     "dcvegas-incast": partial(cmd_dcvegas_incast, objective=Objective.PER_FLOW),
     "dcvegas-query": partial(cmd_dcvegas_incast, objective=Objective.QUERY),
+    "dcvegas-completion": partial(cmd_dcvegas_incast, objective=Objective.COMPLETION),
     "gear-pair": cmd_gear_pair,
     "k-sweep": cmd_k_sweep,
 }

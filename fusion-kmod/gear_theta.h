@@ -10,25 +10,25 @@
 #ifndef _GEAR_THETA_H
 #define _GEAR_THETA_H
 
-#define GEAR_THETA_SPEC_VERSION 1
+#define GEAR_THETA_SPEC_VERSION 2
 
 enum gear_theta_param {
 	GEAR_THETA_TARGET_UTIL, /* η: target bottleneck utilisation */
 	GEAR_THETA_CLASS_RTT_RATIO, /* k: a flow is cross-DC when its RTT ≥ k · the intra-DC base RTT */
-	GEAR_THETA_AI_STEP, /* W_AI: additive step per round (cross-DC flows use min(500, CRTT/IRTT) · W_AI) */
+	GEAR_THETA_AI_STEP_BDP, /* W_AI: additive step per round as a fraction of the line's BDP bw · IRTT (cross-DC flows use min(500, CRTT/IRTT) · W_AI) */
 	GEAR_THETA_MAX_STAGE, /* maxStage: additive rounds before a forced multiplicative update */
 	GEAR_THETA_NPARAMS,
 };
 
 #define GEAR_TARGET_UTIL_SCALE 1 /* units per percent */
 #define GEAR_CLASS_RTT_RATIO_SCALE 1 /* units per ratio */
-#define GEAR_AI_STEP_SCALE 100 /* units per packets */
+#define GEAR_AI_STEP_BDP_SCALE 10000 /* units per BDP */
 #define GEAR_MAX_STAGE_SCALE 1 /* units per rounds */
 
-#define GEAR_THETA_NAMES { "target_util", "class_rtt_ratio", "ai_step", "max_stage" }
-#define GEAR_THETA_MIN { 50, 2, 1, 0 }
-#define GEAR_THETA_MAX { 100, 10000, 10000, 100 }
-#define GEAR_THETA_DEFAULT { 95, 100, 100, 5 }
+#define GEAR_THETA_NAMES { "target_util", "class_rtt_ratio", "ai_step_bdp", "max_stage" }
+#define GEAR_THETA_MIN { 50, 2, 5, 0 }
+#define GEAR_THETA_MAX { 100, 10000, 60000, 100 }
+#define GEAR_THETA_DEFAULT { 95, 100, 579, 5 }
 
 /* X(name, index, default, min, max, description): one module parameter each */
 #define GEAR_THETA_PARAMS(X) \
@@ -36,8 +36,8 @@ enum gear_theta_param {
 	  "η (percent): target bottleneck utilisation; refused outside [50, 100], default 95") \
 	X(class_rtt_ratio, GEAR_THETA_CLASS_RTT_RATIO, 100, 2, 10000, \
 	  "k (ratio): a flow is cross-DC when its RTT ≥ k · the intra-DC base RTT; refused outside [2, 10000], default 100") \
-	X(ai_step, GEAR_THETA_AI_STEP, 100, 1, 10000, \
-	  "W_AI (packets in 1/100): additive step per round (cross-DC flows use min(500, CRTT/IRTT) · W_AI); refused outside [1, 10000], default 100") \
+	X(ai_step_bdp, GEAR_THETA_AI_STEP_BDP, 579, 5, 60000, \
+	  "W_AI (BDP in 1/10000): additive step per round as a fraction of the line's BDP bw · IRTT (cross-DC flows use min(500, CRTT/IRTT) · W_AI); refused outside [5, 60000], default 579") \
 	X(max_stage, GEAR_THETA_MAX_STAGE, 5, 0, 100, \
 	  "maxStage (rounds): additive rounds before a forced multiplicative update; refused outside [0, 100], default 5") \
 

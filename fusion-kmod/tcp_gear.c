@@ -47,6 +47,15 @@
  * the first loss, then +1 per round): w ← min(w, w_wan). Not implemented: multi-hop INT (eq. 3;
  * the lab's switch is one hop) and the asynchronous model (eqs. 11–12).
  *
+ * W_AI, the additive step, is a fraction of the bottleneck's BDP at the network's base RTT:
+ * W_AI = ai_step_bdp · bw · IRTT, θ's ai_step_bdp in 1/GEAR_AI_STEP_BDP_SCALE (1/10000), bw
+ * the line rate the INT record carries and IRTT = dc_base_rtt_us, the basertt of eq. 1.
+ * The paper gives W_AI no value; HPCC, whose windows Gear keeps, sets W_AI = B · T · (1 − η)/N,
+ * a fraction of the BDP too. A cross-DC flow's step, min(500, CRTT/IRTT) · W_AI, is then the
+ * same fraction of its own BDP bw · CRTT (below the cap), whatever the port. In packets (θ
+ * version 1) it was not: the step that made a pair fair at 100 Mbit/s and a 40 ms CRTT (1.4 of
+ * its BDP a round) was 2.3 BDPs at 60 Mbit/s and 30 ms, and took twice the intra flow's rate.
+ *
  * The window is paced at w / T and capped at 2 · bw · T, T here the flow's own base RTT.
  * (HPCC's cap W_max is bw · T; but T, the minimum RTT, misses the delayed ACKs and per-packet
  * serialisation that a window of data meets, and at the lab's 16-packet BDP a window of exactly bw · T ran the link at 78 %,
@@ -61,7 +70,8 @@
  * pacing_gain = w^c (packets), cwnd_gain = INT records read (bits 0–23), the others' share
  * of bw in percent (bits 24–30, eq. 6's bound) and bit 31: cross-DC.
  *
- * Fixed point: utilisation in 1/GEAR_U_ONE (2^16), windows in 1/GEAR_W_ONE packets (2^10).
+ * Fixed point: utilisation in 1/GEAR_U_ONE (2^16), windows in 1/GEAR_W_ONE packets (2^10),
+ * W_AI's θ in 1/GEAR_AI_STEP_BDP_SCALE of the BDP (10^4).
  */
 #include <linux/inet_diag.h>
 #include <linux/module.h>
@@ -223,16 +233,6 @@ static void gear_measure(struct sock *sk, struct gear *ca, const struct gear_int
 	ca->prev_end_seq = r->end_seq;
 }
 
-/* W_AI in window units: cross-DC flows scale it by min(500, CRTT/IRTT). */
-static u32 gear_ai(const struct gear *ca, u32 base_us)
-{
-	u64 ai = div_u64((u64)gear_param(GEAR_THETA_AI_STEP) * GEAR_W_ONE, GEAR_AI_STEP_SCALE);
-
-	if (ca->cross)
-		ai *= clamp_t(u32, base_us / cc_param(&gear_dc_base_rtt), 1, GEAR_AI_RATIO_MAX);
-	return min_t(u64, ai, U32_MAX);
-}
-
 /* The line rate's BDP bw · T in window units (at least one packet). */
 static s64 gear_bdp(const struct sock *sk, u32 rate_mbit, u32 base_us)
 {
@@ -240,6 +240,21 @@ static s64 gear_bdp(const struct sock *sk, u32 rate_mbit, u32 base_us)
 
 	return max_t(s64, div_u64(bytes << GEAR_W_SHIFT, max_t(u32, tcp_sk(sk)->mss_cache, 1)),
 		     GEAR_W_ONE);
+}
+
+/*
+ * W_AI in window units: ai_step_bdp/GEAR_AI_STEP_BDP_SCALE of the BDP bw · IRTT, IRTT the
+ * network's base RTT (dc_base_rtt_us); cross-DC flows scale it by min(500, CRTT/IRTT).
+ */
+static u32 gear_ai(const struct sock *sk, const struct gear *ca, u32 base_us, u32 rate_mbit)
+{
+	u32 irtt_us = cc_param(&gear_dc_base_rtt);
+	u64 bdp = gear_bdp(sk, rate_mbit, irtt_us);
+	u64 ai = div_u64(gear_param(GEAR_THETA_AI_STEP_BDP) * bdp, GEAR_AI_STEP_BDP_SCALE);
+
+	if (ca->cross)
+		ai *= clamp_t(u32, base_us / irtt_us, 1, GEAR_AI_RATIO_MAX);
+	return min_t(u64, ai, U32_MAX);
 }
 
 static u32 gear_eta(void)
@@ -336,7 +351,7 @@ static s64 gear_cross_window(struct gear *ca, u32 eta, u32 ai, s64 bdp, bool rou
 /* The window this ACK sets, by the flow's class; w^c moves at a round's end. */
 static u32 gear_window(struct sock *sk, struct gear *ca, u32 base_us, u32 rate_mbit, bool round)
 {
-	u32 eta = gear_eta(), ai = gear_ai(ca, base_us);
+	u32 eta = gear_eta(), ai = gear_ai(sk, ca, base_us, rate_mbit);
 	s64 bdp = gear_bdp(sk, rate_mbit, base_us), w;
 
 	if (ca->cross)

@@ -23,8 +23,26 @@ def test_gear_is_a_host_wide_module_params_datapath() -> None:
     dp = registry().get(GEAR)
     assert (dp.cc, dp.module, dp.apply) == ("gear", "tcp_gear", Apply.MODULE_PARAMS)
     assert dp.spec.target == "/sys/module/tcp_gear/parameters"
-    assert dp.spec.names == ("target_util", "class_rtt_ratio", "ai_step", "max_stage")
+    assert dp.spec.names == ("target_util", "class_rtt_ratio", "ai_step_bdp", "max_stage")
     assert dp.spec.default()["target_util"] == 95  # the paper's η
+
+
+def test_a_version_1_theta_in_packets_is_refused_not_read_as_a_fraction_of_the_bdp() -> None:
+    # W_AI became a fraction of the BDP in spec version 2 and changed its name with its unit:
+    # a θ a policy kept from version 1 (ai_step, hundredths of a packet) names what is wrong.
+    spec = registry().get(GEAR).spec
+    assert spec.version == 2
+    old = {"target_util": 95, "class_rtt_ratio": 100, "ai_step": 100, "max_stage": 5}
+    problems = spec.violations(old, spec.limits)
+    assert problems == ["ai_step: unknown parameter", "ai_step_bdp: missing"]
+
+
+def test_the_default_step_is_one_packet_at_the_tuning_port() -> None:
+    # The IntCC prototype's 1 packet at the port Booster tunes on: bw · IRTT in 1448-byte packets.
+    path, mss = gear_tune.TUNE_PAIR, 1448
+    bdp_pkts = path.rate_mbit * 1e6 * path.rtts_ms[0] / 1e3 / 8 / mss
+    step = registry().get(GEAR).spec.param("ai_step_bdp")
+    assert step.default / step.scale * bdp_pkts == pytest.approx(1.0, abs=0.01)
 
 
 def test_booster_plans_and_learns_gear_in_its_own_space(booster) -> None:
@@ -91,7 +109,7 @@ def test_fair_goodput_rewards_an_even_share_and_a_full_link() -> None:
 
 
 def test_the_held_out_boot_runs_defaults_and_tuned_on_a_port_not_tuned_on() -> None:
-    tuned = {"target_util": 90, "class_rtt_ratio": 10, "ai_step": 250, "max_stage": 3}
+    tuned = {"target_util": 90, "class_rtt_ratio": 10, "ai_step_bdp": 1500, "max_stage": 3}
     plan = gear_tune.heldout_plan(tuned)
     ex = plan["experiments"]
     assert {e["rate_kbit"] for e in ex} == {gear_tune.HELDOUT_PAIR.rate_mbit * 1000}

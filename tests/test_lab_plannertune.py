@@ -169,7 +169,7 @@ def test_a_gear_pair_reaches_the_planner_as_its_fair_goodput():
     even = plannertune.measured(_pair_result(theta, 40.0, 40.0), theta, GEAR_CFG.spec())
     assert even is not None and even.tpt_sum == 80.0  # the same total, shared evenly: more
     with pytest.raises(RuntimeError, match="not the planned"):
-        plannertune.measured(_pair_result(theta | {"ai_step": 7}, 1, 1), theta, GEAR_CFG.spec())
+        plannertune.measured(_pair_result(theta | {"ai_step_bdp": 7}, 1, 1), theta, GEAR_CFG.spec())
     failed = {"insmod": {"int": {"rc": 1, "err": "no such module"}}}
     assert plannertune.measured(failed, theta, GEAR_CFG.spec()) is None
     row = plannertune._row("h", theta, failed)
@@ -178,14 +178,14 @@ def test_a_gear_pair_reaches_the_planner_as_its_fair_goodput():
 
 def test_the_record_lists_each_theta_run_with_its_utility_and_the_incumbent():
     start = GEAR_CFG.start()
-    tried = start | {"ai_step": 400}
+    tried = start | {"ai_step_bdp": 2300}
     runs = [plannertune._row(h, t, _pair_result(t, a, b))
             for h, t, a, b in (("a", start, 60.0, 20.0), ("b", tried, 45.0, 40.0))]  # fmt: skip
     history = {"gear-pair": [{"round": 0, "incumbent": start, "runs": runs},
                              {"round": 1, "incumbent": tried}]}  # fmt: skip
     rows = plannertune.render(history, GEAR_CFG, "cmd").split("| θ run")[1].splitlines()
-    assert rows[2] == "| 0 | η 95, W_AI 100, maxStage 5 (incumbent) | 39.8 (share 3.00) |"
-    assert rows[3] == "| 0 | η 95, W_AI 400, maxStage 5 | 79.8 (share 1.12) |"
+    assert rows[2] == "| 0 | η 95, W_AI 579, maxStage 5 (incumbent) | 39.8 (share 3.00) |"
+    assert rows[3] == "| 0 | η 95, W_AI 2300, maxStage 5 | 79.8 (share 1.12) |"
 
 
 def test_experiment_kinds_are_refused_for_a_datapath_they_cannot_run():
@@ -258,12 +258,12 @@ def test_datapath_tune_searches_the_tuned_parameters_over_theta_prime_with_regio
 
     monkeypatch.setattr(plannertune, "tune", tune)
     argv = ["datapath-tune", "--datapath", "gear", "--scenario", "gear-pair", "--tuned",
-            "ai_step", "--pin", "class_rtt_ratio=10", "--out", str(tmp_path)]  # fmt: skip
+            "ai_step_bdp", "--pin", "class_rtt_ratio=10", "--out", str(tmp_path)]  # fmt: skip
     for region in ("production", "wide"):
         with pytest.raises(SystemExit, match="stop before booting"):
             cli.main([*argv, "--region", region])
-    wide = GEAR_CFG.spec().region_bounds("wide")["ai_step"]
-    assert [c.search_bounds()["ai_step"] for c in seen] == [(10, 400), wide]
+    wide = GEAR_CFG.spec().region_bounds("wide")["ai_step_bdp"]
+    assert [c.search_bounds()["ai_step_bdp"] for c in seen] == [(50, 2500), wide]
     assert seen[1].search_bounds()["class_rtt_ratio"] == (10, 10)  # a pin stays pinned
 
 

@@ -28,7 +28,7 @@ GEAR_PATH = Scenario(
 )
 ETAS = (95, 80)
 # Out of Θ' (specs/gear.toml's wide bounds): each write must be refused.
-OUT_OF_REGION = {"target_util": 101, "class_rtt_ratio": 1, "ai_step": 0, "max_stage": 101}
+OUT_OF_REGION = {"target_util": 101, "class_rtt_ratio": 1, "ai_step_bdp": 0, "max_stage": 101}
 U_ONE = 1 << 16  # the module's utilisation fixed point
 CROSS_FLAG = 1 << 31
 RECORDS_MASK = (1 << 24) - 1  # get_info's cwnd_gain: records in bits 0-23, others' % in 24-30

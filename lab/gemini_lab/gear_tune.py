@@ -56,7 +56,7 @@ PAIR_PATHS = {p.name: p for p in (TUNE_PAIR, HELDOUT_PAIR)}
 TUNE_PAIR_S = 10  # one host's round: one pair this long
 # θ the planner does not search: k (see the module's notes); the paper's defaults otherwise
 PINNED = tuple(gear.GEAR_PAIR_THETA.items())
-SEARCHED = ("target_util", "ai_step", "max_stage")
+SEARCHED = ("target_util", "ai_step_bdp", "max_stage")
 # held-out runs: (duration s, the cross-DC flow's start after the intra-DC flow's, s); the
 # simulated clock repeats a run, so the runs differ in length and start
 HELDOUT_RUNS = ((12, 0), (15, 1), (18, 2))

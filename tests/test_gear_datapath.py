@@ -150,3 +150,21 @@ def test_the_committed_gear_record_can_take_a_run_and_keep_its_analysis() -> Non
     kept = text.split(gear.SECTION_END)[1]
     assert "## What this shows" in kept
     assert gear.with_section(text, "x").endswith(kept)
+
+
+def test_the_baselines_run_on_the_held_out_port_as_the_pair_benchmark_runs_them() -> None:
+    plan = gear_tune.baselines_plan()
+    held = gear_tune.HELDOUT_PAIR
+    ex = {e["label"]: e for e in plan["experiments"]}
+    assert set(ex) == {
+        f"{held.name}/{cc}/{d}s" for cc in ("gemini", "dctcp") for d, _ in gear_tune.HELDOUT_RUNS
+    }
+    for e in ex.values():
+        assert (e["rate_kbit"], e["queue_packets"]) == (held.rate_mbit * 1000, held.queue_packets)
+        assert e["rtts_ms"] == list(held.rtts_ms) and e["ecn_k"] == gear.PAIR_ECN_K
+    gemini = ex[f"{held.name}/gemini/12s"]
+    assert gemini["module_extra"] == {"capacity_mbit": held.rate_mbit}  # C is this port's rate
+    assert plan["paths"][0]["receiver_cc"] == "dctcp"  # dctcp echoes CE exactly
+    results = {"experiments": {f"{held.name}/gemini/12s": _pair(40, 20)}}
+    table = gear_tune.baselines_table(results)
+    assert "| gemini | 1 | 2.00–2.00 | 40.0–40.0 |" in table and "| dctcp | 0 | error |" in table

@@ -198,33 +198,40 @@ def wan_plan_experiments(duration_s: float = WAN_S) -> list[dict]:
     ]
 
 
+def baseline_pair(label: str, cc: str, port: tuple[int, int, list[int]], duration_s: float) -> dict:
+    """A baseline's pair on a port (rate Mbit/s, queue packets, RTTs ms), flows started
+    together: RED marking at PAIR_ECN_K, GEMINI at its scaled defaults with C = the rate."""
+    from gemini_lab.datapath_signals import gemini_extra, scaled_theta
+
+    rate_mbit, queue, rtts_ms = port
+    e: dict = {
+        "label": label,
+        "kind": "datapath_pair",
+        "rate_kbit": rate_mbit * 1000,
+        "queue_packets": queue,
+        "ecn_k": PAIR_ECN_K,
+        "rtts_ms": rtts_ms,
+        "duration_s": duration_s,
+        "sample_s": 1.0,
+    }
+    if cc == "gemini":
+        theta, extra = scaled_theta(cc), gemini_extra(rate_mbit)
+        return e | {"datapath": cc, "theta": theta, "module_extra": extra}
+    return e | {"cc": cc}
+
+
 def pair_plan(
     durations: tuple[int, ...] = PAIR_DURATIONS_S, baselines: tuple[str, ...] = PAIR_BASELINES
 ) -> dict:
     """Each CC's intra/cross pair once per duration: Gear behind the INT switch on a drop-tail
     queue, the baselines with RED marking at K (``datapath_pair``); Gear's intra-DC flow alone
     on the same bottleneck; the WAN-bottleneck 7:3 test."""
-    from gemini_lab.datapath_signals import gemini_extra, scaled_theta
-
     experiments: list[dict] = [_gear_pair(f"lone/gear/{LONE_S}s", LONE_S, PAIR_RTTS_MS[:1])]
     for d in durations:
         experiments.append(_gear_pair(f"pair/gear/{d}s", d, PAIR_RTTS_MS))
         for cc in baselines:
-            e: dict = {
-                "label": f"pair/{cc}/{d}s",
-                "kind": "datapath_pair",
-                "rate_kbit": RATE_MBIT * 1000,
-                "queue_packets": PAIR_QUEUE,
-                "ecn_k": PAIR_ECN_K,
-                "rtts_ms": PAIR_RTTS_MS,
-                "duration_s": d,
-                "sample_s": 1.0,
-            }
-            if cc == "gemini":
-                e |= {"datapath": cc, "theta": scaled_theta(cc), "module_extra": gemini_extra(100)}
-            else:
-                e["cc"] = cc
-            experiments.append(e)
+            port = (RATE_MBIT, PAIR_QUEUE, PAIR_RTTS_MS)
+            experiments.append(baseline_pair(f"pair/{cc}/{d}s", cc, port, d))
     experiments += wan_plan_experiments()
     # a path whose receivers run dctcp: the guest then allows dctcp as a namespace's default,
     # which datapath_pair sets in the fairness receiver

@@ -183,3 +183,64 @@ def verdict(spans: dict[str, tuple[float, float]]) -> str:
     if thi < dlo:
         return "Tuned worse than the defaults (the spans do not overlap)."
     return "A tie: the tuned and default spans overlap."
+
+
+# --- the baselines beside Gear on the held-out port --------------------------------------------
+
+HELDOUT_BASELINES = ("gemini", "dctcp")
+
+
+def baselines_plan(path: PairPath = HELDOUT_PAIR, ccs: tuple[str, ...] = HELDOUT_BASELINES) -> dict:
+    """Each baseline's intra/cross pair on ``path``, once per held-out run length, as the pair
+    benchmark runs them (gemini_lab.gear.pair_plan: RED marking at its K, receivers on dctcp,
+    GEMINI at its scaled defaults with C = the port's rate). The two flows start together:
+    ``datapath_pair`` has no staggered start."""
+    port = (path.rate_mbit, path.queue_packets, list(path.rtts_ms))
+    experiments = [
+        gear.baseline_pair(f"{path.name}/{cc}/{d}s", cc, port, d)
+        for cc in ccs
+        for d, _ in HELDOUT_RUNS
+    ]
+    scen = replace(path.scenario(), receiver_cc="dctcp")
+    return {"paths": [scen.to_dict()], "experiments": experiments}
+
+
+def baselines_table(results: dict, path: PairPath = HELDOUT_PAIR,
+                    ccs: tuple[str, ...] = HELDOUT_BASELINES) -> str:  # fmt: skip
+    """One row per baseline: the held-out table's columns, min–max over its runs."""
+    lines = [
+        "| CC | runs | intra / cross | fair goodput Mbit/s | total Mbit/s | of the line | "
+        "queue ms | retransmits |",
+        "|---|---:|---|---|---|---|---|---|",
+    ]
+    for cc in ccs:
+        rows = arm_rows(results, cc)
+        if not rows:
+            lines.append(f"| {cc} | 0 | error |")
+            continue
+        line = [r["total_mbps"] * gear.PACKET_BYTES / 1448 / path.rate_mbit for r in rows]
+        lines.append(
+            f"| {cc} | {len(rows)} | {_span([r['share'] for r in rows], '.2f')} | "
+            f"{_span([r['mbps'] for r in rows])} | {_span([r['total_mbps'] for r in rows])} | "
+            f"{_span(line, '.2f')} | {_span([r['queue_ms'] for r in rows], '.2f')} | "
+            f"{_span([r['retransmits'] for r in rows], '.0f')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """``python -m gemini_lab.gear_tune OUT``: the baselines on the held-out port, one UML boot;
+    prints the table (results.json under OUT)."""
+    import sys
+    from pathlib import Path
+
+    from gemini_lab.host import run_plan
+
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python -m gemini_lab.gear_tune OUT_DIR")
+    results = run_plan(baselines_plan(), Path(sys.argv[1]), backend="uml", timeout_s=3600)
+    print(baselines_table(results))
+
+
+if __name__ == "__main__":
+    main()

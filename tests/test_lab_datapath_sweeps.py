@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from gemini_api.sums import FlowSums
+from gemini_api.sums import Objective as PolicyObjective
 from gemini_lab import datapath_sweeps as sw
 from gemini_lab.datapath_signals import scaled_theta
 
@@ -42,11 +44,18 @@ def test_the_two_objectives_rank_a_late_flow_oppositely():
     assert query[1].tpt_sum < query[0].tpt_sum  # type: ignore[union-attr]
 
 
-def test_completion_objective_is_all_bits_over_all_completion_times():
+def _completion(sums: FlowSums | None, sigma: float = 0.0) -> float:
+    assert sums is not None
+    return sums.utility(sigma, PolicyObjective.COMPLETION).mean
+
+
+def test_completion_objective_is_all_bits_over_all_completion_times_as_an_agent_sums_them():
     sums = sw.incast_sums(_incast([100.0, 400.0]), THETA, sw.Objective.COMPLETION)
-    assert sums is not None and sums.flow_count == 1
-    assert sums.tpt_sum == pytest.approx(1.6 / 0.5)
-    assert sums.delay_sum == pytest.approx(1.0)
+    assert sums is not None and sums.flow_count == sums.completion.flow_count == 2
+    assert _completion(sums) == pytest.approx(1.6 / 0.5)
+    assert _completion(sums, sigma=1.0) == pytest.approx(1.6 / 0.5 - 1.0)
+    assert sw.Objective.COMPLETION.policy_objective == PolicyObjective.COMPLETION
+    assert sw.Objective.QUERY.policy_objective == PolicyObjective.FLOW_MEAN
 
 
 def test_completion_objective_ranks_a_late_flow_below_even_completions():
@@ -54,7 +63,8 @@ def test_completion_objective_ranks_a_late_flow_below_even_completions():
     mean of rates scores lower, as the query does."""
     even, spread = _incast([100.0] * 4), _incast([50.0, 50.0, 50.0, 400.0])
     done = [sw.incast_sums(r, THETA, sw.Objective.COMPLETION) for r in (even, spread)]
-    assert done[1].tpt_sum < done[0].tpt_sum  # type: ignore[union-attr]
+    assert _completion(done[1]) < _completion(done[0])
+    assert done[1].utility(0.0).mean > done[0].utility(0.0).mean  # type: ignore[union-attr]
 
 
 def test_an_incast_run_at_another_theta_is_refused():

@@ -2,9 +2,10 @@
 
 Throughput is bytes acknowledged over the flow's duration (Mbit/s); queueing delay is mean RTT
 minus minimum RTT (ms). Sums, sums of squares and Σ throughput·delay let Booster compute eq. 9's
-mean and variance for any σ later; two sketches keep the distributions of throughput and of
-queueing delay (the paper's Fig. 9 shows percentiles of both), sent in the compact encoding of
-gemini_api.sketch (quantiles within 5 %).
+mean and variance for any σ later; the same flows' bytes and durations, summed
+(``CompletionSums``), give the completion-time objective a policy may name instead; two
+sketches keep the distributions of throughput and of queueing delay (the paper's Fig. 9 shows
+percentiles of both), sent in the compact encoding of gemini_api.sketch (quantiles within 5 %).
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ class AggregateBuilder:
 
     def add(self, flow: FlowStats) -> None:
         tpt, delay = flow.throughput_mbps, flow.queue_delay_ms
-        self.sums = self.sums + FlowSums.of_flow(tpt, delay)
+        if flow.usable:
+            self.sums = self.sums + FlowSums.of_record(flow.bytes_acked, flow.duration_us, delay)
+        else:  # no duration: no completion time to add
+            self.sums = self.sums + FlowSums.of_flow(tpt, delay)
         self.slow += tpt < SLOW_FLOW_MBPS
         self.sizes[bisect.bisect_right(SIZE_EDGES_BYTES, flow.bytes_acked)] += 1
         self.sketch.add(tpt)

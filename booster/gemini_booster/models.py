@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from gemini_api.datapaths import DEFAULT_DATAPATH, datapath, datapaths, registry
+from gemini_api.sums import Objective
 from gemini_api.theta import ThetaError, ThetaSpec
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
@@ -126,6 +127,13 @@ class PolicyFields(BaseModel):
         None, description="custom bounds in spec units, required when region is custom"
     )
     datapath: DatapathName = DEFAULT_DATAPATH
+    objective: Objective = Field(
+        Objective.FLOW_MEAN,
+        description="what the utility is over a θ's flows: flow-mean (eq. 9, the mean over "
+        "flows of throughput − σ·queueing delay) or completion (all bits over all flow "
+        "durations − σ·mean queueing delay: short flows, incast; agents older than it send "
+        "no completion sums, and their flows do not train such a policy)",
+    )
     exploration_share: ExplorationShare = 0.5
     mode: Mode = Field(
         "contextual",
@@ -197,6 +205,7 @@ class PolicyUpdate(BaseModel):
     region: Region | None = None
     bounds: Bounds | None = None
     datapath: DatapathName | None = None
+    objective: Objective | None = None
     exploration_share: ExplorationShare | None = None
     mode: Mode | None = None
     acq_func: AcqFunc | None = None

@@ -41,6 +41,7 @@ from functools import partial
 from pathlib import Path
 
 from gemini_api.sums import FlowSums
+from gemini_api.sums import Objective as PolicyObjective
 from gemini_lab import gear_tune, plannertune, scenario
 from gemini_lab.datapath_eval import (
     C_MBIT,
@@ -120,7 +121,16 @@ class Objective(StrEnum):
     need the application's query boundaries to report (it has none). COMPLETION is what an
     agent can report from the same per-flow records: all the flows' bits over all their
     completion times (Σbits / ΣFCT, the inverse of the mean completion time per bit), so a
-    timeout adds its whole RTO to the denominator however fast the other flows finish."""
+    timeout adds its whole RTO to the denominator however fast the other flows finish. It is
+    the product's ``Objective.COMPLETION``: each flow's sums as the agent builds them
+    (``FlowSums.of_record``), the planner's policy naming that objective."""
+
+    @property
+    def policy_objective(self) -> PolicyObjective:
+        """The objective the planner's policy names: the lab's own two are given as eq. 9."""
+        if self == Objective.COMPLETION:
+            return PolicyObjective.COMPLETION
+        return PolicyObjective.FLOW_MEAN
 
     PER_FLOW = "per-flow"
     QUERY = "query"
@@ -141,26 +151,31 @@ def incast_sums(result: dict, asked: dict[str, int], objective: Objective) -> Fl
     if not done:
         return None
     queue_ms = [(f["rtt_us"] - f["min_rtt_us"]) / US_PER_MS for f in done]
-    if objective != Objective.PER_FLOW:
+    if objective == Objective.QUERY:
         bits = result["bytes_each"] * 8 * len(done)
         slowest = max(f["fct_ms"] for f in done)
-        time_ms = slowest if objective == Objective.QUERY else sum(f["fct_ms"] for f in done)
-        return FlowSums.of_flow(bits / time_ms / US_PER_MS, sum(queue_ms) / len(done))
-    bits = result["bytes_each"] * 8
+        return FlowSums.of_flow(bits / slowest / US_PER_MS, sum(queue_ms) / len(done))
+    size = result["bytes_each"]
     total = FlowSums()
     for f, q in zip(done, queue_ms, strict=True):
-        total = total + FlowSums.of_flow(bits / f["fct_ms"] / US_PER_MS, q)
+        total = total + FlowSums.of_record(size, round(f["fct_ms"] * US_PER_MS), q)
     return total
 
 
-def _incast_row(host: str, theta: dict[str, int], r: dict, sums: FlowSums | None) -> dict:
+def _incast_row(
+    host: str, theta: dict[str, int], r: dict, sums: FlowSums | None, objective: Objective
+) -> dict:
+    """A host's round as the record shows it: its rate and delay at the planner's objective
+    (so that rate − σ·delay is the utility the planner was given)."""
     if sums is None or not sums.flow_count:
         return {"host": host, "theta": theta, "error": str(r.get("error", "no flow completed"))}
     n = sums.flow_count
+    done = sums.completion
+    completion = objective == Objective.COMPLETION
     return {
         "host": host,
         "theta": theta,
-        "mbps": sums.tpt_sum / n,
+        "mbps": done.mbit_sum / done.seconds_sum if completion else sums.tpt_sum / n,
         "queue_ms": sums.delay_sum / n,
         "retransmits": r["retransmits"],
         "timeouts": r["timeouts"],
@@ -170,6 +185,7 @@ def _incast_row(host: str, theta: dict[str, int], r: dict, sums: FlowSums | None
 def tune_incast(cfg: TuneConfig, out: Path, objective: Objective) -> dict[str, list[dict]]:
     """plannertune.tune's rounds with an incast as each host's run."""
     tuner = Tuner(cfg)
+    tuner.policy = tuner.policy.model_copy(update={"objective": objective.policy_objective})
     name = cfg.scenarios[0]
     history: dict[str, list[dict]] = {name: []}
     for r in range(cfg.rounds):
@@ -180,7 +196,7 @@ def tune_incast(cfg: TuneConfig, out: Path, objective: Objective) -> dict[str, l
         rows = []
         for h, theta in runs.items():
             sums = incast_sums(res[f"{name}/{h}"], theta, objective)
-            rows.append(_incast_row(h, theta, res[f"{name}/{h}"], sums))
+            rows.append(_incast_row(h, theta, res[f"{name}/{h}"], sums, objective))
             if sums is not None and sums.flow_count:
                 key = tuner.spec.key(theta)
                 prev = by_theta.get(key)

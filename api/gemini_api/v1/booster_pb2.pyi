@@ -60,7 +60,7 @@ class QuantileSketch(_message.Message):
     def __init__(self, relative_accuracy: _Optional[float] = ..., offset: _Optional[int] = ..., counts: _Optional[_Iterable[float]] = ..., zero_count: _Optional[float] = ..., key_stride: _Optional[int] = ..., first_bin: _Optional[int] = ..., bin_bitmap: _Optional[bytes] = ..., bin_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Aggregate(_message.Message):
-    __slots__ = ("theta", "theta_version", "context", "flow_count", "throughput_mbps_sum", "throughput_mbps_sq_sum", "queue_delay_ms_sum", "queue_delay_ms_sq_sum", "throughput_queue_delay_sum", "throughput_sketch", "slow_flow_count", "size_bucket_counts", "cc", "datapath_theta", "queue_delay_sketch")
+    __slots__ = ("theta", "theta_version", "context", "flow_count", "throughput_mbps_sum", "throughput_mbps_sq_sum", "queue_delay_ms_sum", "queue_delay_ms_sq_sum", "throughput_queue_delay_sum", "throughput_sketch", "slow_flow_count", "size_bucket_counts", "cc", "datapath_theta", "queue_delay_sketch", "completion")
     THETA_FIELD_NUMBER: _ClassVar[int]
     THETA_VERSION_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class Aggregate(_message.Message):
     CC_FIELD_NUMBER: _ClassVar[int]
     DATAPATH_THETA_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DELAY_SKETCH_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
     theta: Theta
     theta_version: int
     context: Context
@@ -91,7 +92,24 @@ class Aggregate(_message.Message):
     cc: str
     datapath_theta: DatapathTheta
     queue_delay_sketch: QuantileSketch
-    def __init__(self, theta: _Optional[_Union[Theta, _Mapping]] = ..., theta_version: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., flow_count: _Optional[int] = ..., throughput_mbps_sum: _Optional[float] = ..., throughput_mbps_sq_sum: _Optional[float] = ..., queue_delay_ms_sum: _Optional[float] = ..., queue_delay_ms_sq_sum: _Optional[float] = ..., throughput_queue_delay_sum: _Optional[float] = ..., throughput_sketch: _Optional[_Union[QuantileSketch, _Mapping]] = ..., slow_flow_count: _Optional[int] = ..., size_bucket_counts: _Optional[_Iterable[int]] = ..., cc: _Optional[str] = ..., datapath_theta: _Optional[_Union[DatapathTheta, _Mapping]] = ..., queue_delay_sketch: _Optional[_Union[QuantileSketch, _Mapping]] = ...) -> None: ...
+    completion: CompletionSums
+    def __init__(self, theta: _Optional[_Union[Theta, _Mapping]] = ..., theta_version: _Optional[int] = ..., context: _Optional[_Union[Context, _Mapping]] = ..., flow_count: _Optional[int] = ..., throughput_mbps_sum: _Optional[float] = ..., throughput_mbps_sq_sum: _Optional[float] = ..., queue_delay_ms_sum: _Optional[float] = ..., queue_delay_ms_sq_sum: _Optional[float] = ..., throughput_queue_delay_sum: _Optional[float] = ..., throughput_sketch: _Optional[_Union[QuantileSketch, _Mapping]] = ..., slow_flow_count: _Optional[int] = ..., size_bucket_counts: _Optional[_Iterable[int]] = ..., cc: _Optional[str] = ..., datapath_theta: _Optional[_Union[DatapathTheta, _Mapping]] = ..., queue_delay_sketch: _Optional[_Union[QuantileSketch, _Mapping]] = ..., completion: _Optional[_Union[CompletionSums, _Mapping]] = ...) -> None: ...
+
+class CompletionSums(_message.Message):
+    __slots__ = ("flow_count", "bytes_sum", "duration_us_sum", "mbit_sq_sum", "seconds_sq_sum", "mbit_seconds_sum")
+    FLOW_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SUM_FIELD_NUMBER: _ClassVar[int]
+    DURATION_US_SUM_FIELD_NUMBER: _ClassVar[int]
+    MBIT_SQ_SUM_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SQ_SUM_FIELD_NUMBER: _ClassVar[int]
+    MBIT_SECONDS_SUM_FIELD_NUMBER: _ClassVar[int]
+    flow_count: int
+    bytes_sum: int
+    duration_us_sum: int
+    mbit_sq_sum: float
+    seconds_sq_sum: float
+    mbit_seconds_sum: float
+    def __init__(self, flow_count: _Optional[int] = ..., bytes_sum: _Optional[int] = ..., duration_us_sum: _Optional[int] = ..., mbit_sq_sum: _Optional[float] = ..., seconds_sq_sum: _Optional[float] = ..., mbit_seconds_sum: _Optional[float] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("report_id", "host_id", "policy", "interval_start_unix_ms", "interval_end_unix_ms", "aggregates")

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from gemini_api.sums import MIN_FLOW_VARIANCE
+from gemini_api.sums import MIN_FLOW_VARIANCE, Objective
 from gemini_api.theta import ThetaSpec
 
 from ..domain import SINGLE_FLOW_STD, FlowSums, Trial, Utility
@@ -77,9 +77,11 @@ class Split:
     z: float
 
 
-def best_split(buckets: list[Trial], sigma: float) -> Split | None:
+def best_split(
+    buckets: list[Trial], sigma: float, objective: Objective = Objective.FLOW_MEAN
+) -> Split | None:
     """The split of one θ's time-ordered buckets with the largest |z| between the mean
-    utilities before and after it; None with too few flows on either side."""
+    utilities (``objective``) before and after it; None with too few flows on either side."""
     buckets = sorted(buckets, key=_time)
     total = FlowSums.total(b.sums for b in buckets)
     before = FlowSums()
@@ -87,9 +89,9 @@ def best_split(buckets: list[Trial], sigma: float) -> Split | None:
     for i in range(1, len(buckets)):
         before = before + buckets[i - 1].sums
         after = total - before
-        if before.flow_count < DRIFT_MIN_FLOWS or after.flow_count < DRIFT_MIN_FLOWS:
+        if min(before.flows_for(objective), after.flows_for(objective)) < DRIFT_MIN_FLOWS:
             continue
-        z = _shift_z(before.utility(sigma), after.utility(sigma))
+        z = _shift_z(before.utility(sigma, objective), after.utility(sigma, objective))
         if z is not None and (best is None or abs(z) > abs(best.z)):
             best = Split(_time(buckets[i - 1]), _time(buckets[i]), z)
     return best
@@ -105,7 +107,10 @@ def _shift_z(old: Utility, new: Utility) -> float | None:
 
 
 def change_points(
-    trials: Iterable[Trial], sigma: float, incumbents: Mapping[int, str]
+    trials: Iterable[Trial],
+    sigma: float,
+    incumbents: Mapping[int, str],
+    objective: Objective = Objective.FLOW_MEAN,
 ) -> dict[int, datetime]:
     """Per context, the start of its current regime when a change is evident in the θ it ran
     most (the published incumbent first).
@@ -127,7 +132,7 @@ def change_points(
         if incumbent in thetas:
             order.remove(incumbent)
             order.insert(0, incumbent)
-        splits = [best_split(thetas[key], sigma) for key in order[:DRIFT_THETAS]]
+        splits = [best_split(thetas[key], sigma, objective) for key in order[:DRIFT_THETAS]]
         shown = [s for s in splits if s is not None and abs(s.z) >= DRIFT_Z]
         if shown:
             old_until = max(s.last_before for s in shown)
@@ -186,34 +191,34 @@ def _noise(n: np.ndarray, var_of_mean: np.ndarray, contexts: np.ndarray) -> np.n
 
 
 def observations(
-    trials: Iterable[Trial], sigma: float, spec: ThetaSpec, bounds: Mapping
+    trials: Iterable[Trial],
+    sigma: float,
+    spec: ThetaSpec,
+    bounds: Mapping,
+    objective: Objective = Objective.FLOW_MEAN,
 ) -> list[Observation]:
-    """One observation per (context, θ) inside the policy's region, buckets added. In numpy:
-    a fleet's refit adds up a hundred thousand buckets; ``FlowSums.utility`` and
-    ``shrunk_noise`` are the same computations one at a time (checked by a test)."""
+    """One observation per (context, θ) inside the policy's region, buckets added, of the
+    flows that carry ``objective``'s sums. Eq. 9 in numpy: a fleet's refit adds up a hundred
+    thousand buckets; ``FlowSums.utility`` and ``shrunk_noise`` are the same computations one
+    at a time (checked by a test). Other objectives through ``FlowSums.utility`` per group."""
     group_of: dict[tuple[int, str], int] = {}
-    gids, rows, stamps = [], [], []
+    gids: list[int] = []
+    kept: list[Trial] = []
     for t in trials:
-        if t.flow_count > 0:
+        if t.sums.flows_for(objective) > 0:
             gids.append(group_of.setdefault((t.context_id, t.theta_key), len(group_of)))
-            rows.append(t.sums.astuple())
-            stamps.append(t.last_seen.timestamp())
+            kept.append(t)
     if not group_of:
         return []
     index = np.asarray(gids)
-    totals = np.zeros((len(group_of), len(rows[0])))
-    np.add.at(totals, index, np.asarray(rows, dtype=float))
     newest = np.full(len(group_of), -np.inf)
-    np.maximum.at(newest, index, np.asarray(stamps))
+    np.maximum.at(newest, index, np.asarray([t.last_seen.timestamp() for t in kept]))
+    if objective == Objective.FLOW_MEAN:
+        n, mean, var_of_mean = _eq9(index, [t.sums.astuple() for t in kept], sigma)
+    else:
+        n, mean, var_of_mean = _by_sums(index, kept, len(group_of), sigma, objective)
     groups = list(group_of)
     values, inside = _inside_region(spec, [k for _, k in groups], bounds)
-    n, tpt, tpt_sq, delay, delay_sq, tpt_delay = totals.T
-    mean = (tpt - sigma * delay) / n
-    second = (tpt_sq - 2 * sigma * tpt_delay + sigma * sigma * delay_sq) / n
-    sample_var = np.maximum(second - mean * mean, 0.0) * n / np.maximum(n - 1, 1)
-    var_of_mean = np.where(
-        n >= 2, np.maximum(sample_var, MIN_FLOW_VARIANCE) / n, SINGLE_FLOW_STD**2
-    )
     keep = np.flatnonzero(inside)  # the pooled spread is of the region's trials only
     contexts = np.asarray([groups[g][0] for g in keep])
     noise = _noise(n[keep], var_of_mean[keep], contexts)
@@ -231,3 +236,32 @@ def observations(
         Observation(groups[g][0], dict(zip(names, row, strict=True)), groups[g][1], u, v, f, t)
         for g, row, u, v, f, t in columns
     ]
+
+
+Moments = tuple[np.ndarray, np.ndarray, np.ndarray]  # per group: flows, mean, var of the mean
+
+
+def _eq9(index: np.ndarray, rows: list[tuple], sigma: float) -> Moments:
+    """``FlowSums.utility`` (eq. 9) for every group at once."""
+    totals = np.zeros((int(index.max()) + 1, len(rows[0])))
+    np.add.at(totals, index, np.asarray(rows, dtype=float))
+    n, tpt, tpt_sq, delay, delay_sq, tpt_delay = totals.T
+    mean = (tpt - sigma * delay) / n
+    second = (tpt_sq - 2 * sigma * tpt_delay + sigma * sigma * delay_sq) / n
+    sample_var = np.maximum(second - mean * mean, 0.0) * n / np.maximum(n - 1, 1)
+    var_of_mean = np.where(
+        n >= 2, np.maximum(sample_var, MIN_FLOW_VARIANCE) / n, SINGLE_FLOW_STD**2
+    )
+    return n, mean, var_of_mean
+
+
+def _by_sums(
+    index: np.ndarray, kept: list[Trial], count: int, sigma: float, objective: Objective
+) -> Moments:
+    """``FlowSums.utility`` at ``objective`` for each group of trials."""
+    totals = [FlowSums() for _ in range(count)]
+    for g, t in zip(index.tolist(), kept, strict=True):
+        totals[g] = totals[g] + t.sums
+    us = [s.utility(sigma, objective) for s in totals]
+    n = np.asarray([u.flows for u in us], dtype=float)
+    return n, np.asarray([u.mean for u in us]), np.asarray([u.var_of_mean for u in us])

@@ -327,13 +327,14 @@ class Planner:
         # Changes are sought in each context's current regime only: a change already answered
         # is not found again, and the old regime's shift cannot mask a new one.
         regime = history.since_change(recent, state.changes)
-        for c, start in history.change_points(regime, policy.sigma, incumbents).items():
+        changes = history.change_points(regime, policy.sigma, incumbents, policy.objective)
+        for c, start in changes.items():
             known = state.changes.get(c)
             if known is None or start > known:  # a change not answered yet
                 state.changes[c] = start
                 incumbents.pop(c, None)  # the path changed: no θ keeps its place on old merit
         current = history.since_change(recent, state.changes)
-        return history.observations(current, policy.sigma, self.spec, bounds)
+        return history.observations(current, policy.sigma, self.spec, bounds, policy.objective)
 
     def initial_design(
         self, space: ThetaSpace, bounds: Mapping, n: int, seed: int

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -38,6 +38,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 
 from gemini_api.datapaths import registry
+from gemini_api.sums import COMPLETION_COLUMNS
 
 from ..domain import CONTEXT_FIELDS, ContextKey, FlowSums
 from ..experiments.assignment import assignment
@@ -237,6 +238,7 @@ _AGGREGATE_COLUMNS = (
     "sketch",
     "delay_sketch",
     "bucket",
+    *COMPLETION_COLUMNS,
 )
 
 
@@ -400,6 +402,7 @@ def _aggregate_rows(
             a.sketch,
             a.delay_sketch,
             r.bucket,
+            *astuple(a.sums.completion),
         )
         for r in new
         for a in r.aggregates

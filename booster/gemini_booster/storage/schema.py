@@ -32,6 +32,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import UserDefinedType
 
+from gemini_api.sums import COMPLETION_COLUMNS
+
 
 class Base(DeclarativeBase):
     pass
@@ -50,6 +52,11 @@ def _now() -> Mapped[datetime]:
     return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
 
 
+def _zero(kind: type[BigInteger] | type[Double]) -> Mapped:
+    """A sum column that rows from before it hold as 0 (no flows counted)."""
+    return mapped_column(kind, nullable=False, server_default=text("0"))
+
+
 def _cc() -> Mapped[str]:
     """'' for Fusion flows (θ says what ran); else the name of the baseline CC that ran."""
     return mapped_column(String(16), nullable=False, server_default="")
@@ -65,6 +72,8 @@ class Policy(Base):
     region: Mapped[str] = mapped_column(String(16), nullable=False)
     bounds: Mapped[dict] = mapped_column(JSONB, nullable=False)
     datapath: Mapped[str] = mapped_column(String(32), nullable=False)
+    # gemini_api.sums.Objective (migration 0015): what the utility is over a θ's flows.
+    objective: Mapped[str] = mapped_column(String(16), nullable=False, server_default="flow-mean")
     exploration_share: Mapped[float] = mapped_column(Double, nullable=False)
     mode: Mapped[str] = mapped_column(String(16), nullable=False)
     acq_func: Mapped[str] = mapped_column(String(16), nullable=False)
@@ -125,6 +134,17 @@ class _FlowSums:
     delay_sq_sum: Mapped[float] = mapped_column(Double, nullable=False)
     tpt_delay_sum: Mapped[float] = mapped_column(Double, nullable=False)
     slow_flows: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    # The completion-time objective's sums (gemini_api.sums.CompletionSums; migration 0015):
+    # zero for aggregates from agents older than them, which then train no policy whose
+    # objective is completion time.
+    completion_flow_count: Mapped[int] = _zero(BigInteger)
+    completion_bytes_sum: Mapped[int] = _zero(BigInteger)
+    completion_duration_us_sum: Mapped[int] = _zero(BigInteger)
+    completion_mbit_sq_sum: Mapped[float] = _zero(Double)
+    completion_seconds_sq_sum: Mapped[float] = _zero(Double)
+    completion_mbit_seconds_sum: Mapped[float] = _zero(Double)
+    completion_delay_sum: Mapped[float] = _zero(Double)
+    completion_delay_sq_sum: Mapped[float] = _zero(Double)
 
 
 class ReportAggregate(_FlowSums, Base):
@@ -173,7 +193,8 @@ TRIAL_SUMS = (
     "delay_sq_sum",
     "tpt_delay_sum",
     "slow_flows",
-    "report_count",
+    *COMPLETION_COLUMNS,
+    "report_count",  # last: the fold counts aggregates for it
 )
 
 

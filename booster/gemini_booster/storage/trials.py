@@ -23,6 +23,8 @@ from typing import Literal
 
 from sqlalchemy import Engine, func, select
 
+from gemini_api.sums import COMPLETION_COLUMNS, CompletionSums
+
 from ..domain import SUM_FIELDS, ContextKey, FlowSums, Trial
 from .schema import Context, PolicyContext, Report, ReportAggregate
 from .schema import Trial as TrialRow
@@ -36,16 +38,20 @@ _TRIAL_COLUMNS = (
     TrialRow.delay_sum,
     TrialRow.delay_sq_sum,
     TrialRow.tpt_delay_sum,
+    *(getattr(TrialRow, c) for c in COMPLETION_COLUMNS),
     TrialRow.slow_flows,
     TrialRow.report_count,
     TrialRow.last_seen,
     TrialRow.bucket,
 )
+_COMPLETION_AT = len(SUM_FIELDS)  # where the completion sums start in a trial's sums
 
 
 def _trial(row) -> Trial:
     context_id, theta_key, *sums, slow, reports, last_seen, bucket = row
-    return Trial(context_id, theta_key, FlowSums(*sums), slow, reports, last_seen, bucket)
+    done = CompletionSums(*sums[_COMPLETION_AT:])
+    flow_sums = FlowSums(*sums[:_COMPLETION_AT], completion=done)
+    return Trial(context_id, theta_key, flow_sums, slow, reports, last_seen, bucket)
 
 
 def _recent(q, history: timedelta | None):

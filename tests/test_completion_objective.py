@@ -11,7 +11,7 @@ import pytest
 
 from gemini_api.aggregate import AggregateBuilder, FlowStats
 from gemini_api.datapaths import load_datapath
-from gemini_api.sums import CompletionSums, FlowSums, Objective
+from gemini_api.sums import CompletionSums, FlowSums, Objective, completion_errors
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster.domain import Trial
 from gemini_booster.policy import history
@@ -170,3 +170,31 @@ def test_the_agents_aggregate_carries_the_completion_sums_of_its_flows():
     assert got.utility(SIGMA, Objective.COMPLETION).mean == pytest.approx(
         (2.0 + 8.0) / (0.04 + 0.9) - SIGMA * (1.0 + 1.5) / 2
     )
+
+
+def _message(**completion: float) -> pb.Aggregate:
+    builder = AggregateBuilder()
+    for f in (FlowStats(250_000, 40_000, 1_500, 500), FlowStats(1_000_000, 900_000, 2_000, 500)):
+        builder.add(f)
+    msg = builder.to_proto({}, 1, pb.Context(), cc="dcvegas")
+    for name, value in completion.items():
+        setattr(msg.completion, name, value)
+    return msg
+
+
+def test_an_agents_completion_sums_pass_and_bad_ones_are_named():
+    """For Booster's report validation: each bad sum named, a sound one silent, none for an old
+    agent's aggregate."""
+    assert completion_errors(_message()) == []
+    assert completion_errors(pb.Aggregate(flow_count=3)) == []
+    cases = {
+        "mbit_sq_sum": {"mbit_sq_sum": float("nan")},
+        "seconds_sq_sum": {"seconds_sq_sum": -1.0},
+        "flow_count": {"flow_count": 5},
+        "duration_us_sum": {"duration_us_sum": 0},
+        "bytes_sum": {"bytes_sum": 2**64 - 1},
+        "Cauchy–Schwarz": {"mbit_seconds_sum": 100.0},
+    }
+    for named, change in cases.items():
+        (error,) = completion_errors(_message(**change))
+        assert named in error, (named, error)

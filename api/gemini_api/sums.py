@@ -19,6 +19,7 @@ timeout adds its whole RTO to Σt. A ratio is not linear in per-flow values, but
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import astuple, dataclass, field, fields
 from enum import StrEnum
@@ -33,6 +34,7 @@ MIN_FLOW_VARIANCE = 1e-6
 BITS_PER_BYTE = 8
 BITS_PER_MBIT = 1e6
 US_PER_S = 1e6
+CAUCHY_SCHWARZ_SLACK = 1e-6  # relative room for rounding in sums of products
 
 
 class Objective(StrEnum):
@@ -130,6 +132,35 @@ class CompletionSums:
         for f in WIRE_FIELDS:
             setattr(m, f, getattr(self, f))
         return m
+
+
+MAX_SUM_INTEGER = 2**63 - 1  # what the bigint columns hold
+
+
+def completion_errors(a: pb.Aggregate) -> list[str]:
+    """What is wrong with an aggregate's completion sums (none: nothing to say), each naming its
+    field: counts and integer sums that storage cannot hold, values that are not finite or are
+    negative, a flow count other than the aggregate's (the delay sums are shared), no duration
+    for flows, and Σb·t beyond √(Σb²·Σt²) (Cauchy–Schwarz)."""
+    if not a.HasField("completion"):
+        return []
+    m = a.completion
+    found = [f"{f}: {getattr(m, f)} > {MAX_SUM_INTEGER}" for f in WIRE_FIELDS[:3]
+             if getattr(m, f) > MAX_SUM_INTEGER]  # fmt: skip
+    for f in WIRE_FIELDS[3:]:
+        v = getattr(m, f)
+        if not math.isfinite(v) or v < 0:
+            found.append(f"{f}: {v} is not a finite non-negative sum")
+    if m.flow_count != a.flow_count:
+        found.append(f"flow_count: {m.flow_count}, not the aggregate's {a.flow_count}")
+    if m.flow_count and not m.duration_us_sum:
+        found.append("duration_us_sum: 0 for flows that have a completion time")
+    if not found:
+        bound = math.sqrt(m.mbit_sq_sum * m.seconds_sq_sum)
+        if m.mbit_seconds_sum > bound * (1 + CAUCHY_SCHWARZ_SLACK) + 1e-12:
+            found.append(f"mbit_seconds_sum: {m.mbit_seconds_sum:g} > √(mbit_sq_sum × "
+                         f"seconds_sq_sum) = {bound:g} (Cauchy–Schwarz)")  # fmt: skip
+    return found
 
 
 COMPLETION_FIELDS = tuple(f.name for f in fields(CompletionSums))

@@ -205,6 +205,14 @@ IMPOSSIBLE_SUMS = {
         ),
         "aggregates[1].throughput_queue_delay_sum: ",
     ),
+    "completion sums for other flows than the aggregate's": (
+        lambda r: setattr(r.aggregates[1].completion, "flow_count", 7),
+        "aggregates[1].completion.flow_count: 7, not the aggregate's 20",
+    ),
+    "completion time not finite": (
+        lambda r: setattr(r.aggregates[1].completion, "seconds_sq_sum", math.inf),
+        "aggregates[1].completion.seconds_sq_sum: inf is not a finite non-negative sum",
+    ),
     "slow flows beyond flows": (
         _set("slow_flow_count", lambda a: a.flow_count + 1),
         "aggregates[1].slow_flow_count: 21 > flow_count 20",

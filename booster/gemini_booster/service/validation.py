@@ -32,6 +32,7 @@ from google.protobuf.message import Message
 
 from gemini_api import datapaths
 from gemini_api import sketch as sketches
+from gemini_api.sums import completion_errors
 from gemini_api.theta import ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 
@@ -370,6 +371,7 @@ def aggregate_row(
         found = sketches.sketch_errors(msg, n)
         if found:
             problems += [f"{path}.{name}: {e}" for e in found]
+    problems += [f"{path}.completion.{e}" for e in completion_errors(a)]
     if len(problems) > start or theta_key is None:
         return None
     return AggregateRow(

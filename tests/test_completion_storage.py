@@ -16,6 +16,7 @@ from gemini_api.aggregate import AggregateBuilder, FlowStats
 from gemini_api.datapaths import load_datapath
 from gemini_api.sums import FlowSums, Objective
 from gemini_booster import simulation as sim
+from gemini_booster.domain import ContextKey
 from gemini_booster.models import PolicyCreate
 from gemini_booster.storage import policies as policy_store
 from gemini_booster.storage.trials import load_trials
@@ -62,6 +63,27 @@ def test_an_agents_completion_sums_reach_the_trials_and_an_old_agents_add_none(o
         u = trial.sums.utility(1.0, Objective.COMPLETION)
         assert u.flows == 2 and u.mean == pytest.approx(1.6 / 0.36 - 1.0 * (1.0 + 2.5) / 2), stage
         owner.booster.fold_owned()
+
+
+def test_the_operators_views_show_a_completion_policys_utility(owner) -> None:
+    """/trials and the rounds chart rank by the policy's objective, not by eq. 9 regardless."""
+    ctx = sim.DEFAULT_CONTEXTS[0]
+    theta = load_datapath("fusion").default()
+    report = sim.make_report("new", POLICY, [_aggregate(ctx, theta)])
+    assert owner.stub().ReportAggregates(report, metadata=agent_md()).aggregates_stored == 1
+    sums = FlowSums.total(FlowSums.of_record(f.bytes_acked, f.duration_us, f.queue_delay_ms)
+                          for f in FLOWS)  # fmt: skip
+    sigma = owner.booster.policies[POLICY].sigma
+    want = sums.utility(sigma, Objective.COMPLETION).mean
+    assert want != pytest.approx(sums.utility(sigma).mean)  # the two objectives differ here
+    (row,) = owner.http.get(f"/v1/policies/{POLICY}/trials", headers=auth(OPERATOR)).json()
+    assert row["utility"] == pytest.approx(want)
+    label = ContextKey(**row["context"]).label
+    chart = owner.http.get(
+        f"/v1/policies/{POLICY}/charts/rounds", params={"context": label}, headers=auth(OPERATOR)
+    ).json()
+    (bucket,) = chart["rounds"]
+    assert bucket["utility"] == pytest.approx(want)
 
 
 def test_a_policy_names_its_objective_and_an_unknown_one_is_refused(owner) -> None:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 
 from gemini_api import sketch as sketches
 from gemini_api.datapaths import load_datapath
+from gemini_api.sums import Objective
 from gemini_api.theta import ThetaSpec
 from gemini_api.v1 import booster_pb2 as pb
 
@@ -206,10 +207,11 @@ def _round(
     by_theta: dict[str, FlowSums],
     incumbent: plan_store.IncumbentRecord | None,
     s: float,
+    objective: Objective,
 ) -> RoundOut:
-    u = FlowSums.total(by_theta.values()).utility(s)
+    u = FlowSums.total(by_theta.values()).utility(s, objective)
     inc = None if incumbent is None else by_theta.get(incumbent.theta_key)
-    iu = None if inc is None else inc.utility(s)
+    iu = None if inc is None else inc.utility(s, objective)
     return RoundOut(
         bucket=bucket,
         flows=u.flows,
@@ -248,7 +250,10 @@ def rounds(booster: Booster, policy: Policy, label: str, sigma: float | None) ->
         bucket_hours=policy.trial_bucket_hours,
         incumbent=incumbent,
         changes=[_change(h) for h in history if first is not None and h.published_at >= first],
-        rounds=[_round(b, by_theta, _in_force(history, b), s) for b, by_theta in buckets.items()],
+        rounds=[
+            _round(b, by_theta, _in_force(history, b), s, policy.objective)
+            for b, by_theta in buckets.items()
+        ],
     )
 
 

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel
 
+from gemini_api.sums import Objective
+
 from ..domain import FlowSums, Trial
 from ..models import Policy
 
@@ -50,13 +52,19 @@ class ContextComparison(BaseModel):
 Table = dict[int, tuple[list[Arm], list[Versus]]]
 
 
-def arm(name: str, trials: Iterable[Trial], sigma: float) -> Arm | None:
-    """One arm from its trials: their sums added, eq. 9 at ``sigma``; None without flows."""
+def arm(
+    name: str,
+    trials: Iterable[Trial],
+    sigma: float,
+    objective: Objective = Objective.FLOW_MEAN,
+) -> Arm | None:
+    """One arm from its trials: their sums added, the policy's ``objective`` at ``sigma``;
+    None without flows."""
     trials = list(trials)
     sums = FlowSums.total(t.sums for t in trials)
     if sums.flow_count == 0:
         return None
-    u = sums.utility(sigma)
+    u = sums.utility(sigma, objective)
     return Arm(
         arm=name,
         flows=sums.flow_count,
@@ -92,14 +100,16 @@ def compare_context(
     baselines: dict[str, list[Trial]],
     sigma: float,
     tuned_name: str,
+    objective: Objective = Objective.FLOW_MEAN,
 ) -> tuple[list[Arm], list[Versus]]:
     """The tuned arm (named after the policy's datapath), its incumbent, and each baseline."""
     candidates = [
-        arm(tuned_name, tuned, sigma),
-        arm("incumbent", [t for t in tuned if t.theta_key == incumbent_key], sigma),
+        arm(tuned_name, tuned, sigma, objective),
+        arm("incumbent", [t for t in tuned if t.theta_key == incumbent_key], sigma, objective),
     ]
     ours = [a for a in candidates if a is not None]
-    theirs = [a for cc, ts in sorted(baselines.items()) if (a := arm(cc, ts, sigma)) is not None]
+    arms = (arm(cc, ts, sigma, objective) for cc, ts in sorted(baselines.items()))
+    theirs = [a for a in arms if a is not None]
     return ours + theirs, [versus(a, b) for b in theirs for a in ours]
 
 
@@ -129,6 +139,7 @@ def compare(
             {cc: per_context.get(c, []) for cc, per_context in theirs.items()},
             s,
             policy.datapath,
+            policy.objective,
         )
         for c in sorted(contexts)
     }

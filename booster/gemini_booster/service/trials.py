@@ -38,7 +38,7 @@ def trials(booster: Booster, policy: Policy, sigma: float | None, limit: int) ->
     contexts = trial_store.load_contexts(booster.engine, {t.context_id for t in found})
     rows = []
     for t in found:
-        u = t.sums.utility(s)
+        u = t.sums.utility(s, policy.objective)
         rows.append(
             TrialOut(
                 context=ContextKey(*contexts[t.context_id]).as_dict(),

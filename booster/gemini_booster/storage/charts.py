@@ -18,9 +18,12 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine, Subquery, func, select
 
+from gemini_api.sums import COMPLETION_COLUMNS
+
 from ..domain import SUM_FIELDS, ContextKey, FlowSums
 from .schema import Context, Report, ReportAggregate
 from .schema import Trial as TrialRow
+from .trials import flow_sums
 
 MAX_RECENT_REPORTS = 20_000
 
@@ -74,7 +77,12 @@ def bucket_sums(
     """Bucket → θ key → Fusion flow sums of one context, buckets that began within
     ``window``, oldest first."""
     q = (
-        select(TrialRow.bucket, TrialRow.theta_key, *(getattr(TrialRow, f) for f in SUM_FIELDS))
+        select(
+            TrialRow.bucket,
+            TrialRow.theta_key,
+            *(getattr(TrialRow, f) for f in SUM_FIELDS),
+            *(getattr(TrialRow, c) for c in COMPLETION_COLUMNS),
+        )
         .where(
             TrialRow.policy_id == policy_id,
             TrialRow.context_id == context,
@@ -85,8 +93,8 @@ def bucket_sums(
     )
     out: dict[datetime, dict[str, FlowSums]] = defaultdict(dict)
     with engine.connect() as conn:
-        for bucket, key, n, *sums in conn.execute(q):
-            out[bucket][key] = FlowSums(int(n), *map(float, sums))
+        for bucket, key, *sums in conn.execute(q):
+            out[bucket][key] = flow_sums(sums)
     return dict(out)
 
 

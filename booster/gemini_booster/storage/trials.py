@@ -17,9 +17,10 @@ Guarantees across replicas
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import Engine, func, select
 
@@ -47,11 +48,16 @@ _TRIAL_COLUMNS = (
 _COMPLETION_AT = len(SUM_FIELDS)  # where the completion sums start in a trial's sums
 
 
+def flow_sums(sums: Sequence[Any]) -> FlowSums:
+    """A trial's sums from its columns: eq. 9's (``SUM_FIELDS``), then the completion sums
+    (``COMPLETION_COLUMNS``), as selected here and by the charts' queries."""
+    done = CompletionSums(*sums[_COMPLETION_AT:])
+    return FlowSums(*sums[:_COMPLETION_AT], completion=done)
+
+
 def _trial(row) -> Trial:
     context_id, theta_key, *sums, slow, reports, last_seen, bucket = row
-    done = CompletionSums(*sums[_COMPLETION_AT:])
-    flow_sums = FlowSums(*sums[:_COMPLETION_AT], completion=done)
-    return Trial(context_id, theta_key, flow_sums, slow, reports, last_seen, bucket)
+    return Trial(context_id, theta_key, flow_sums(sums), slow, reports, last_seen, bucket)
 
 
 def _recent(q, history: timedelta | None):

@@ -93,9 +93,13 @@ class HostMinute:
     flows: list[Flow]
     ended: dt.datetime = ENDED
 
-    def report(self, resolver: ContextResolver, *, dense: bool = False) -> pb.ReportRequest:
-        """The report the agent sends for this minute (dense: as agents before v2 did)."""
+    def report(
+        self, resolver: ContextResolver, *, dense: bool = False, completion: bool = False
+    ) -> pb.ReportRequest:
+        """The report the agent sends for this minute (dense: as agents before v2 did;
+        completion: for a policy whose objective needs the completion sums)."""
         agg = Aggregator(resolver, self.host_id, POLICY)
+        agg.completion_sums = completion
         for f in self.flows:
             agg.add(f)
         start = int(self.ended.timestamp() * 1000) // INTERVAL_MS * INTERVAL_MS
@@ -219,12 +223,14 @@ class Sizes:
     worst_error: float = 0.0
 
 
-def measure(seeds: tuple[int, ...], hosts: int, resolver: ContextResolver) -> Sizes:
+def measure(
+    seeds: tuple[int, ...], hosts: int, resolver: ContextResolver, completion: bool = False
+) -> Sizes:
     out = Sizes([], [], [], [], [])
     for seed in seeds:
         for minute in fleet(seed, hosts):
-            new = minute.report(resolver)
-            old = minute.report(resolver, dense=True)
+            new = minute.report(resolver, completion=completion)
+            old = minute.report(resolver, dense=True, completion=completion)
             assert len(new.aggregates) == len(old.aggregates)
             own = new.ByteSize()
             for a in new.aggregates:
@@ -313,12 +319,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, default=400, help="hosts per seed")
     ap.add_argument("--write", action="store_true", help="record benchmarks/results/")
+    ap.add_argument(
+        "--completion-sums",
+        action="store_true",
+        help="reports of a policy whose objective is completion time (they carry its sums)",
+    )
     args = ap.parse_args()
+    c = args.completion_sums
     with tempfile.TemporaryDirectory() as tmp:
         resolver = ContextResolver(SOURCE, prefix_table(Path(tmp)))
-        tuned = measure(TUNED_SEEDS, args.hosts, resolver)
-        seen = measure(SEEN_SEEDS, args.hosts, resolver)
-        held = measure(HELD_OUT_SEEDS, args.hosts, resolver)
+        tuned = measure(TUNED_SEEDS, args.hosts, resolver, c)
+        seen = measure(SEEN_SEEDS, args.hosts, resolver, c)
+        held = measure(HELD_OUT_SEEDS, args.hosts, resolver, c)
     lines = [
         "Bytes per report of one host-minute (serialized ReportRequest), built by the agent's "
         "Aggregator from the flow mix in benchmarks/report_size.py's doc. Budget: mean ≤ 1,024 "

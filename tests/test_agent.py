@@ -387,3 +387,20 @@ def test_booster_peers_name_both_of_boosters_ports(tmp_path) -> None:
         _settings(tmp_path, "127.0.0.1:50051", parameters_address="127.0.0.1:50052")
     )
     assert both == {("127.0.0.1", 50051), ("127.0.0.1", 50052)}
+
+
+def test_completion_sums_are_sent_only_for_a_policy_whose_objective_needs_them(csv_table):
+    """Booster's GetParameters says whether the policy's objective is completion time; an
+    eq. 9 policy's reports leave the completion sums out (about 40 bytes an aggregate)."""
+    sizes = {}
+    for wanted in (False, True):
+        agg = Aggregator(ContextResolver(Place("us-east", "own"), csv_table), "host-1", "cdn")
+        agg.completion_sums = wanted
+        agg.add(_flow("10.1.0.5", mbytes=2.0, seconds=1.0))
+        agg.add(_flow("10.1.0.5", mbytes=1.0, seconds=0.5))
+        (a,) = agg.close_interval(1_000, 301_000).aggregates
+        assert a.HasField("completion") == wanted
+        sizes[wanted] = a.ByteSize()
+        if wanted:
+            assert a.completion.flow_count == 2 and a.completion.bytes_sum == 3_000_000
+    assert sizes[True] - sizes[False] >= 20

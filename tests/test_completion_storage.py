@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from gemini_api.aggregate import AggregateBuilder, FlowStats
 from gemini_api.datapaths import load_datapath
 from gemini_api.sums import FlowSums, Objective
+from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
 from gemini_booster.domain import ContextKey
 from gemini_booster.models import PolicyCreate
@@ -84,6 +85,16 @@ def test_the_operators_views_show_a_completion_policys_utility(owner) -> None:
     ).json()
     (bucket,) = chart["rounds"]
     assert bucket["utility"] == pytest.approx(want)
+
+
+def test_getparameters_asks_for_the_completion_sums_only_under_that_objective(owner) -> None:
+    req = pb.GetParametersRequest(host_id="h", policy=POLICY, contexts=[])
+    assert owner.stub().GetParameters(req, metadata=agent_md()).completion_sums
+    body = {"objective": "flow-mean"}
+    r = owner.http.patch(f"/v1/policies/{POLICY}", json=body, headers=auth(OPERATOR))
+    assert r.status_code == 200
+    owner.booster.reload_policies()
+    assert not owner.stub().GetParameters(req, metadata=agent_md()).completion_sums
 
 
 def test_a_policy_names_its_objective_and_an_unknown_one_is_refused(owner) -> None:

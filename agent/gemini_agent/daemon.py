@@ -421,6 +421,7 @@ class Agent:
         # since then are the new policy's, attributed by the datapath it tunes
         tuned = registry().answered(resp.target_cc)
         self.follow_datapath(tuned, close=not _retry)
+        self.aggregator.completion_sums = resp.completion_sums
         if self.s.apply_to_kernel:
             arm_plan = self.apply_arm()
             self.apply_host_theta(resp)

@@ -207,17 +207,19 @@ class ExperimentArm(_message.Message):
     def __init__(self, experiment: _Optional[str] = ..., arm: _Optional[str] = ..., cc: _Optional[str] = ..., params: _Optional[_Union[ExperimentArm.Params, str]] = ..., fixed_theta: _Optional[_Union[DatapathTheta, _Mapping]] = ..., policy: _Optional[str] = ..., destination_prefixes: _Optional[_Iterable[str]] = ..., until_unix_ms: _Optional[int] = ...) -> None: ...
 
 class GetParametersResponse(_message.Message):
-    __slots__ = ("parameters", "default_theta", "target_cc", "refresh_after_seconds", "experiment_arm", "default_datapath_theta")
+    __slots__ = ("parameters", "default_theta", "target_cc", "refresh_after_seconds", "experiment_arm", "default_datapath_theta", "completion_sums")
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_THETA_FIELD_NUMBER: _ClassVar[int]
     TARGET_CC_FIELD_NUMBER: _ClassVar[int]
     REFRESH_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     EXPERIMENT_ARM_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_DATAPATH_THETA_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_SUMS_FIELD_NUMBER: _ClassVar[int]
     parameters: _containers.RepeatedCompositeFieldContainer[ContextParameters]
     default_theta: Theta
     target_cc: str
     refresh_after_seconds: int
     experiment_arm: ExperimentArm
     default_datapath_theta: DatapathTheta
-    def __init__(self, parameters: _Optional[_Iterable[_Union[ContextParameters, _Mapping]]] = ..., default_theta: _Optional[_Union[Theta, _Mapping]] = ..., target_cc: _Optional[str] = ..., refresh_after_seconds: _Optional[int] = ..., experiment_arm: _Optional[_Union[ExperimentArm, _Mapping]] = ..., default_datapath_theta: _Optional[_Union[DatapathTheta, _Mapping]] = ...) -> None: ...
+    completion_sums: bool
+    def __init__(self, parameters: _Optional[_Iterable[_Union[ContextParameters, _Mapping]]] = ..., default_theta: _Optional[_Union[Theta, _Mapping]] = ..., target_cc: _Optional[str] = ..., refresh_after_seconds: _Optional[int] = ..., experiment_arm: _Optional[_Union[ExperimentArm, _Mapping]] = ..., default_datapath_theta: _Optional[_Union[DatapathTheta, _Mapping]] = ..., completion_sums: _Optional[bool] = ...) -> None: ...

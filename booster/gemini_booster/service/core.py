@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Engine
 
+from gemini_api.sums import Objective
 from gemini_api.theta import ThetaSpec, load_spec
 from gemini_api.v1 import booster_pb2 as pb
 
@@ -248,7 +249,9 @@ class Booster:
         default = self._defaults[policy.id] if forced is None else forced
         now = datetime.now(UTC)
         resp = pb.GetParametersResponse(
-            target_cc=policy.target_cc, refresh_after_seconds=self._refresh_after(req, now)
+            target_cc=policy.target_cc,
+            refresh_after_seconds=self._refresh_after(req, now),
+            completion_sums=policy.objective == Objective.COMPLETION,
         )
         if isinstance(default, pb.Theta):
             resp.default_theta.CopyFrom(default)

@@ -155,16 +155,15 @@ def test_spool_is_ordered_atomic_and_bounded(tmp_path):
 
 
 def _settings(tmp_path, target: str, **kw) -> AgentSettings:
+    """An agent's settings for ``target`` with fast retries; ``kw`` adds or overrides."""
+    given = {"retry_initial_s": 0.01, "retry_max_s": 0.02, "rpc_deadline_s": 2} | kw
     return AgentSettings(
         host_id="host-1",
         policy="default",
         booster_address=target,
         token=AGENT,
         spool_dir=tmp_path / "spool",
-        retry_initial_s=0.01,
-        retry_max_s=0.02,
-        rpc_deadline_s=2,
-        **kw,
+        **given,
     )
 
 

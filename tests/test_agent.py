@@ -155,8 +155,10 @@ def test_spool_is_ordered_atomic_and_bounded(tmp_path):
 
 
 def _settings(tmp_path, target: str, **kw) -> AgentSettings:
-    """An agent's settings for ``target`` with fast retries; ``kw`` adds or overrides."""
-    given = {"retry_initial_s": 0.01, "retry_max_s": 0.02, "rpc_deadline_s": 2} | kw
+    """An agent's settings for ``target`` with fast retries; ``kw`` adds or overrides. The call
+    deadline is one a busy host cannot miss: Booster away or a refused handshake fails at once,
+    so only a call that should succeed waits."""
+    given = {"retry_initial_s": 0.01, "retry_max_s": 0.02, "rpc_deadline_s": 30.0} | kw
     return AgentSettings(
         host_id="host-1",
         policy="default",

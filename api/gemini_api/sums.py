@@ -20,8 +20,9 @@ timeout adds its whole RTO to Σt. A ratio is not linear in per-flow values, but
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable
-from dataclasses import astuple, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 from gemini_api.v1 import booster_pb2 as pb
@@ -78,10 +79,24 @@ class CompletionSums:
     delay_sq_sum: float = 0.0
 
     def __add__(self, other: CompletionSums) -> CompletionSums:
-        return CompletionSums(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        return CompletionSums(*map(operator.add, self.values(), other.values()))
 
     def __sub__(self, other: CompletionSums) -> CompletionSums:
-        return CompletionSums(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        return CompletionSums(*map(operator.sub, self.values(), other.values()))
+
+    def values(self) -> tuple[int, int, int, float, float, float, float, float]:
+        """The sums in field order (``dataclasses.astuple`` deep-copies: too slow for the
+        hundred thousand additions of a fleet's refit)."""
+        return (
+            self.flow_count,
+            self.bytes_sum,
+            self.duration_us_sum,
+            self.mbit_sq_sum,
+            self.seconds_sq_sum,
+            self.mbit_seconds_sum,
+            self.delay_sum,
+            self.delay_sq_sum,
+        )
 
     @classmethod
     def of_flow(cls, bytes_acked: int, duration_us: int, queue_delay_ms: float) -> CompletionSums:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -402,7 +402,7 @@ def _aggregate_rows(
             a.sketch,
             a.delay_sketch,
             r.bucket,
-            *astuple(a.sums.completion),
+            *a.sums.completion.values(),
         )
         for r in new
         for a in r.aggregates

@@ -135,9 +135,8 @@ def test_a_table_aligns_columns_and_writes_values_compactly() -> None:
 
 
 def test_policy_list_and_show_as_table_and_json(db_url, tmp_path) -> None:
-    created = booster(
-        "policy", "create", "cdn", "--fields", '{"sigma": 0.5}', db=db_url, tmp=tmp_path
-    )
+    fields = '{"sigma": 0.5, "objective": "completion"}'
+    created = booster("policy", "create", "cdn", "--fields", fields, db=db_url, tmp=tmp_path)
     assert created.returncode == 0, created.stderr
     listed = booster("policy", "list", "-o", "json", db=db_url, tmp=tmp_path)
     assert [p["name"] for p in json.loads(listed.stdout)] == ["cdn"]
@@ -145,12 +144,13 @@ def test_policy_list_and_show_as_table_and_json(db_url, tmp_path) -> None:
     assert table[0].split() == [
         "NAME",
         "DATAPATH",
+        "OBJECTIVE",
         "SIGMA",
         "MODE",
         "EXPLORATION_SHARE",
         "REVISION",
     ]
-    assert table[1].split()[0] == "cdn" and table[1].split()[2] == "0.5"
+    assert table[1].split()[:4] == ["cdn", "fusion", "completion", "0.5"]
     shown = booster("policy", "show", "cdn", "-o", "table", db=db_url, tmp=tmp_path).stdout
     assert any(line.split() == ["sigma", "0.5"] for line in shown.splitlines())
     tokens = booster("token", "list", "-o", "table", db=db_url, tmp=tmp_path).stdout.splitlines()

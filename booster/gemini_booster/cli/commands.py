@@ -166,7 +166,9 @@ def _fields(text: str | None) -> dict[str, object]:
     return body
 
 
-POLICY_COLUMNS = ("name", "datapath", "sigma", "mode", "exploration_share", "revision")
+POLICY_COLUMNS = (
+    "name", "datapath", "objective", "sigma", "mode", "exploration_share", "revision",
+)  # fmt: skip
 
 
 def cmd_policy(settings: Settings, args: argparse.Namespace) -> int:

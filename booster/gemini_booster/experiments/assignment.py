@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from itertools import accumulate
 
+from gemini_api.sums import Objective
+
 from .domain import ArmSpec, Days, Experiment, Member
 
 POSITION_BYTES = 8  # 64 bits of the digest: positions are distinct for any fleet size
@@ -126,6 +128,7 @@ class Assignment:
     region: str
     until: datetime
     calendar: Days
+    objective: Objective  # the experiment's: its hosts send the sums it needs
 
 
 def assignment(experiment: Experiment, host: str, at: datetime) -> Assignment | None:
@@ -149,6 +152,7 @@ def assignment(experiment: Experiment, host: str, at: datetime) -> Assignment | 
         m.region,
         until,
         experiment.calendar,
+        experiment.objective,
     )
 
 

@@ -49,6 +49,7 @@ from pydantic import (
 )
 
 from gemini_api.datapaths import datapaths, registry
+from gemini_api.sums import Objective
 
 from ..models import NAME_PATTERN, Sigma
 
@@ -243,6 +244,13 @@ class ExperimentCreate(BaseModel):
         "groups: 00:00 UTC of that date with calendar days",
     )
     sigma: Sigma = 1.0
+    objective: Objective = Field(
+        Objective.FLOW_MEAN,
+        description="what an arm's utility is over its flows, as a policy's objective: "
+        "flow-mean (eq. 9) or completion (all bits over all flow durations − σ·mean queueing "
+        "delay: short flows, incast; the hosts are asked for its sums, and flows of agents "
+        "older than them do not count in it)",
+    )
     guardrail: GuardrailSpec | None = None
     salt: str | None = Field(
         None, min_length=1, max_length=64, description="assignment seed (random when unset)"
@@ -377,6 +385,7 @@ class Experiment:
     stop_reason: str | None = None
     arm_stops: Mapping[str, ArmStop] = field(default_factory=dict)
     day_seconds: int = CALENDAR_DAY_SECONDS
+    objective: Objective = Objective.FLOW_MEAN
 
     @property
     def arm_names(self) -> tuple[str, ...]:

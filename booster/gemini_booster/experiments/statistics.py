@@ -5,6 +5,12 @@ is a ratio of sums over flows: mean utility at any σ is Σ(x − σ·d) / Σn, 
 mean queueing delay Σd / Σn, slow-flow share Σslow / Σn. Point estimates are exact from the sums
 (the same numbers as eq. 9 over every flow).
 
+An experiment may name the completion-time objective instead (``Experiment.objective``, as a
+policy may): utility is then Σbits / Σduration − σ · Σd / Σn over the flows that carry its sums
+(``CompletionSums``), a combination of two ratios of sums; throughput is Σbits / Σduration and
+delay Σd / Σn over the same flows. Point estimates are again exact, and the intervals below are
+the same jackknife over hosts applied to the combination.
+
 Intervals: hosts, not flows, are the unit of randomisation, and flows of one host share its
 path, load and hardware, so they are correlated; an interval from the per-flow variance
 (var/N) treats N flows as N independent draws and is far too narrow when they are not (in
@@ -46,6 +52,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
+from gemini_api.sums import Objective
+
 from ..domain import FlowSums
 from .assignment import host_group
 from .domain import Experiment
@@ -71,22 +79,50 @@ class Ratios:
 def ratio(num: Array, den: Array) -> Ratios:
     """Σnum / Σden over the last axis (hosts), with the cluster-robust variance; hosts with no
     flows (den 0) are not counted."""
+    return combination([(1.0, num, den)], den)
+
+
+# One ratio of a linear combination: (coefficient, per-host numerators, per-host denominators).
+Term = tuple[float, Array, Array]
+
+
+def _leave_one_out(num: Array, den: Array) -> tuple[Array, Array, NDArray[np.bool_]]:
+    """Σnum / Σden, each host's leave-one-host-out change of it, and the hosts it counts."""
     num, den = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
     used = den > 0
-    hosts = used.sum(axis=-1)
     total = den.sum(axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = num.sum(axis=-1) / total
-        # Each host's residual over the flows of the others: the leave-one-host-out change of
-        # the ratio (jackknife), so a host holding many of the flows is not under-counted.
+        # Each host's residual over the flows of the others: the ratio without that host,
+        # subtracted from the ratio (jackknife), so a host holding many of the flows is not
+        # under-counted.
         loo = np.where(used, (num - mean[..., None] * den) / (total[..., None] - den), 0.0)
+    return mean, loo, used
+
+
+def combination(terms: Sequence[Term], flows: Array) -> Ratios:
+    """Σ_k c_k · Σnum_k / Σden_k over the last axis (hosts), e.g. eq. 9's Σ(x − σ·d) / Σn (one
+    ratio) or the completion objective's Σbits / Σduration − σ · Σd / Σn (two). The jackknife
+    variance: leaving a host out changes the combination by the same combination of each
+    ratio's change, exactly, so ``(H − 1)/H · Σ_h (Σ_k c_k · change_k,h)²``. ``flows`` per
+    host weigh the hosts in Kish's effective number (the degrees of freedom)."""
+    flows = np.asarray(flows, dtype=float)
+    mean, loo = np.zeros(flows.shape[:-1]), np.zeros(flows.shape)
+    used = np.zeros(flows.shape, dtype=bool)
+    for c, num, den in terms:
+        m, change, u = _leave_one_out(num, den)
+        mean, loo, used = mean + c * m, loo + c * change, used | u
+    hosts = used.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
         var = (hosts - 1) / hosts * (loo**2).sum(axis=-1)
         # Kish's effective number of hosts: H for equal hosts, fewer when a few carry most
         # flows, whose residuals then dominate the variance and make it less certain.
-        effective = total**2 / (den**2).sum(axis=-1)
+        effective = flows.sum(axis=-1) ** 2 / (flows**2).sum(axis=-1)
     ok = hosts >= 2
     return Ratios(
-        mean, np.where(ok, var, np.nan), np.where(ok, np.maximum(effective - 1, 1.0), np.nan)
+        mean,
+        np.where(ok, var, np.nan),
+        np.where(ok, np.maximum(effective - 1, 1.0), np.nan),
     )
 
 
@@ -115,6 +151,14 @@ def crossover_difference(
     paired = (np.asarray(arm_den) > 0) & (np.asarray(ctl_den) > 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         d = np.asarray(arm_num) / arm_den - np.asarray(ctl_num) / ctl_den
+    return within_host_difference(d, paired, arm_first)
+
+
+def within_host_difference(
+    d: Array, paired: NDArray[np.bool_], arm_first: NDArray[np.bool_]
+) -> Ratios:
+    """The AB/BA estimate from each host's own arm − control difference ``d`` (used where
+    ``paired``: the host has flows under both)."""
     means, variances, counts = [], [], []
     for sequence in (~arm_first, arm_first):
         use = paired & sequence
@@ -225,9 +269,11 @@ class Results:
 
 
 class _Table:
-    """The records as columns, with per-host sums for any subset of them."""
+    """The records as columns, with per-host sums for any subset of them, and each metric as
+    the ratios of sums the experiment's objective makes it."""
 
     def __init__(self, experiment: Experiment, records: Sequence[HostDay]):
+        self.objective = experiment.objective
         self.hosts = sorted({r.host for r in records})
         index = {h: i for i, h in enumerate(self.hosts)}
         arms = {a: i for i, a in enumerate(experiment.arm_names)}
@@ -239,28 +285,62 @@ class _Table:
         self.tpt = np.array([r.sums.tpt_sum for r in kept], dtype=float)
         self.delay = np.array([r.sums.delay_sum for r in kept], dtype=float)
         self.slow = np.array([r.slow_flows for r in kept], dtype=float)
+        done = [r.sums.completion for r in kept]
+        self.done_flows = np.array([c.flow_count for c in done], dtype=float)
+        self.done_mbit = np.array([c.mbit_sum for c in done], dtype=float)
+        self.done_seconds = np.array([c.seconds_sum for c in done], dtype=float)
+        self.done_delay = np.array([c.delay_sum for c in done], dtype=float)
 
-    def numerator(self, metric: Metric, sigma: float) -> Array:
+    def terms(self, metric: Metric, sigma: float) -> tuple[list[Term], Array]:
+        """The metric as ratios of record columns, and the flows it is over. Eq. 9: one ratio
+        over all flows. Completion: utility Σbits/Σduration − σ·Σd/Σn and throughput
+        Σbits/Σduration, delay Σd/Σn, over the flows carrying its sums; the slow-flow share
+        is over all flows either way."""
+        if self.objective == Objective.COMPLETION and metric != "slow_share":
+            rate = (1.0, self.done_mbit, self.done_seconds)
+            delay = (1.0, self.done_delay, self.done_flows)
+            by_metric = {"utility": [rate, (-sigma, *delay[1:])], "throughput": [rate]}
+            return by_metric.get(metric, [delay]), self.done_flows
         if metric == "utility":
-            return self.tpt - sigma * self.delay
-        return {"throughput": self.tpt, "delay": self.delay, "slow_share": self.slow}[metric]
+            num = self.tpt - sigma * self.delay
+        else:
+            num = {"throughput": self.tpt, "delay": self.delay, "slow_share": self.slow}[metric]
+        return [(1.0, num, self.flows)], self.flows
 
     def per_host(self, values: Array, mask: NDArray[np.bool_]) -> Array:
         summed = np.bincount(self.host[mask], weights=values[mask], minlength=len(self.hosts))
         return np.asarray(summed, dtype=float)
 
+    def metric(self, metric: Metric, sigma: float, mask: NDArray[np.bool_]) -> Ratios:
+        """The metric over the records in ``mask``, hosts as the unit."""
+        terms, flows = self.terms(metric, sigma)
+        per_host = [(c, self.per_host(n, mask), self.per_host(d, mask)) for c, n, d in terms]
+        return combination(per_host, self.per_host(flows, mask))
+
+    def host_values(self, metric: Metric, sigma: float, mask: NDArray[np.bool_]) -> Array:
+        """Each host's own value of the metric over the records in ``mask`` (NaN without
+        flows)."""
+        terms, _ = self.terms(metric, sigma)
+        out = np.zeros(len(self.hosts))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for c, n, d in terms:
+                out = out + c * self.per_host(n, mask) / self.per_host(d, mask)
+        return out
+
+    def objective_flows(self, mask: NDArray[np.bool_]) -> Array:
+        """Per host, the flows in ``mask`` that the objective is computed over."""
+        return self.per_host(self.terms("utility", 0.0)[1], mask)
+
 
 def _arm_ratios(t: _Table, mask: NDArray[np.bool_], sigma: float) -> dict[str, Ratios]:
-    den = t.per_host(t.flows, mask)
-    return {m: ratio(t.per_host(t.numerator(m, sigma), mask), den) for m in METRICS}
+    return {m: t.metric(m, sigma, mask) for m in METRICS}
 
 
 def _arm_result(name: str, t: _Table, mask: NDArray[np.bool_], sigma: float) -> ArmResult:
-    den = t.per_host(t.flows, mask)
+    flows = t.objective_flows(mask)
     ratios = _arm_ratios(t, mask, sigma)
-    return ArmResult(
-        name, int((den > 0).sum()), int(den.sum()), {m: Estimate.of(r) for m, r in ratios.items()}
-    )
+    estimates = {m: Estimate.of(r) for m, r in ratios.items()}
+    return ArmResult(name, int((flows > 0).sum()), int(flows.sum()), estimates)
 
 
 def _parallel(
@@ -268,7 +348,7 @@ def _parallel(
 ) -> tuple[dict[str, Ratios], int]:
     a, c = where & (t.arm == arm), where & (t.arm == ctl)
     ra, rc = _arm_ratios(t, a, sigma), _arm_ratios(t, c, sigma)
-    hosts = int((t.per_host(t.flows, a) > 0).sum() + (t.per_host(t.flows, c) > 0).sum())
+    hosts = int((t.objective_flows(a) > 0).sum() + (t.objective_flows(c) > 0).sum())
     return {m: parallel_difference(ra[m], rc[m]) for m in METRICS}, hosts
 
 
@@ -285,23 +365,20 @@ def _crossover(
 ) -> tuple[dict[str, Ratios], int] | None:
     """The within-host difference, or None while too few hosts have both periods."""
     a, c = t.arm == arm, t.arm == ctl
-    arm_den, ctl_den = t.per_host(t.flows, a), t.per_host(t.flows, c)
     groups = np.array([host_group(experiment, h) for h in t.hosts], dtype=float)
     # Group g runs arm g in the first period.
     arm_first = groups == arm
-    paired = (arm_den > 0) & (ctl_den > 0)
+    paired = (t.objective_flows(a) > 0) & (t.objective_flows(c) > 0)
     if min((paired & arm_first).sum(), (paired & ~arm_first).sum()) < MIN_PAIRED_HOSTS:
         return None
-    out: dict[str, Ratios] = {
-        m: crossover_difference(
-            t.per_host(t.numerator(m, sigma), a),
-            arm_den,
-            t.per_host(t.numerator(m, sigma), c),
-            ctl_den,
-            arm_first,
-        )
-        for m in METRICS
-    }
+    out: dict[str, Ratios] = {}
+    for m in METRICS:
+        # The slow-flow share is over all flows: pair on those for it.
+        both = paired
+        if m == "slow_share":
+            both = (t.per_host(t.flows, a) > 0) & (t.per_host(t.flows, c) > 0)
+        d = t.host_values(m, sigma, a) - t.host_values(m, sigma, c)
+        out[m] = within_host_difference(d, both, arm_first)
     return out, int(paired.sum())
 
 

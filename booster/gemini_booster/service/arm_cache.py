@@ -95,7 +95,3 @@ class ArmCache:
             if t is not None and t > at
         ]
         return min(instants, default=None)
-
-    def arm(self, host: str, at: datetime) -> pb.ExperimentArm | None:
-        found = self.assignment(host, at)
-        return None if found is None else arm_message(found)

@@ -40,7 +40,7 @@ from ..models import Policy
 from ..policy.planner import ContextPlan, Planner
 from ..storage import policies as policy_store
 from ..storage.ingest import ReportRow
-from .arm_cache import ArmCache
+from .arm_cache import ArmCache, arm_message
 from .auth import shorten
 from .fold import FoldService
 from .guardrail_task import GuardrailTask
@@ -259,9 +259,12 @@ class Booster:
             resp.default_datapath_theta.CopyFrom(default)
         for msg, key in zip(req.contexts, keys, strict=True):
             resp.parameters.append(self.plans.answer(policy, default, req.host_id, msg, key))
-        arm = self.arms.arm(req.host_id, now)
-        if arm is not None and not (overrides is not None and overrides.killed):
-            resp.experiment_arm.CopyFrom(arm)
+        found = self.arms.assignment(req.host_id, now)
+        if found is not None and not (overrides is not None and overrides.killed):
+            resp.experiment_arm.CopyFrom(arm_message(found))
+            # An experiment compared by completion time needs its sums from every arm's flows.
+            if found.objective == Objective.COMPLETION:
+                resp.completion_sums = True
         return resp
 
     def _refresh_after(self, req: pb.GetParametersRequest, now: datetime) -> int:

@@ -49,6 +49,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Mapped, mapped_column
 
+from gemini_api.sums import COMPLETION_COLUMNS, CompletionSums, Objective
+
 from ..domain import SUM_FIELDS, FlowSums
 from ..experiments.assignment import Assignment, assignment, initial_groups, join_groups
 from ..experiments.domain import (
@@ -107,6 +109,8 @@ class ExperimentRow(Base):
         Integer, nullable=False, server_default=str(CALENDAR_DAY_SECONDS)
     )
     sigma: Mapped[float] = mapped_column(Double, nullable=False)
+    # gemini_api.sums.Objective (migration 0016): what the arms' utility is over their flows.
+    objective: Mapped[str] = mapped_column(String(16), nullable=False, server_default="flow-mean")
     guardrail: Mapped[dict | None] = mapped_column(JSONB)
     created_at: Mapped[datetime] = _now_column()
     created_by: Mapped[str] = mapped_column(String(64), nullable=False)
@@ -146,7 +150,8 @@ class ExperimentArmStop(Base):
 
 class ExperimentHostDay(Base):
     """The flows one host ran under one arm on one experiment day (its label): eq. 9's
-    running sums."""
+    running sums, and the completion-time objective's (migration 0016; 0 for flows of agents
+    older than them, and for rows stored before)."""
 
     __tablename__ = "experiment_host_days"
     experiment_id: Mapped[int] = mapped_column(
@@ -161,6 +166,14 @@ class ExperimentHostDay(Base):
     delay_sum: Mapped[float] = _sum(Double)
     delay_sq_sum: Mapped[float] = _sum(Double)
     tpt_delay_sum: Mapped[float] = _sum(Double)
+    completion_flow_count: Mapped[int] = _sum(BigInteger)
+    completion_bytes_sum: Mapped[int] = _sum(BigInteger)
+    completion_duration_us_sum: Mapped[int] = _sum(BigInteger)
+    completion_mbit_sq_sum: Mapped[float] = _sum(Double)
+    completion_seconds_sq_sum: Mapped[float] = _sum(Double)
+    completion_mbit_seconds_sum: Mapped[float] = _sum(Double)
+    completion_delay_sum: Mapped[float] = _sum(Double)
+    completion_delay_sq_sum: Mapped[float] = _sum(Double)
     slow_flows: Mapped[int] = _sum(BigInteger)
     report_count: Mapped[int] = _sum(BigInteger)
     updated_at: Mapped[datetime] = _now_column()
@@ -230,6 +243,7 @@ def create_experiment(engine: Engine, spec: ExperimentCreate, actor: str) -> Exp
                 crossover_day=spec.crossover_day,
                 day_seconds=spec.day_seconds,
                 sigma=spec.sigma,
+                objective=spec.objective.value,
                 guardrail=None if spec.guardrail is None else spec.guardrail.model_dump(),
                 created_by=actor,
             )
@@ -299,6 +313,7 @@ def _load(
             end=r.end_at,
             crossover_day=r.crossover_day,
             sigma=r.sigma,
+            objective=Objective(r.objective),
             guardrail=None if r.guardrail is None else GuardrailSpec.model_validate(r.guardrail),
             created_at=r.created_at,
             created_by=r.created_by,
@@ -537,7 +552,7 @@ class ArmFlows:
     reports: int = 1
 
 
-_ADDED = (*SUM_FIELDS, "slow_flows", "report_count")
+_ADDED = (*SUM_FIELDS, *COMPLETION_COLUMNS, "slow_flows", "report_count")
 
 
 def arm_flows(
@@ -564,6 +579,8 @@ def arm_flows(
 
 
 _KEY = ("experiment_id", "arm", "host_id", "day")
+_COMPLETION_INTEGERS = 3  # the flow count, bytes and microseconds: exact integers
+_COMPLETION = tuple(enumerate(COMPLETION_COLUMNS))
 _COLUMN_TYPES = {
     "experiment_id": "int",
     "arm": "text",
@@ -571,6 +588,7 @@ _COLUMN_TYPES = {
     "day": "date",
     "flow_count": "bigint",
     **dict.fromkeys(SUM_FIELDS[1:], "float8"),
+    **{c: "bigint" if i < _COMPLETION_INTEGERS else "float8" for i, c in _COMPLETION},
     "slow_flows": "bigint",
     "report_count": "bigint",
 }
@@ -603,7 +621,10 @@ def record_arm_flows(conn: Connection, flows: Iterable[ArmFlows]) -> None:
     if not merged:
         return
     # Sorted, so concurrent replicas lock rows in one order and cannot deadlock.
-    rows = [(*key, *sums.astuple(), slow, n) for key, (sums, slow, n) in sorted(merged.items())]
+    rows = [
+        (*key, *sums.astuple(), *sums.completion.values(), slow, n)
+        for key, (sums, slow, n) in sorted(merged.items())
+    ]
     columns = dict(zip(_COLUMN_TYPES, map(list, zip(*rows, strict=True)), strict=True))
     conn.execute(_UPSERT_HOST_DAYS, columns)
 
@@ -613,13 +634,26 @@ def host_days(
 ) -> list[HostDay]:
     """The stored per-host-day sums of an experiment (of ``days`` only, when given)."""
     c = ExperimentHostDay
-    q = select(c.arm, c.host_id, c.day, *(getattr(c, f) for f in SUM_FIELDS), c.slow_flows).where(
+    sums = (*SUM_FIELDS, *COMPLETION_COLUMNS)
+    q = select(c.arm, c.host_id, c.day, *(getattr(c, f) for f in sums), c.slow_flows).where(
         c.experiment_id == experiment_id
     )
     if days is not None:
         q = q.where(c.day.in_(sorted(set(days))))
     with engine.connect() as conn:
         return [
-            HostDay(arm, host, day, FlowSums(int(n), *map(float, sums)), int(slow))
-            for arm, host, day, n, *sums, slow in conn.execute(q)
+            HostDay(arm, host, day, _host_day_sums(values), int(slow))
+            for arm, host, day, *values, slow in conn.execute(q)
         ]
+
+
+def _host_day_sums(values: Sequence[Any]) -> FlowSums:
+    """A host-day's sums from its columns: eq. 9's (``SUM_FIELDS``), then the completion
+    sums (``COMPLETION_COLUMNS``)."""
+    at = len(SUM_FIELDS)
+    done = values[at:]
+    completion = CompletionSums(
+        *(int(v) for v in done[:_COMPLETION_INTEGERS]),
+        *(float(v) for v in done[_COMPLETION_INTEGERS:]),
+    )
+    return FlowSums(int(values[0]), *map(float, values[1:at]), completion=completion)

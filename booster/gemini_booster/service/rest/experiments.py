@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
 from gemini_api.datapaths import registry
+from gemini_api.sums import Objective
 
 from ...experiments import assignment as assign
 from ...experiments.domain import (
@@ -73,6 +74,7 @@ class ExperimentOut(BaseModel):
     )
     day_seconds: int = Field(description="an experiment day, in seconds (86400: UTC days)")
     sigma: float
+    objective: Objective = Field(description="what an arm's utility is over its flows")
     guardrail: GuardrailSpec | None
     salt: str
     hosts: int = Field(description="hosts in the population now (joined and not left)")
@@ -108,6 +110,7 @@ class ExperimentOut(BaseModel):
             crossover_at=e.crossover_at,
             day_seconds=e.day_seconds,
             sigma=e.sigma,
+            objective=e.objective,
             guardrail=e.guardrail,
             salt=e.salt,
             hosts=sum(m.present(now) for m in e.hosts.values()),
@@ -242,6 +245,10 @@ class DayOut(PeriodOut):
 class ResultsOut(BaseModel):
     experiment: str
     sigma: float
+    objective: Objective = Field(
+        description="the experiment's; completion: utility and throughput are all bits over "
+        "all durations of the flows carrying its sums, delay the mean over those flows"
+    )
     level: float = Field(description="of every interval (two-sided)")
     day_seconds: int = Field(description="an experiment day, in seconds (86400: UTC days)")
     days: list[DayOut] = Field(
@@ -266,6 +273,7 @@ class ResultsOut(BaseModel):
         return cls(
             experiment=e.name,
             sigma=r.sigma,
+            objective=e.objective,
             level=LEVEL,
             day_seconds=e.day_seconds,
             days=days,

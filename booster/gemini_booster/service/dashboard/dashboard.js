@@ -440,7 +440,7 @@ async function loadExperiments() {
     : `, crossover at ${e.crossover_at.slice(11, 19)} UTC (days of ${e.day_seconds} s)`;
   $("experiment-summary").textContent = `${e.description || e.name}: arms ` +
     e.arms.map((a) => (a.name === e.control ? `${a.name} (control, ${a.cc})` : `${a.name} (${a.cc})`)).join(", ") +
-    `; ${e.hosts} hosts, σ = ${results.sigma}` +
+    `; ${e.hosts} hosts, σ = ${results.sigma}, ${results.objective} objective` +
     when + `; ${e.status}.`;
   showExperimentMetric();
   showVerdict();
@@ -481,7 +481,8 @@ function showPolicy(p, refill) {
   settings.replaceChildren();
   for (const [k, v] of Object.entries({
     "σ": p.sigma, "exploration share": p.exploration_share, "region": p.region,
-    "mode": p.mode, "acquisition": p.acq_func, "datapath": p.datapath, "target CC": p.target_cc, "revision": p.revision,
+    "mode": p.mode, "acquisition": p.acq_func, "datapath": p.datapath, "target CC": p.target_cc,
+    "objective": p.objective, "revision": p.revision,
   })) {
     settings.append(Object.assign(document.createElement("dt"), { textContent: k }));
     settings.append(Object.assign(document.createElement("dd"), { textContent: String(v) }));

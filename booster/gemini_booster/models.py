@@ -227,6 +227,28 @@ class Policy(PolicyFields):
     id: int
     name: str
     revision: int
+    theta_spec_version: int | None = Field(
+        None,
+        description="the version of its datapath's θ spec that its stored θ are in (they are "
+        "read back by position); null: the spec's own",
+    )
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="why Booster holds the policy (plans and serves nothing for it; agents keep "
+        "their reports and retry), or null: its stored θ are in another version of its "
+        "datapath's θ spec than this Booster's"
+    )
+    @property
+    def held(self) -> str | None:
+        stored, now = self.theta_spec_version, self.spec.version
+        if stored is None or stored == now:
+            return None
+        return (
+            f"its stored θ are in {self.datapath} θ spec version {stored}, this Booster reads "
+            f"version {now}, whose parameters mean other things: a migration must convert them, "
+            "or an operator keep them under another name and create the policy again "
+            "(booster policy restart)"
+        )
 
     @computed_field(  # type: ignore[prop-decorator]
         description="the kernel CC of the policy's datapath (what agents are told to run)"

@@ -181,6 +181,8 @@ def cmd_policy(settings: Settings, args: argparse.Namespace) -> int:
         policy = policy_store.create_policy(_engine(settings), spec, actor="cli")
         print(policy.model_dump_json(indent=2))
         return 0
+    if args.policy_cmd == "restart":
+        return _restart_policy(settings, args.name)
     fmt = output.choose(args.output)
     from ..storage import policies as policy_store
     from ..storage.errors import NotFound
@@ -196,6 +198,21 @@ def cmd_policy(settings: Settings, args: argparse.Namespace) -> int:
     else:
         listed = [p.model_dump(mode="json") for p in policy_store.list_policies(engine)]
         output.emit(listed, fmt, POLICY_COLUMNS)
+    return 0
+
+
+def _restart_policy(settings: Settings, name: str) -> int:
+    from ..storage import policies as policy_store
+    from ..storage.errors import Conflict, NotFound
+
+    try:
+        kept, fresh = policy_store.restart_policy(_engine(settings), name, actor="cli")
+    except NotFound:
+        raise CliError(f"no policy named {name!r}") from None
+    except Conflict as e:
+        raise CliError(str(e)) from None
+    print(f"kept the held policy as {kept}; created {name} again (θ spec version "
+          f"{fresh.theta_spec_version})")  # fmt: skip
     return 0
 
 

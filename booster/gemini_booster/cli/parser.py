@@ -123,6 +123,13 @@ def _policy(t: _Tree, sub: argparse._SubParsersAction) -> None:
     ps.add_argument("name")
     _output(ps)
     _output(t.add(psub, ("policy", "list"), "every policy"))
+    pr = t.add(
+        psub,
+        ("policy", "restart"),
+        "a held policy (its θ in an older spec version): keep it as NAME.DATAPATH-vN, "
+        "create NAME again",
+    )
+    pr.add_argument("name")
 
 
 OVERRIDES = (

@@ -48,7 +48,7 @@ from .ingest_writer import IngestWriter
 from .leases import LeaseLost
 from .metrics import Metrics, PlannedUtility
 from .plan_cache import CachedPlan, PlanCache, ThetaMessage, theta_message
-from .refit import RefitElsewhere, RefitService, replica_name
+from .refit import PolicyHeld, RefitElsewhere, RefitService, replica_name
 from .sync import Follower
 from .validation import InvalidReport, context_key, report_row
 
@@ -75,6 +75,7 @@ class Booster:
         self.arms = ArmCache(engine)
         self.policies: dict[str, Policy] = {}
         self._by_id: dict[int, Policy] = {}
+        self._served: dict[int, Policy] = {}  # those not held (``Policy.held``)
         self._defaults: dict[int, ThetaMessage] = {}
         self._lock = threading.Lock()
         self._token_listeners: list = []
@@ -153,7 +154,8 @@ class Booster:
     # -- following the database (called by the follower) -----------------------------------
 
     def _policy_ids(self) -> dict[int, Policy]:
-        return self._by_id
+        """The policies the fold and the refits work on: not the held ones."""
+        return self._served
 
     def sync_all(self) -> None:
         """Reload policies, and the plans of every policy whose generation moved."""
@@ -175,9 +177,21 @@ class Booster:
             # Defaults first: a request that finds a policy in ``policies`` finds its default.
             self._defaults = {p.id: self._default(p) for p in policies.values()}
             self._by_id = {p.id: p for p in policies.values()}
+            self._served = {p.id: p for p in policies.values() if p.held is None}
             self.policies = policies
+        for p in policies.values():
+            if p.held is not None and p.id in changed:
+                log.error("policy %s is held: %s", p.name, p.held)
         if changed:
             self.mark_dirty(changed)
+
+    def _held(self, name: str) -> InvalidReport | None:
+        """Why a held policy gets no answer: a ``policy:`` problem, so NOT_FOUND, which agents
+        retry while keeping their reports (none is lost until an operator acts)."""
+        policy = self.policies.get(name)
+        if policy is None or policy.held is None:
+            return None
+        return InvalidReport([f"policy: {shorten(name)} is held: {policy.held}"])
 
     def _spec_of(self, policy_id: int) -> ThetaSpec:
         """The θ spec of the datapath a policy tunes (Fusion's for a policy not loaded)."""
@@ -228,6 +242,8 @@ class Booster:
         DecodeError or InvalidReport."""
         if req is None:
             req = pb.ReportRequest.FromString(raw)
+        if (held := self._held(req.policy)) is not None:
+            raise held
         return report_row(
             raw, req, self.spec, self.policies, self.settings.max_aggregates_per_report
         )
@@ -238,6 +254,8 @@ class Booster:
         policy = self.policies.get(req.policy)
         if policy is None:
             raise InvalidReport([f"policy: unknown policy {shorten(req.policy)}"])
+        if (held := self._held(req.policy)) is not None:
+            raise held
         problems: list[str] = []
         if not req.host_id:
             problems.append("host_id: empty")
@@ -288,6 +306,8 @@ class Booster:
         """Refit ``policy`` now (this replica must own it or take it: else RefitElsewhere)."""
         if self.refits is None:
             raise RefitElsewhere("front processes do not refit")
+        if policy.held is not None:
+            raise PolicyHeld(f"policy {policy.name!r} is held: {policy.held}")
         if self.fold is not None and self.refits.leases.try_acquire(policy.id):
             self.fold.fold_one(policy.id)  # the owner's explicit refit reads folded sums
         try:

@@ -98,6 +98,11 @@ class RefitElsewhere(Exception):
     """Another replica owns this policy's refits."""
 
 
+class PolicyHeld(RefitElsewhere):
+    """A refit asked for a held policy (``Policy.held``): refused, as a refit owned elsewhere
+    is (409 over REST), with the reason."""
+
+
 def replica_name(settings: Settings) -> str:
     return settings.replica_name or f"{socket.gethostname()}:{os.getpid()}"
 

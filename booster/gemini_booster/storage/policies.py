@@ -45,6 +45,7 @@ def _select_policy(conn: Connection, *where):
 def create_policy(engine: Engine, spec: PolicyCreate, actor: str) -> Policy:
     values = spec.model_dump()
     values["bounds"] = spec.resolved_bounds()
+    values["theta_spec_version"] = spec.spec.version
     with engine.begin() as conn:
         new_id = conn.execute(
             pg_insert(PolicyRow)
@@ -70,13 +71,16 @@ def update_policy(engine: Engine, name: str, change: PolicyUpdate, actor: str) -
         )
         if row is None:
             raise NotFound(f"policy {name!r}")
-        merged = _policy(row).model_dump(exclude={"id", "name", "revision", "target_cc"})
+        stored = _policy(row)
+        merged = stored.model_dump(include=set(PolicyFields.model_fields))
         merged.update(change.model_dump(exclude_unset=True))
         if merged["region"] != "custom":
             merged["bounds"] = None
         checked = PolicyFields.model_validate(merged)  # whole-policy rules, e.g. bounds ⊆ Θ'
         values = checked.model_dump()
         values["bounds"] = checked.resolved_bounds()
+        if checked.datapath != stored.datapath:  # its θ are the new datapath's from now on
+            values["theta_spec_version"] = checked.spec.version
         conn.execute(
             update(PolicyRow)
             .where(PolicyRow.id == row["id"])
@@ -88,6 +92,36 @@ def update_policy(engine: Engine, name: str, change: PolicyUpdate, actor: str) -
         audit(conn, actor, "policy.update", name, new | {"old": {k: before.get(k) for k in new}})
         changes.notify(conn, "policy", [row["id"]])
         return _policy(_select_policy(conn, PolicyRow.id == row["id"]))
+
+
+def restart_policy(engine: Engine, name: str, actor: str) -> tuple[str, Policy]:
+    """For a held policy (``Policy.held``): keep it, and what it learnt, under a new name
+    (``<name>.<datapath>-v<its version>``), and create ``name`` again with the same settings
+    in the spec version Booster reads now, with no trials. Agents asking for ``name`` get the
+    new policy. Both in one transaction, audited; ``Conflict`` when the policy is not held or
+    the kept name is taken, ``NotFound`` when there is no policy ``name``."""
+    with engine.begin() as conn:
+        row = _select_policy(conn, PolicyRow.name == name)
+        if row is None:
+            raise NotFound(f"policy {name!r}")
+        held = _policy(row)
+        if held.held is None:
+            raise Conflict(f"policy {name!r} is not held: its θ are in the spec Booster reads")
+        kept = f"{name}.{held.datapath}-v{held.theta_spec_version}"[:64]
+        if _select_policy(conn, PolicyRow.name == kept) is not None:
+            raise Conflict(f"policy {kept!r} exists: rename it first")
+        conn.execute(update(PolicyRow).where(PolicyRow.id == held.id).values(name=kept))
+        fields = held.model_dump(include=set(PolicyFields.model_fields))
+        fresh = PolicyCreate.model_validate({**fields, "name": name})
+        values = fresh.model_dump()
+        values["bounds"] = fresh.resolved_bounds()
+        values["theta_spec_version"] = fresh.spec.version
+        new_id = conn.execute(
+            pg_insert(PolicyRow).values(**values, revision=1).returning(PolicyRow.id)
+        ).scalar_one()
+        audit(conn, actor, "policy.restart", name, {"kept_as": kept, "held": held.held})
+        changes.notify(conn, "policy", [held.id, new_id])
+        return kept, _policy(_select_policy(conn, PolicyRow.id == new_id))
 
 
 def list_policies(engine: Engine) -> list[Policy]:

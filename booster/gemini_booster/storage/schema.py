@@ -74,6 +74,8 @@ class Policy(Base):
     datapath: Mapped[str] = mapped_column(String(32), nullable=False)
     # gemini_api.sums.Objective (migration 0015): what the utility is over a θ's flows.
     objective: Mapped[str] = mapped_column(String(16), nullable=False, server_default="flow-mean")
+    # The version of the datapath's θ spec the policy's stored θ keys are in (migration 0017).
+    theta_spec_version: Mapped[int] = mapped_column(Integer, nullable=False)
     exploration_share: Mapped[float] = mapped_column(Double, nullable=False)
     mode: Mapped[str] = mapped_column(String(16), nullable=False)
     acq_func: Mapped[str] = mapped_column(String(16), nullable=False)

@@ -16,14 +16,11 @@ from gemini_api.sums import FlowSums, Objective
 from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster import simulation as sim
-from gemini_booster.models import PolicyCreate
-from gemini_booster.storage import policies as policy_store
 
 from .conftest import OPERATOR, agent_md, at_revision, auth
+from .test_experiment_ingest import HOSTS, OUTSIDER, cubic_against_fusion
 
 SPEC = load_spec()
-HOSTS = [f"eu-{i}" for i in range(4)]
-OUTSIDER = "us-9"
 MB = 1_000_000
 # Every flow carries 1 MB with no queueing. The control's run at a steady 80 Mbit/s; the arm's
 # four fast flows run at 400 Mbit/s and one waits out a timeout (8 Mbit/s): a higher mean rate
@@ -46,24 +43,8 @@ def sums(flows: list[FlowStats]) -> FlowSums:
 
 
 def create_experiment(booster, objective: str) -> None:
-    policy_store.create_policy(booster.engine, PolicyCreate(name="cdn"), actor="test")
-    booster.booster.reload_policies()
-    now = datetime.now(UTC)
-    body = {
-        "name": "incast-ab",
-        "arms": [
-            {"name": "control", "cc": "cubic"},
-            {"name": "fusion", "cc": "fusion", "params": "fixed", "theta": SPEC.default()},
-        ],
-        "population": {"regions": {"eu": HOSTS}},
-        "start": (now - timedelta(hours=1)).isoformat(),
-        "end": (now + timedelta(days=3)).isoformat(),
-        "sigma": 0.5,
-        "objective": objective,
-    }
-    r = booster.http.post("/v1/experiments", json=body, headers=auth(OPERATOR))
-    assert r.status_code == 201, r.text
-    assert r.json()["objective"] == objective
+    made = cubic_against_fusion(booster, "incast-ab", sigma=0.5, objective=objective)
+    assert made["objective"] == objective
 
 
 def test_a_completion_experiment_asks_its_hosts_for_the_sums_and_ranks_by_them(booster) -> None:

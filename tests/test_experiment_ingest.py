@@ -45,12 +45,14 @@ def assert_arms(booster, experiment: str, expected: dict[str, tuple[int, int, fl
     assert means == pytest.approx({arm: mbps for arm, (_, _, mbps) in expected.items()}, rel=1e-3)
 
 
-def test_each_hosts_flows_of_its_arm_count_once(booster):
+def cubic_against_fusion(booster, name: str, **fields) -> dict:
+    """Policy 'cdn', and a running experiment ``name`` over HOSTS: cubic (control) against
+    Fusion at its default θ; ``fields`` added to the declaration. Its REST answer."""
     policy_store.create_policy(booster.engine, PolicyCreate(name="cdn"), actor="test")
     booster.booster.reload_policies()
     now = datetime.now(UTC)
     body = {
-        "name": "cubic-vs-fusion",
+        "name": name,
         "arms": [
             {"name": "control", "cc": "cubic"},
             {"name": "fusion", "cc": "fusion", "params": "fixed", "theta": SPEC.default()},
@@ -58,9 +60,15 @@ def test_each_hosts_flows_of_its_arm_count_once(booster):
         "population": {"regions": {"eu": HOSTS}},
         "start": (now - timedelta(hours=1)).isoformat(),
         "end": (now + timedelta(days=3)).isoformat(),
+        **fields,
     }
     r = booster.http.post("/v1/experiments", json=body, headers=auth(OPERATOR))
     assert r.status_code == 201, r.text
+    return r.json()
+
+
+def test_each_hosts_flows_of_its_arm_count_once(booster):
+    cubic_against_fusion(booster, "cubic-vs-fusion")
     arms = {}
     for h in HOSTS:
         got = booster.http.get(f"/v1/hosts/{h}/experiment", headers=auth(OPERATOR)).json()

@@ -64,6 +64,7 @@ from gemini_lab.netem import (
 from gemini_lab.relay import start_relay
 from gemini_lab.scenario import Scenario
 from gemini_lab.shortflows import exp_shortflows
+from gemini_lab.websearch import exp_convergence, exp_websearch
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = REPO / "fusion-kmod" / "tcp_fusion.ko"
@@ -665,6 +666,8 @@ EXPERIMENTS = {
     "gear_flow": exp_gear_flow,
     "gear_pair": exp_gear_pair,
     "shortflows": lambda e, out: exp_shortflows(e, out, SCHEDULES),
+    "websearch": exp_websearch,
+    "convergence": exp_convergence,
 }
 
 

@@ -23,7 +23,8 @@
  * the round trip, 27.4. Slow start keeps the latest interval: HyStart's bar guards it against
  * jitter already, and a round trip's lag there overshot the buffer (Ethernet: 354 segments
  * retransmitted against 183). The estimated BDP is R^max · T^min. The loss rate L is
- * packets marked lost over packets delivered or lost, over the current and previous round trip;
+ * packets marked lost over packets delivered or lost, over the current and previous round trip
+ * and only of data sent since the latest reduction (see "One reduction per episode" below);
  * L > l is judged by a one-sided test (two standard deviations above a loss process at rate l),
  * so that a round of a few packets with one loss does not read as a loss rate of many percent.
  *
@@ -53,6 +54,16 @@
  * PRR for the rest of the flow, the window falling by a segment per loss. At most one reduction
  * per round trip; a reduction the signal started for a loss is given back if the stack proves
  * the losses spurious (undo), one started for delay is not.
+ *
+ * One reduction per episode. Losses of data sent before a reduction belong to the congestion
+ * that reduction answers, as in standard TCP (RFC 5681 and 6582's recovery point, the stack's
+ * high_seq): from the cut until what was sent before it (snd_nxt then) is acknowledged, the
+ * loss test tallies neither losses nor deliveries, and the cut clears the tallies of the two
+ * round trips it read, which hold that episode's losses. Without this the two-round span read
+ * one episode in the round of the cut and again in the next, and the losses the stack marks
+ * late read once more: on a buffer of a fifth of the BDP (shallow-buffer) one overflow cut the
+ * window three rounds running, 113 → 96 → 88 → 62 packets against a BDP of 83, and the link
+ * idled for a round after every overflow.
  *
  * Tolerated loss. Losses whose rate stays at or below l are no signal: they are repaired
  * without any reduction, and the window keeps growing by eqs. 2 and 4 meanwhile. The kernel
@@ -156,7 +167,7 @@ struct fusion_flow {
 	u32 prev_round_delivered;
 	u32 prev_round_lost;
 	u32 cut_round;				/* round of the latest reduction, + 1 */
-	u32 reduction_end_seq;			/* the reduction is over once this is acked */
+	u32 reduction_end_seq;			/* the reduction and its episode are over once acked */
 	u32 probe_step;				/* eq. 4's additive step: γ, doubling */
 	u32 ss_rtt_min_us;			/* HyStart: min of this round's first samples */
 	u8 ss_samples;
@@ -167,6 +178,7 @@ struct fusion_flow {
 	u8 reduction;				/* the reduction (eq. 3) under way, if any */
 	bool queue_free;			/* latest interval: no queue beyond the floor */
 	bool queue_seen;			/* latest interval: RTT samples above the floor */
+	bool episode;				/* data sent before the latest reduction unacked */
 
 	/* for the flow record; counters mirrored per ACK, since an abortive close zeroes them */
 	struct fusion_endpoints ends;
@@ -344,6 +356,9 @@ static void fusion_note_cut(struct sock *sk, struct fusion_flow *f, enum fusion_
 	f->mode = FUSION_AVOIDANCE;
 	f->reduction = cause;
 	f->reduction_end_seq = tcp_sk(sk)->snd_nxt;
+	f->episode = true;		/* this cut answers the losses tallied so far */
+	f->round_lost = f->prev_round_lost = 0;
+	f->round_delivered = f->prev_round_delivered = 0;
 	f->cut_round = f->round + 1;
 	f->probe_step = fusion_theta(f, FUSION_THETA_ADD_INCREASE);
 }
@@ -420,8 +435,12 @@ static void fusion_sample(struct fusion_flow *f, const struct tcp_sock *tp,
 	f->round_start = false;
 	if (rs->rtt_us > 0)
 		fusion_sample_rtt(f, rs->rtt_us);
-	f->round_delivered += rs->acked_sacked;
-	f->round_lost += rs->losses;
+	if (f->episode && !before(tp->snd_una, f->reduction_end_seq))
+		f->episode = false;
+	if (!f->episode) {	/* an episode's losses were answered by its reduction */
+		f->round_delivered += rs->acked_sacked;
+		f->round_lost += rs->losses;
+	}
 	if (rs->acked_sacked)
 		f->last_ack_us = tp->tcp_mstamp;
 	f->bytes_acked = tp->bytes_acked;

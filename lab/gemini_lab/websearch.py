@@ -606,6 +606,7 @@ class ArmFigures:
     loss: tuple[float, ...]  # per hop, drops / packets
     marked: int  # at the datacenter hop
     mean_queue: tuple[float | None, ...]  # packets, per hop
+    max_queue: tuple[int, ...]
     aborted: int
 
 
@@ -633,6 +634,7 @@ def arm_figures(r: dict) -> ArmFigures:
         ),
         marked=int(queues[0].get("marked", 0)),
         mean_queue=tuple(q["mean_qlen"] for q in queues),
+        max_queue=tuple(q["max_qlen"] or 0 for q in queues),
         aborted=int(r["aborted"]),
     )
 
@@ -643,6 +645,11 @@ def _span(xs: Sequence[float], fmt: str = ".0f") -> str:
         return "—"
     lo, hi = min(xs), max(xs)
     return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}–{hi:{fmt}}"
+
+
+def _queue(fs: Sequence[ArmFigures], hop: int) -> str:
+    means = [q for f in fs if (q := f.mean_queue[hop]) is not None]
+    return f"{_span(means)}; {_span([f.max_queue[hop] for f in fs])}"
 
 
 def g9_table(runs: dict[int, dict], arms: Sequence[str] = ARMS) -> str:
@@ -658,8 +665,9 @@ def g9_table(runs: dict[int, dict], arms: Sequence[str] = ARMS) -> str:
     lines = [
         "| arm | small < 100 KB: mean FCT ms | p99 ms | large > 10 MB: mean FCT ms | "
         "1–10 MB: mean ms | overall mean ms | unfinished | retransmits | timeouts | "
-        "DC hop loss ×10⁻⁵ | WAN loss ×10⁻⁵ | DC hop CE marks | WAN queue pkts (mean) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "DC hop loss ×10⁻⁵ | WAN loss ×10⁻⁵ | DC hop CE marks | DC hop queue pkts (mean; max) | "
+        "WAN queue pkts (mean; max) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for a, fs in figs.items():
         if not fs:
@@ -673,7 +681,7 @@ def g9_table(runs: dict[int, dict], arms: Sequence[str] = ARMS) -> str:
             f"{_span([f.aborted for f in fs])} | {_span([f.retransmits for f in fs])} | "
             f"{_span([f.timeouts for f in fs])} | {_span([f.loss[0] * 1e5 for f in fs], '.1f')} | "
             f"{_span([f.loss[-1] * 1e5 for f in fs], '.1f')} | {_span([f.marked for f in fs])} | "
-            f"{_span([q for f in fs if (q := f.mean_queue[-1]) is not None])} |"
+            f"{_queue(fs, 0)} | {_queue(fs, -1)} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -142,9 +142,8 @@ def test_convergence_shares_are_each_flows_delivered_rate_in_the_window() -> Non
         return {"t": t, "groups": [{"1": g0, "2": g0}, {} if g1 is None else {"3": g1}]}
 
     r = {
-        "starts_s": [0.0, 40.0],
         "end_s": 60.0,
-        "groups": [{}, {}],
+        "groups": [{"start_s": 0.0}, {"start_s": 40.0}],
         "samples": [
             sample(30, 0, None),
             sample(40, 1000, 0),

@@ -506,6 +506,7 @@ def exp_convergence(e: dict, out: Path) -> dict:
         "cc": cc,
         "params_ran": ran,
         "quiet_before": quiet,
+        "end_s": end_s,
         "groups": results,
         "samples": samples,
     }
@@ -772,7 +773,8 @@ def convergence_shares(
     """Each flow's throughput (Mbit/s) over ``window`` (default: from the last group's start
     to the end, when all groups run) from its delivered packets, and each group's (the sum of
     its flows)."""
-    lo, hi = window or (max(r["starts_s"]), r["end_s"])
+    last_start = max(g["start_s"] for g in r["groups"])
+    lo, hi = window or (last_start, r.get("end_s", r["samples"][-1]["t"]))
     inside = [s for s in r["samples"] if lo <= s["t"] <= hi]
     flows: list[float] = []
     groups: list[float] = []

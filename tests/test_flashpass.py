@@ -223,3 +223,20 @@ def test_the_evaluation_runs_the_papers_theta_with_the_settings_asked_and_refuse
         evaluate.flashpass_theta([("t_wiat", 400)])
     with pytest.raises(SystemExit):
         ap.parse_args(["--theta", "t_wait"])
+
+
+def test_the_n20_evaluation_draws_20_senders_and_runs_gemini_at_its_scaled_defaults() -> None:
+    runs = evaluate.seed_runs(1, senders=20, transports=evaluate.ALL_TRANSPORTS)
+    assert [r["transport"] for r in runs] == ["flashpass", "cubic", "bbr", "gemini"]
+    assert all(len(r["sender_delays_ms"]) == len(r["flows"]) == 20 for r in runs)
+    assert len({json.dumps(r["flows"]) for r in runs}) == 1  # every arm on the same draw
+    (gem,) = [r for r in runs if r["transport"] == "gemini"]
+    assert gem["datapath"] == datapath("gemini").cc == "gemini"
+    assert gem["module_extra"] == {"capacity_mbit": evaluate.RATE_KBIT // 1000}
+    assert (
+        gem["gemini_theta"]["delay_threshold_us"]
+        == 10 * datapath("gemini").spec.default()["delay_threshold_us"]
+    )
+    assert "datapath" not in runs[1]
+    # the record's N = 4 draw is unchanged by the new options
+    assert evaluate.seed_runs(1) == evaluate.seed_runs(1, senders=4)[:3]

@@ -103,6 +103,21 @@ def _flow_command(run: dict, f: dict, out: Path, theta_file: Path | None) -> lis
     return python_in(ns, "gemini_lab.flashpass.sender", *args)
 
 
+def _load_datapath(run: dict) -> dict[str, int]:
+    """A run on a datapath module (``datapath``: GEMINI): the module loaded from the plan's
+    ``module`` build, its θ (``gemini_theta``) and ``module_extra`` written; what it reads back.
+    The module's CC is the run's ``transport``."""
+    from gemini_lab.datapath_guest import load_module, read_params, write_params
+
+    name = run["datapath"]
+    loaded = load_module(name)
+    if loaded["rc"] != 0:
+        raise RuntimeError(f"insmod {name}: {loaded['err']}")
+    extra = run.get("module_extra", {})
+    write_params(name, {**run.get("gemini_theta", {}), **extra})
+    return read_params(name, tuple(extra))
+
+
 def _start_receiver(run: dict, out: Path) -> subprocess.Popen:
     if run.get("transport", FLASHPASS) != FLASHPASS:
         allow_cc(run["transport"])
@@ -130,6 +145,7 @@ def run_one(run: dict, out: Path) -> dict:
     elif run.get("theta") is not None:
         theta_file = out / "flashpass.toml"
         theta_file.write_text("".join(f"{k} = {v}\n" for k, v in run["theta"].items()))
+    params = _load_datapath(run) if run.get("datapath") else None
     receiver = _start_receiver(run, out)
     flows = sorted(run["flows"], key=lambda f: f.get("start_ms", 0))
     start = time.monotonic()
@@ -152,6 +168,8 @@ def run_one(run: dict, out: Path) -> dict:
         "makespan_s": makespan,
         "sender_rc": [p.returncode for p, _ in procs],
     }
+    if params is not None:
+        result["module_params"] = params
     if result["transport"] == FLASHPASS:
         result["receiver"] = json.loads((out / "receiver.json").read_text())
         result["senders"] = [json.loads((out / f"flow{f['flow']}.json").read_text()) for f in flows]

@@ -49,7 +49,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Mapped, mapped_column
 
-from gemini_api.sums import COMPLETION_COLUMNS, CompletionSums, Objective
+from gemini_api.sums import COMPLETION_COLUMNS, Objective
 
 from ..domain import SUM_FIELDS, FlowSums
 from ..experiments.assignment import Assignment, assignment, initial_groups, join_groups
@@ -69,6 +69,7 @@ from . import changes
 from .audit import audit
 from .errors import Conflict, NotFound
 from .schema import Base
+from .trials import flow_sums
 
 CREATE_LOCK = 0x6578_7074  # pg_advisory_xact_lock key: one experiment creation at a time
 SALT_BYTES = 8
@@ -642,18 +643,6 @@ def host_days(
         q = q.where(c.day.in_(sorted(set(days))))
     with engine.connect() as conn:
         return [
-            HostDay(arm, host, day, _host_day_sums(values), int(slow))
+            HostDay(arm, host, day, flow_sums(values), int(slow))
             for arm, host, day, *values, slow in conn.execute(q)
         ]
-
-
-def _host_day_sums(values: Sequence[Any]) -> FlowSums:
-    """A host-day's sums from its columns: eq. 9's (``SUM_FIELDS``), then the completion
-    sums (``COMPLETION_COLUMNS``)."""
-    at = len(SUM_FIELDS)
-    done = values[at:]
-    completion = CompletionSums(
-        *(int(v) for v in done[:_COMPLETION_INTEGERS]),
-        *(float(v) for v in done[_COMPLETION_INTEGERS:]),
-    )
-    return FlowSums(int(values[0]), *map(float, values[1:at]), completion=completion)

@@ -116,6 +116,21 @@ def cpu_s(pids: list[int]) -> float:
     return total / TICKS
 
 
+def switches(pids: list[int]) -> int:
+    """Context switches (voluntary and not) of every thread of ``pids`` and their live
+    descendants: a thread woken per report shows here as switches per report."""
+    total = 0
+    for root in pids:
+        for pid in _tree(root):
+            for status in Path(f"/proc/{pid}/task").glob("*/status"):
+                try:
+                    lines = status.read_text().splitlines()
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+                total += sum(int(x.split()[1]) for x in lines if "ctxt_switches" in x)
+    return total
+
+
 # -- Booster replicas --------------------------------------------------------------------------
 
 
@@ -248,7 +263,9 @@ class Fleet:
         return bytes(out), sent_with
 
 
-def build_fleet(hosts: int, seed: int, work: Path) -> Fleet:
+def build_fleet(hosts: int, seed: int, work: Path, *, dense: bool = False) -> Fleet:
+    """One host-minute per host from the agent's builder (dense: the sketches agents sent
+    before the compact encoding, for a baseline that predates it)."""
     resolver = ContextResolver(mix.SOURCE, mix.prefix_table(work))
     rng = np.random.default_rng(seed)
     theta = load_spec().default()
@@ -257,7 +274,7 @@ def build_fleet(hosts: int, seed: int, work: Path) -> Fleet:
         name = f"edge-{seed}-{h:05d}.cdn.example.net"
         minute = mix.host_minute(rng, name, theta)
         names.append(name)
-        templates.append(minute.report(resolver))
+        templates.append(minute.report(resolver, dense=dense))
     return Fleet(names, templates)
 
 
@@ -284,6 +301,7 @@ class Side:
     replicas: list[Replica]
     tokens: list[str] = field(default_factory=list)
     minute: int = 0  # minutes of reports used so far
+    fleet: Fleet | None = None  # its own reports (--baseline-dense); None: the common fleet
 
     def stored(self) -> int:
         engine = create_engine(self.url)
@@ -360,6 +378,7 @@ class Run:
     get: dict
     lock_waits: list[LockWait]
     seconds: float = 0.0  # the calls' offered duration
+    switches: float = 0.0  # Booster's context switches per stored report
 
 
 def loadgen(
@@ -450,7 +469,10 @@ def measure(
     binary: Path, side: Side, n: int, fleet: Fleet, args, pg_pid: int, pg_log: Path, work: Path
 ) -> Run:
     serving = side.replicas[:n]
-    per_run = args.seconds * args.max_rate
+    share = 1 if args.per_replica else n  # open-loop rates are per replica, or split
+    per_run = args.seconds * (
+        int(args.report_rate * n * 1.2) + 1 if args.report_rate > 0 else args.max_rate
+    )
     body, tokens = fleet.reports(side.minute, per_run, side.tokens)
     side.minute += -(-per_run // len(fleet.hosts))
     gets, get_tokens = fleet.gets(20_000, side.tokens)
@@ -463,11 +485,13 @@ def measure(
             files[name].append((d, t))
     log_offset = pg_log.stat().st_size
     booster_pids = [r.proc.pid for r in side.replicas if r.proc is not None]
+    s0 = switches(booster_pids)
     n0, b0, p0, t0 = side.stored(), cpu_s(booster_pids), cpu_s([pg_pid]), time.monotonic()
     conc, gconc = max(args.concurrency // n, 1), max(args.get_concurrency // n, 1)
-    get_rate = [f"-rate={args.get_rate / n:g}"] if args.get_rate > 0 else []
+    get_rate = [f"-rate={args.get_rate / share:g}"] if args.get_rate > 0 else []
+    report_rate = [f"-rate={args.report_rate / share:g}"] if args.report_rate > 0 else []
     procs = [  # --concurrency 0: GetParameters alone, the control for its latency under ingest
-        loadgen(binary, r.target, d, t, "ReportAggregates", args.seconds, conc)
+        loadgen(binary, r.target, d, t, "ReportAggregates", args.seconds, conc, *report_rate)
         for r, (d, t) in zip(serving, files["reports"], strict=True)
         if args.concurrency > 0
     ]
@@ -479,6 +503,7 @@ def measure(
     got = merged([json.loads(p.communicate()[0]) for p in get_procs])
     wall = time.monotonic() - t0
     b1, p1, n1 = cpu_s(booster_pids), cpu_s([pg_pid]), side.stored()
+    s1 = switches(booster_pids)
     stored = max(n1 - n0, 1)
     return Run(
         side.label,
@@ -490,6 +515,7 @@ def measure(
         got,
         lock_waits(pg_log, log_offset),
         args.seconds,
+        (s1 - s0) / stored,
     )
 
 
@@ -610,9 +636,18 @@ def refusals(runs: list[Run]) -> list[str]:
 
 def get_load(args) -> str:
     """How the GetParameters load was offered, for the record."""
+    each = " per replica serving" if args.per_replica else ""
     if args.get_rate > 0:
-        return f"at {args.get_rate:g} calls/s (open loop)"
+        return f"at {args.get_rate:g} calls/s{each} (open loop)"
     return f"at {args.get_concurrency} in flight (closed loop)"
+
+
+def report_load(args) -> str:
+    """How the reports were offered, for the record."""
+    if args.report_rate > 0:
+        each = " per replica serving" if args.per_replica else ""
+        return f"at {args.report_rate:g} reports/s{each} (open loop)"
+    return f"at {args.concurrency} calls in flight"
 
 
 def main() -> None:
@@ -632,12 +667,32 @@ def main() -> None:
         "asks); 0: closed loop at --get-concurrency",
     )
     ap.add_argument("--max-rate", type=int, default=1500, help="distinct reports per second")
+    ap.add_argument(
+        "--report-rate",
+        type=float,
+        default=0,
+        help="reports started per second, whatever the answers (open loop, as a fleet "
+        "reports); 0: closed loop at --concurrency",
+    )
+    ap.add_argument(
+        "--per-replica",
+        action="store_true",
+        help="--report-rate and --get-rate are offered to each replica serving, so N "
+        "replicas carry N times the load (equal load per replica: what shows whether "
+        "replicas slow each other, when they share the cores)",
+    )
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout to compare")
     ap.add_argument("--record", default="replicas", help="benchmarks/results/<record>.md")
     ap.add_argument(
         "--read-port",
         action="store_true",
         help="also run this checkout with GetParameters on a read port (parameters_listen)",
+    )
+    ap.add_argument(
+        "--baseline-dense",
+        action="store_true",
+        help="the baseline gets the same host-minutes with dense sketches, as agents sent "
+        "them before the compact encoding (a baseline older than it refuses compact ones)",
     )
     ap.add_argument(
         "--env",
@@ -686,13 +741,15 @@ def main() -> None:
                 for i in range(args.replicas)
             ]
             side = Side(label, url, reps, host_tokens(url, fleet.hosts))
+            if label == "baseline" and args.baseline_dense:
+                side.fleet = build_fleet(args.hosts, args.seed, work, dense=True)
             seed_plans(side, fleet)
             sides.append(side)
         runs: list[Run] = []
         for _ in range(args.runs):
             for n in range(1, args.replicas + 1):
                 for side in sides:
-                    run = measure(binary, side, n, fleet, args, pg_pid, pg_log, work)
+                    run = measure(binary, side, n, side.fleet or fleet, args, pg_pid, pg_log, work)
                     print(run, file=sys.stderr)
                     runs.append(run)
     finally:
@@ -703,8 +760,8 @@ def main() -> None:
     lines = [
         f"{args.hosts:,} hosts (seed {args.seed}), each with its own token; reports from the "
         "agent's builder over the realistic mix of benchmarks/report_size.py: "
-        f"mean {np.mean(sizes):,.0f} B, p99 {np.percentile(sizes, 99):,.0f} B. Ingestion at "
-        f"{args.concurrency} calls in flight and GetParameters ({GET_CONTEXTS} of {CONTEXTS} "
+        f"mean {np.mean(sizes):,.0f} B, p99 {np.percentile(sizes, 99):,.0f} B. Ingestion "
+        f"{report_load(args)} and GetParameters ({GET_CONTEXTS} of {CONTEXTS} "
         f"planned contexts) {get_load(args)}, at the same time, split across the "
         f"replicas serving; {args.seconds} s per run, {args.runs} runs per configuration "
         f"(medians), configurations interleaved. {os.cpu_count()} cores shared by every "
@@ -712,6 +769,7 @@ def main() -> None:
         "PostgreSQL: CPU per stored report counts every replica and every PostgreSQL process, "
         "and so includes serving the GetParameters calls made meanwhile (their rate is in the "
         "last table).",
+        *dense_note(sides),
         "",
         *summary(runs, labels, args.replicas),
         "",
@@ -723,12 +781,12 @@ def main() -> None:
         "Every run:",
         "",
         "| build | replicas | stored/s | Booster ms | PostgreSQL ms | Report p99 | Get p99 | "
-        "GetParameters/s | lock waits |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "GetParameters/s | lock waits | Booster switches/report |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         *[
             f"| {r.side} | {r.replicas} | {r.stored_per_s:,.0f} | {r.booster_ms:.2f} | "
             f"{r.postgres_ms:.2f} | {r.report['p99_ms']:.1f} | {r.get['p99_ms']:.1f} | "
-            f"{r.get['calls'] / args.seconds:,.0f} | {len(r.lock_waits)} |"
+            f"{r.get['calls'] / args.seconds:,.0f} | {len(r.lock_waits)} | {r.switches:.1f} |"
             for r in runs
         ],
     ]
@@ -737,6 +795,18 @@ def main() -> None:
         "python -m benchmarks.replicas " + command_line(args),
         lines,
     )
+
+
+def dense_note(sides: list[Side]) -> list[str]:
+    """What the sides with their own (dense) reports sent, for the record."""
+    return [
+        f"The {s.label} side was sent the same host-minutes with dense sketches (as agents sent "
+        f"them before the compact encoding): mean {np.mean(sizes):,.0f} B, p99 "
+        f"{np.percentile(sizes, 99):,.0f} B."
+        for s in sides
+        if s.fleet is not None
+        for sizes in [s.fleet.report_sizes()]
+    ]
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -18,15 +18,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import CodeType, FunctionType, ModuleType
 
-import grpc
-import httpx
-import pytest
-from sqlalchemy import Engine, create_engine, make_url, text
+from gemini_booster.config import GRPC_CORE_EXPERIMENTS, Settings, apply_grpc_core_experiments
 
-from gemini_api.v1 import booster_pb2_grpc as pb_grpc
-from gemini_booster.config import Settings
-from gemini_booster.service.app import BoosterServer
-from gemini_booster.storage import database
+# Booster's servers in these tests run on the gRPC core that `booster serve` configures, which
+# reads its experiments once, when it initialises: so before anything imports grpc.
+apply_grpc_core_experiments(GRPC_CORE_EXPERIMENTS)
+
+import grpc  # noqa: E402
+import httpx  # noqa: E402
+import pytest  # noqa: E402
+from sqlalchemy import Engine, create_engine, make_url, text  # noqa: E402
+
+from gemini_api.v1 import booster_pb2_grpc as pb_grpc  # noqa: E402
+from gemini_booster.service.app import BoosterServer  # noqa: E402
+from gemini_booster.storage import database  # noqa: E402
 
 OPERATOR = "test-operator-token"
 AGENT = "test-agent-token"

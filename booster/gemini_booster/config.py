@@ -20,6 +20,17 @@ from pydantic_settings import (
 
 CONFIG_FILE_ENV = "GEMINI_BOOSTER_CONFIG"
 RUNTIME_DIR = "run"  # under data_dir: XDG_RUNTIME_DIR for the embedded server
+GRPC_EXPERIMENTS_ENV = "GRPC_EXPERIMENTS"  # read by gRPC core once, when it initialises
+# Measured with the pinned grpcio (booster/pyproject.toml); re-measure when it changes, since a
+# later gRPC may drop the experiment (it then warns once at start and keeps its default).
+GRPC_CORE_EXPERIMENTS = "-event_engine_listener"
+
+
+def apply_grpc_core_experiments(experiments: str) -> None:
+    """Hand ``experiments`` to gRPC core through its environment variable, for this process
+    and the processes it starts; before anything has initialised gRPC, or it has no effect."""
+    if experiments:
+        os.environ[GRPC_EXPERIMENTS_ENV] = experiments
 
 
 class ConfigFileError(ValueError):
@@ -76,6 +87,14 @@ class Settings(BaseSettings):
         le=64,
         description="processes serving the agent port (SO_REUSEPORT); more ingest faster",
     )
+    grpc_core_experiments: str = Field(
+        default=GRPC_CORE_EXPERIMENTS,
+        pattern=r"^([+-]?[a-z0-9_]+(,[+-]?[a-z0-9_]+)*)?$",
+        description="gRPC core's GRPC_EXPERIMENTS for Booster's processes, set when `booster "
+        "serve` starts (before gRPC does); '' leaves gRPC's own. The default serves accepted "
+        "connections from the completion-queue poller itself instead of EventEngine threads: "
+        "a third fewer thread switches and CPU per report (benchmarks/results/replicas.md)",
+    )
     parameters_listen: str | None = Field(
         default=None,
         description="a second agent port that answers GetParameters only, from processes of "
@@ -92,7 +111,15 @@ class Settings(BaseSettings):
     max_report_bytes: int = Field(default=1 << 20, ge=1024)
     max_aggregates_per_report: int = Field(default=4096, ge=1)
     ingest_batch_max: int = Field(default=256, ge=1)
-    ingest_linger_ms: float = Field(default=2.0, ge=0)
+    ingest_linger_ms: float = Field(
+        default=20.0,
+        ge=0,
+        le=1000,
+        description="how long the writer waits for more reports before storing a batch: "
+        "each transaction costs Booster and PostgreSQL CPU whatever its size, so a replica "
+        "below its capacity stores more per transaction and less per report (benchmarks/"
+        "results/replicas.md); a report's answer comes this much later",
+    )
     ingest_queue_max: int = Field(
         default=2048,
         ge=1,

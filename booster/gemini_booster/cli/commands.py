@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..config import CONFIG_FILE_ENV, Settings, runtime_dir
+from ..config import CONFIG_FILE_ENV, Settings, apply_grpc_core_experiments, runtime_dir
 from . import output
 from .errors import CliError, explain
 
@@ -68,6 +68,7 @@ def _engine(settings: Settings, migrate: bool = False) -> Engine:
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
+    apply_grpc_core_experiments(settings.grpc_core_experiments)  # before gRPC is imported
     from ..service.app import BoosterServer
 
     if settings.database_url is None:

@@ -27,6 +27,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -133,6 +134,43 @@ def _start_receiver(run: dict, out: Path) -> subprocess.Popen:
     return proc
 
 
+class _Completions:
+    """Each flow's completion time: from its start to its own process's exit, taken by a
+    thread per process that waits from the flow's start, blocked in waitpid(2) (waiting for
+    the processes in turn would give a flow that ends before an earlier-started one that
+    one's end; Popen.wait with a timeout polls, at intervals growing to 50 ms)."""
+
+    def __init__(self) -> None:
+        self.fcts: list[float] = []
+        self.procs: list[subprocess.Popen] = []
+        self.waiters: list[threading.Thread] = []
+
+    def add(self, proc: subprocess.Popen, began: float) -> None:
+        i = len(self.fcts)
+        self.fcts.append(0.0)
+        self.procs.append(proc)
+
+        def wait() -> None:
+            proc.wait()
+            self.fcts[i] = time.monotonic() - began
+
+        self.waiters.append(threading.Thread(target=wait, daemon=True))
+        self.waiters[-1].start()
+
+    def wait(self, timeout_s: float = RUN_S) -> list[float]:
+        """The completion times once every flow has ended; TimeoutExpired (every flow
+        still running killed) when some has not ended ``timeout_s`` after the last start."""
+        deadline = time.monotonic() + timeout_s
+        for w in self.waiters:
+            w.join(max(0.0, deadline - time.monotonic()))
+        late = [p for p, w in zip(self.procs, self.waiters, strict=True) if w.is_alive()]
+        for p in late:
+            p.kill()
+        if late:
+            raise subprocess.TimeoutExpired(late[0].args, timeout_s)
+        return self.fcts
+
+
 def run_one(run: dict, out: Path) -> dict:
     """One run: the topology built, every flow started at its offset, waited for, counted."""
     out.mkdir(parents=True, exist_ok=True)
@@ -149,15 +187,14 @@ def run_one(run: dict, out: Path) -> dict:
     receiver = _start_receiver(run, out)
     flows = sorted(run["flows"], key=lambda f: f.get("start_ms", 0))
     start = time.monotonic()
-    procs: list[tuple[subprocess.Popen, float]] = []
+    procs: list[subprocess.Popen] = []
+    done = _Completions()
     for f in flows:
         time.sleep(max(0.0, start + f.get("start_ms", 0) / 1000 - time.monotonic()))
         cmd = _flow_command(run, f, out, theta_file)
-        procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL), time.monotonic()))
-    fcts = []
-    for proc, began in procs:
-        proc.wait(timeout=RUN_S)
-        fcts.append(time.monotonic() - began)
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
+        done.add(procs[-1], time.monotonic())
+    fcts = done.wait()
     makespan = time.monotonic() - start
     receiver.send_signal(signal.SIGTERM)
     receiver.wait(timeout=READY_S)
@@ -165,8 +202,9 @@ def run_one(run: dict, out: Path) -> dict:
         "transport": run.get("transport", FLASHPASS),
         "qdiscs": port_stats(),
         "fct_s": fcts,
+        "flow_ids": [f["flow"] for f in flows],  # fct_s's order (the flows by start)
         "makespan_s": makespan,
-        "sender_rc": [p.returncode for p, _ in procs],
+        "sender_rc": [p.returncode for p in procs],
     }
     if params is not None:
         result["module_params"] = params

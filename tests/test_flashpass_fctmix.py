@@ -1,0 +1,149 @@
+"""FlashPass's flow-size-mix evaluation (issue #36) without a guest: the scaled web-search CDF,
+the seed's schedule and senders on the N = 20 path, the size classes, a run's figures, and the
+lab's completion times taken per flow (a flow that ends before an earlier-started one keeps
+its own end)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gemini_lab.flashpass import evaluate, fctmix
+from gemini_lab.flashpass.lab import _Completions
+from gemini_lab.flashpass.switch import DATA_QDISC, EMULATION_QDISC
+from gemini_lab.websearch import load_cdf, schedule
+
+
+def test_the_scaled_cdf_keeps_the_fractions_and_divides_every_size() -> None:
+    cdf, scaled = load_cdf(), fctmix.scaled_cdf(load_cdf())
+    assert [p for _, p in scaled.points] == [p for _, p in cdf.points]
+    assert scaled.mean() == pytest.approx(cdf.mean() / fctmix.SIZE_SCALE)
+    assert scaled.fraction_below(10_000) == pytest.approx(cdf.fraction_below(100_000))
+
+
+def test_a_seed_fixes_the_schedule_drawn_by_the_web_search_machinery_and_the_senders() -> None:
+    flows = fctmix.mix_flows(1)
+    assert flows == fctmix.mix_flows(1) != fctmix.mix_flows(2)
+    assert len(flows) == fctmix.FLOWS
+    cdf = fctmix.scaled_cdf(load_cdf())
+    rate = fctmix.LOAD * evaluate.RATE_KBIT * 1000 / 8 / cdf.mean()
+    drawn = schedule(cdf, fctmix.FLOWS, rate, 1)
+    assert [f["bytes"] for f in flows] == [d.size for d in drawn]
+    assert [f["start_ms"] for f in flows] == pytest.approx([1000 * d.at_s for d in drawn])
+    assert {f["sender"] for f in flows} <= set(range(fctmix.SENDERS))
+    assert len({f["sender"] for f in flows}) > fctmix.SENDERS // 2  # spread over the path's RTTs
+    assert [f["flow"] for f in flows] == list(range(1, fctmix.FLOWS + 1))
+
+
+def test_every_transport_runs_the_same_mix_on_the_n20_path_of_the_seed() -> None:
+    runs = fctmix.mix_runs(3, flows=10, load=0.5)
+    static = evaluate.seed_runs(3, None, 20, fctmix.TRANSPORTS)
+    assert [r["transport"] for r in runs] == list(fctmix.TRANSPORTS)
+    assert all(r["flows"] == runs[0]["flows"] for r in runs) and len(runs[0]["flows"]) == 10
+    assert all(r["sender_delays_ms"] == static[0]["sender_delays_ms"] for r in runs)
+    assert runs[0]["data_buffer_packets"] == evaluate.BUFFER_PACKETS
+    assert runs[0]["theta"] == evaluate.THETA
+    assert runs[3]["datapath"] == "gemini"
+
+
+def test_flows_are_classed_by_their_size_before_scaling() -> None:
+    small, mid, large = 0, 1, 3
+    assert fctmix.size_class(1) == small
+    assert fctmix.size_class(9_999) == small  # 99,990 bytes of the CDF: under 100 KB
+    assert fctmix.size_class(10_000) == mid
+    assert fctmix.size_class(999_999) == 2
+    assert fctmix.size_class(1_000_000) == large
+
+
+def _result(transport: str, fcts: dict[int, float], rc: dict[int, int]) -> dict:
+    ids = sorted(fcts)
+    qdiscs = [
+        {"handle": DATA_QDISC, "packets": 990, "drops": 10},
+        {"handle": EMULATION_QDISC, "packets": 75, "drops": 25},
+    ]
+    return {
+        "transport": transport,
+        "flow_ids": ids,
+        "fct_s": [fcts[i] for i in ids],
+        "sender_rc": [rc.get(i, 0) for i in ids],
+        "makespan_s": 2.0,
+        "qdiscs": qdiscs,
+        "senders": [{"flow": i, "finished": rc.get(i, 0) == 0} for i in ids],
+    }
+
+
+def test_a_runs_figures_split_small_and_large_and_leave_unfinished_flows_out() -> None:
+    flows = [
+        {"flow": 1, "bytes": 5_000, "start_ms": 0.0},  # small
+        {"flow": 2, "bytes": 2_000, "start_ms": 100.0},  # small
+        {"flow": 3, "bytes": 1_500_000, "start_ms": 200.0},  # large
+        {"flow": 4, "bytes": 8_000, "start_ms": 300.0},  # small, unfinished
+    ]
+    res = _result("flashpass", {1: 0.1, 2: 0.3, 3: 1.5, 4: 9.0}, {4: 1})
+    f = fctmix.figures(res, flows)
+    assert f.class_mean_ms[0] == pytest.approx(200.0)  # flows 1 and 2
+    assert f.class_mean_ms[3] == pytest.approx(1500.0)
+    assert math.isnan(f.class_mean_ms[1])
+    assert f.class_flows == (3, 0, 0, 1)
+    assert f.small_p99_ms == pytest.approx(300.0)
+    assert (f.complete, f.flows) == (3, 4)
+    assert f.utilisation == pytest.approx(1_507_000 * 8 / (10e6 * 2.0))
+    assert f.data_loss == pytest.approx(0.01)
+    assert f.emulation_loss == pytest.approx(0.25)
+    assert fctmix.figures(_result("cubic", {1: 0.1}, {}), flows[:1]).emulation_loss is None
+
+
+def test_the_percentile_is_the_nearest_rank() -> None:
+    xs = list(range(1, 101))
+    assert fctmix.percentile(xs, 0.99) == 99
+    assert fctmix.percentile([5.0, 1.0], 0.99) == 5.0
+    assert math.isnan(fctmix.percentile([], 0.99))
+
+
+def test_the_report_keeps_the_held_out_seed_apart() -> None:
+    flows = [{"flow": 1, "bytes": 5_000, "start_ms": 0.0}, {"flow": 2, "bytes": 9, "start_ms": 9}]
+
+    def summary(seed: int, fp_ms: float) -> dict:
+        runs = {
+            t: {"figures": fctmix.figures(_result(t, {1: fp_ms, 2: 0.1}, {}), flows).__dict__}
+            for t in fctmix.TRANSPORTS
+        }
+        return {"seed": seed, "runs": runs, "offered": 0.8}
+
+    text = fctmix.report([summary(1, 0.2), summary(4, 0.7)], {4})
+    main, held = text.split("Held-out seeds [4]")
+    assert "Seeds [1]" in main and "| flashpass | 150 |" in main
+    assert "| flashpass | 400 |" in held.split("FlashPass's change")[0]
+
+
+def test_the_lab_takes_each_flows_completion_when_its_own_process_ends() -> None:
+    """The first flow outlives the second: each keeps its own completion time."""
+    done = _Completions()
+    first = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    done.add(first, time.monotonic())
+    second = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.add(second, time.monotonic())
+    deadline = time.monotonic() + 60
+    while done.fcts[1] == 0.0:  # the second's waiter has seen it end
+        assert time.monotonic() < deadline, "the second flow's end was not taken"
+        time.sleep(0.01)
+    assert first.poll() is None
+    assert first.stdin is not None
+    first.stdin.close()
+    fcts = done.wait()
+    assert 0 < fcts[1] < fcts[0]
+
+
+def test_a_flow_still_running_at_the_limit_is_killed_and_named() -> None:
+    done = _Completions()
+    stuck = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    done.add(stuck, time.monotonic())
+    with pytest.raises(subprocess.TimeoutExpired):
+        done.wait(timeout_s=0.0)
+    assert stuck.wait(timeout=60) != 0  # killed

@@ -1,5 +1,6 @@
 """FlashPass against CUBIC, BBR and GEMINI on a flow-size mix with Poisson arrivals: the
-paper's FCT claim (§4.5.3: "lower FCT than Cubic on a WAN flow-size mix") at the lab's scale.
+paper's FCT claim (its dynamic experiment: "lower FCT than Cubic on a WAN flow-size mix") at
+the lab's scale.
 
 The paper's dynamic experiment draws flow sizes from Alibaba's WAN distribution, of which
 DATAPATHS-SPEC.md gives only the mean (65 MB) and the share above 10 MB (84.2 %); no CDF of

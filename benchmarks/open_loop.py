@@ -43,7 +43,7 @@ AGENT_DEADLINE_S = 10.0  # gemini_agent.config: rpc_deadline_s
 def run(binary: Path, side: Side, fleet, args, work: Path) -> dict:
     """One open-loop run against ``side``'s one replica: each call's summary and CPU."""
     n = int(args.rate * args.seconds) + 1
-    body, tokens = fleet.reports(side.minute, n, side.tokens)
+    body, tokens = fleet.reports(side.start_min, side.minute, n, side.tokens)
     side.minute += -(-n // len(fleet.hosts))
     gets, get_tokens = fleet.gets(n, side.tokens)
     procs = {}

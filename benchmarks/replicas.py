@@ -230,10 +230,13 @@ class Fleet:
     def report_sizes(self) -> list[int]:
         return [t.ByteSize() for t in self.templates]
 
-    def reports(self, first_minute: int, n: int, tokens: list[str]) -> tuple[bytes, list[str]]:
-        """``n`` reports, host by host, minute after minute from ``first_minute`` minutes ago
-        backwards (never sent before), and the token of each."""
-        now_min = int(time.time() // 60)
+    def reports(
+        self, now_min: int, first_minute: int, n: int, tokens: list[str]
+    ) -> tuple[bytes, list[str]]:
+        """``n`` reports never sent before, host by host, minute after minute backwards from
+        ``first_minute`` minutes before ``now_min``, and the token of each. ``now_min`` is the
+        side's fixed start: counting from the clock instead would reuse as many minutes of the
+        run before as have passed since, and send duplicates."""
         out, sent_with = bytearray(), []
         for i in range(n):
             h = i % len(self.hosts)
@@ -300,7 +303,8 @@ class Side:
     url: str
     replicas: list[Replica]
     tokens: list[str] = field(default_factory=list)
-    minute: int = 0  # minutes of reports used so far
+    minute: int = 0  # minutes of reports used so far, back from start_min
+    start_min: int = field(default_factory=lambda: int(time.time() // 60))
     fleet: Fleet | None = None  # its own reports (--baseline-dense); None: the common fleet
 
     def stored(self) -> int:
@@ -473,7 +477,7 @@ def measure(
     per_run = args.seconds * (
         int(args.report_rate * n * 1.2) + 1 if args.report_rate > 0 else args.max_rate
     )
-    body, tokens = fleet.reports(side.minute, per_run, side.tokens)
+    body, tokens = fleet.reports(side.start_min, side.minute, per_run, side.tokens)
     side.minute += -(-per_run // len(fleet.hosts))
     gets, get_tokens = fleet.gets(20_000, side.tokens)
     files: dict[str, list[tuple[Path, Path]]] = {"reports": [], "gets": []}

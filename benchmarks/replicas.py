@@ -474,9 +474,8 @@ def measure(
 ) -> Run:
     serving = side.replicas[:n]
     share = 1 if args.per_replica else n  # open-loop rates are per replica, or split
-    per_run = args.seconds * (
-        int(args.report_rate * n * 1.2) + 1 if args.report_rate > 0 else args.max_rate
-    )
+    offered = args.report_rate * n / share  # reports/s offered to the replicas serving, open loop
+    per_run = args.seconds * (int(offered * 1.2) + 1 if offered > 0 else args.max_rate)
     body, tokens = fleet.reports(side.start_min, side.minute, per_run, side.tokens)
     side.minute += -(-per_run // len(fleet.hosts))
     gets, get_tokens = fleet.gets(20_000, side.tokens)
@@ -638,19 +637,22 @@ def refusals(runs: list[Run]) -> list[str]:
     return ["Answers other than OK, as the client saw them:", "", *lines, ""] if lines else []
 
 
+def _open_loop(rate: float, unit: str, args) -> str:
+    each = " per replica serving" if args.per_replica else ""
+    return f"at {rate:g} {unit}/s{each} (open loop)"
+
+
 def get_load(args) -> str:
     """How the GetParameters load was offered, for the record."""
-    each = " per replica serving" if args.per_replica else ""
     if args.get_rate > 0:
-        return f"at {args.get_rate:g} calls/s{each} (open loop)"
+        return _open_loop(args.get_rate, "calls", args)
     return f"at {args.get_concurrency} in flight (closed loop)"
 
 
 def report_load(args) -> str:
     """How the reports were offered, for the record."""
     if args.report_rate > 0:
-        each = " per replica serving" if args.per_replica else ""
-        return f"at {args.report_rate:g} reports/s{each} (open loop)"
+        return _open_loop(args.report_rate, "reports", args)
     return f"at {args.concurrency} calls in flight"
 
 

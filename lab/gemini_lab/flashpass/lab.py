@@ -187,13 +187,11 @@ def run_one(run: dict, out: Path) -> dict:
     receiver = _start_receiver(run, out)
     flows = sorted(run["flows"], key=lambda f: f.get("start_ms", 0))
     start = time.monotonic()
-    procs: list[subprocess.Popen] = []
     done = _Completions()
     for f in flows:
         time.sleep(max(0.0, start + f.get("start_ms", 0) / 1000 - time.monotonic()))
         cmd = _flow_command(run, f, out, theta_file)
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
-        done.add(procs[-1], time.monotonic())
+        done.add(subprocess.Popen(cmd, stdout=subprocess.DEVNULL), time.monotonic())
     fcts = done.wait()
     makespan = time.monotonic() - start
     receiver.send_signal(signal.SIGTERM)
@@ -204,7 +202,7 @@ def run_one(run: dict, out: Path) -> dict:
         "fct_s": fcts,
         "flow_ids": [f["flow"] for f in flows],  # fct_s's order (the flows by start)
         "makespan_s": makespan,
-        "sender_rc": [p.returncode for p in procs],
+        "sender_rc": [p.returncode for p in done.procs],
     }
     if params is not None:
         result["module_params"] = params

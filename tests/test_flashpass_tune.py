@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gemini_api.sums import FlowSums
-from gemini_lab.flashpass import compare, evaluate, tune
+from gemini_lab.flashpass import compare, evaluate, fctmix, tune
+from gemini_lab.flashpass.switch import DATA_QDISC, EMULATION_QDISC
 from gemini_lab.plannertune import RoundKind, TuneConfig
 
 PAPER = dict(evaluate.THETA)
@@ -81,3 +82,41 @@ def test_comparison_runs_both_thetas_on_every_held_out_seed() -> None:
         (5, "paper"), (5, "paper"), (5, "tuned"), (5, "tuned"),
     ]  # fmt: skip
     assert not {r["seed"] for r in runs} & set(tune.DEV_SEEDS)
+
+
+def test_the_mix_workload_tunes_flashpass_alone_on_the_dev_seeds_mix() -> None:
+    cfg = tune.config(workload="fctmix")
+    assert cfg.scenarios == ("flashpass-fctmix",) and cfg.start() == PAPER
+    plan = tune.round_plan(2, {"h0": PAPER, "h1": OTHER}, "fctmix")["runs"]
+    (base,) = fctmix.mix_runs(tune.DEV_SEEDS[2], transports=("flashpass",))
+    assert [r["theta"] for r in plan] == [PAPER, OTHER]
+    assert all(r["transport"] == "flashpass" and r["flows"] == base["flows"] for r in plan)
+    assert len(base["flows"]) == fctmix.FLOWS and len(base["sender_delays_ms"]) == fctmix.SENDERS
+    runs = compare.plan([4, 5], {"paper": PAPER}, 3, "fctmix")
+    assert [r["seed"] for r in runs] == [4, 4, 4, 5, 5, 5]
+    assert runs[3]["flows"] == fctmix.mix_runs(5, transports=("flashpass",))[0]["flows"]
+
+
+def test_a_mix_runs_figures_carry_the_classes_and_eq_9(tmp_path: Path) -> None:
+    flows = [
+        {"flow": 1, "bytes": 5_000, "start_ms": 0.0},
+        {"flow": 2, "bytes": 1_500_000, "start_ms": 100.0},
+    ]
+    result = {
+        "transport": "flashpass", "flow_ids": [1, 2], "fct_s": [0.1, 1.5],
+        "sender_rc": [0, 0], "makespan_s": 2.0,
+        "senders": [{"flow": 1, "finished": True}, {"flow": 2, "finished": True}],
+        "qdiscs": [{"handle": DATA_QDISC, "packets": 100, "drops": 0},
+                   {"handle": EMULATION_QDISC, "packets": 90, "drops": 10}],
+    }  # fmt: skip
+    lines = [json.dumps(_record(f, PAPER, duration_us=1_000_000)) for f in (1, 2)]
+    (tmp_path / "flashpass.flows").write_text("\n".join(lines) + "\n")
+    run = {"seed": 4, "label": "paper", "theta": PAPER, "flows": flows}
+    row = compare.mix_figures(run, result, tmp_path)
+    assert row["small_mean_ms"] == pytest.approx(100.0)
+    assert row["large_mean_ms"] == pytest.approx(1500.0)
+    assert row["emulation_loss"] == pytest.approx(0.1) and row["data_loss"] == 0.0
+    assert row["utility"] == pytest.approx(8.0 - 0.1 * 5.0)  # 1 MB in 1 s, 5 ms of queueing
+    other = row | {"utility": 6.5, "small_mean_ms": 300.0}
+    (span,) = compare.mix_spans([row, other])[2:]
+    assert span.startswith("| 4 | paper | 2 | 100–300 |") and span.endswith("| 7.000 |")

@@ -1,6 +1,7 @@
 """Booster's planner tunes FlashPass's θ on the evaluation's development workload (UML lab).
 
-    python -m gemini_lab.flashpass.tune [--rounds 4] [--hosts 3] [--explorers 2]
+    python -m gemini_lab.flashpass.tune [--rounds 4] [--hosts 3] [--explorers 2] \
+        [--workload static|fctmix]
 
 The driver is gemini_lab.plannertune's (the service's Planner, its trials as FlowSums per
 (context, θ, hour bucket), its host assignment); what this module adds is the round: one UML
@@ -8,6 +9,9 @@ boot in which every lab host of the round runs the FlashPass workload of
 gemini_lab.flashpass.evaluate (4 senders, 1 MB each, 10 Mbit/s, 16-packet data buffer) at its
 planned θ, one after another. Round r draws development seed DEV_SEEDS[r % 3] (every host of
 the round alike, so a round compares θs on one draw); the held-out seeds are never run here.
+With ``--workload fctmix`` each host runs instead the flow-size mix of
+gemini_lab.flashpass.fctmix (the N = 20 path, 120 flows from the scaled web-search CDF at load
+0.8) on the same development seeds, FlashPass only; the context is then ``flashpass-fctmix``.
 
 A θ's trial is eq. 9 over its flows as the agent reports them from the flow log: throughput =
 bytes delivered / FCT, queueing delay = the record's RTT mean − min. At σ = 0.1 one ms of
@@ -25,21 +29,28 @@ from pathlib import Path
 
 from gemini_api.sums import FlowSums
 from gemini_lab import plannertune
-from gemini_lab.flashpass import evaluate
+from gemini_lab.flashpass import evaluate, fctmix
 from gemini_lab.plannertune import RoundKind, TuneConfig, Tuner
 from gemini_lab.uml import run_in_uml
 
 DEV_SEEDS = (1, 2, 3)  # evaluate's development seeds; its held-out seed 4 is not tuned on
 SCENARIO = "flashpass-dev"  # the context's name (one context: the dev workload)
+WORKLOADS = {"static": SCENARIO, "fctmix": "flashpass-fctmix"}  # workload: its context
 ROUND_TIMEOUT_S = 1500
 US_PER_S = 1_000_000
 
 
-def config(rounds: int = 4, hosts: int = 3, explorers: int = 2, sigma: float = 0.1) -> TuneConfig:
+def config(
+    rounds: int = 4,
+    hosts: int = 3,
+    explorers: int = 2,
+    sigma: float = 0.1,
+    workload: str = "static",
+) -> TuneConfig:
     """The tuning run: ``rounds`` boots of ``hosts`` FlashPass runs each, over Θ at σ."""
     return TuneConfig(
-        scenarios=(SCENARIO,), sigma=sigma, rounds=rounds, hosts=hosts, explorers=explorers,
-        datapath="flashpass", kind=RoundKind.FLASHPASS,
+        scenarios=(WORKLOADS[workload],), sigma=sigma, rounds=rounds, hosts=hosts,
+        explorers=explorers, datapath="flashpass", kind=RoundKind.FLASHPASS,
     )  # fmt: skip
 
 
@@ -47,9 +58,18 @@ def dev_seed(r: int) -> int:
     return DEV_SEEDS[r % len(DEV_SEEDS)]
 
 
-def round_plan(r: int, runs: dict[str, dict[str, int]]) -> dict:
+def base_run(seed: int, workload: str = "static") -> dict:
+    """FlashPass's run of ``seed`` on ``workload``: evaluate's 4 × 1 MB, or fctmix's mix."""
+    if workload == "fctmix":
+        (base,) = fctmix.mix_runs(seed, transports=("flashpass",))
+        return base
+    (base,) = [x for x in evaluate.seed_runs(seed) if x["transport"] == "flashpass"]
+    return base
+
+
+def round_plan(r: int, runs: dict[str, dict[str, int]], workload: str = "static") -> dict:
     """One boot: each host's FlashPass run of round ``r``'s development draw at its θ."""
-    (base,) = [x for x in evaluate.seed_runs(dev_seed(r)) if x["transport"] == "flashpass"]
+    base = base_run(dev_seed(r), workload)
     return {"runs": [base | {"theta": theta, "host": h} for h, theta in runs.items()]}
 
 
@@ -95,23 +115,25 @@ def observe(tuner: Tuner, r: int, runs: dict[str, dict[str, int]], out: Path) ->
     return rows
 
 
-def tune(cfg: TuneConfig, work: Path) -> dict[str, list[dict]]:
+def tune(cfg: TuneConfig, work: Path, workload: str = "static") -> dict[str, list[dict]]:
+    (scenario,) = cfg.scenarios
+    timeout_s = fctmix.RUN_TIMEOUT_S if workload == "fctmix" else ROUND_TIMEOUT_S
     tuner = Tuner(cfg)
     history: list[dict] = []
     for r in range(cfg.rounds):
         ((incumbent, runs),) = tuner.plan(r).values()
         out = work / f"round-{r}"
         out.mkdir(parents=True, exist_ok=True)
-        (out / "plan.json").write_text(json.dumps(round_plan(r, runs)))
+        (out / "plan.json").write_text(json.dumps(round_plan(r, runs, workload)))
         files = '"$GEMINI_LAB_OUT/plan.json" "$GEMINI_LAB_OUT/result.json"'
         run_in_uml(f"{sys.executable} -m gemini_lab.flashpass.lab {files}", out,
-                   timeout_s=ROUND_TIMEOUT_S)  # fmt: skip
+                   timeout_s=timeout_s)  # fmt: skip
         rows = observe(tuner, r, runs, out)
         history.append({"round": r, "incumbent": incumbent, "runs": rows})
-        print(plannertune.progress_line(SCENARIO, r, incumbent, rows, cfg.sigma), flush=True)
+        print(plannertune.progress_line(scenario, r, incumbent, rows, cfg.sigma), flush=True)
     ((final, _),) = tuner.plan(cfg.rounds).values()
     history.append({"round": cfg.rounds, "incumbent": final})
-    result = {SCENARIO: history}
+    result = {scenario: history}
     (work / "history.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -121,10 +143,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--hosts", type=int, default=3)
     ap.add_argument("--explorers", type=int, default=2)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="static")
     ap.add_argument("--work", type=Path, default=Path("var/flashpass-tune"))
     a = ap.parse_args()
-    cfg = config(a.rounds, a.hosts, a.explorers)
-    history = tune(cfg, a.work)
+    cfg = config(a.rounds, a.hosts, a.explorers, workload=a.workload)
+    history = tune(cfg, a.work, a.workload)
     command = "python -m gemini_lab.flashpass.tune " + " ".join(sys.argv[1:])
     (a.work / "record.md").write_text(plannertune.render(history, cfg, command))
     plannertune.write_tuned(history, cfg, command, a.work / "tuned.json")

@@ -14,7 +14,7 @@ import pytest
 
 from gemini_lab.flashpass import evaluate, fctmix
 from gemini_lab.flashpass.lab import _Completions
-from gemini_lab.flashpass.switch import DATA_QDISC, EMULATION_QDISC
+from gemini_lab.flashpass.switch import DATA_QDISC, DATA_WIRE, EMULATION_QDISC, SwitchPort
 from gemini_lab.websearch import load_cdf, schedule
 
 
@@ -105,7 +105,10 @@ def test_the_percentile_is_the_nearest_rank() -> None:
 
 
 def test_the_report_keeps_the_held_out_seed_apart() -> None:
-    flows = [{"flow": 1, "bytes": 5_000, "start_ms": 0.0}, {"flow": 2, "bytes": 9, "start_ms": 9}]
+    flows: list[dict] = [
+        {"flow": 1, "bytes": 5_000, "start_ms": 0.0},
+        {"flow": 2, "bytes": 9, "start_ms": 9},
+    ]
 
     def summary(seed: int, fp_ms: float) -> dict:
         runs = {
@@ -147,3 +150,33 @@ def test_a_flow_still_running_at_the_limit_is_killed_and_named() -> None:
     with pytest.raises(subprocess.TimeoutExpired):
         done.wait(timeout_s=0.0)
     assert stuck.wait(timeout=60) != 0  # killed
+
+
+def test_dctcp_runs_the_mix_over_a_marking_data_queue_and_others_keep_the_bfifo() -> None:
+    runs = {r["transport"]: r for r in fctmix.mix_runs(2, transports=("cubic", fctmix.DCTCP))}
+    assert runs["dctcp"]["data_ecn_k_packets"] == fctmix.DCTCP_K
+    assert runs["dctcp"]["receiver_cc"] == "dctcp"  # the listener echoes CE as DCTCP does
+    assert "data_ecn_k_packets" not in runs["cubic"] and "receiver_cc" not in runs["cubic"]
+    assert runs["dctcp"]["flows"] == runs["cubic"]["flows"]
+    assert fctmix.DCTCP not in fctmix.TRANSPORTS  # an arm only when asked
+
+
+def test_the_data_queue_is_red_marking_from_k_packets_only_when_k_is_given() -> None:
+    plain = SwitchPort(10_000, 16).commands("d")
+    assert plain[5][-3:] == ["bfifo", "limit", str(16 * DATA_WIRE)]
+    red = SwitchPort(10_000, 16, data_ecn_k_packets=4).commands("d")
+    assert red[:5] == plain[:5] and red[6:] == plain[6:]
+    args = red[5][red[5].index("red") + 1 :]
+    pairs = dict(zip(args[:-2:2], args[1:-2:2], strict=True))
+    assert pairs["limit"] == str(16 * DATA_WIRE) and pairs["min"] == str(4 * DATA_WIRE)
+    assert pairs["max"] == str(5 * DATA_WIRE) and args[-2:] == ["ecn", "nodrop"]
+
+
+def test_the_table_gathers_a_seeds_arms_from_separate_boots() -> None:
+    flows = [{"flow": 1, "bytes": 5_000, "start_ms": 0.0}]
+    one = {"seed": 1, "flows_run": flows, "offered": 0.5, "runs": {"cubic": {"x": 1}}}
+    two = {"seed": 1, "flows_run": flows, "offered": 0.5, "runs": {"dctcp": {"x": 2}}}
+    (merged,) = fctmix.merge([one, two])
+    assert set(merged["runs"]) == {"cubic", "dctcp"}
+    with pytest.raises(ValueError, match="different mixes"):
+        fctmix.merge([one, two | {"flows_run": flows * 2}])

@@ -27,6 +27,9 @@ another in one UML boot per seed, each on a fresh topology. Each flow is one pro
 FlashPass sender, or a TCP ``gemini_lab.bulk put``), its FCT the guest clock from its start
 to its exit: the receiver's DONE (FlashPass) or close (TCP) back at the sender.
 
+``--transports dctcp`` adds DCTCP, whose data queue is RED marking ECN from DCTCP_K packets on
+(the others meet the bfifo); ``table`` gathers a seed's arms from every directory given.
+
     python -m gemini_lab.flashpass.fctmix run --seed 1 --work DIR   one boot, DIR/seed1/
     python -m gemini_lab.flashpass.fctmix table DIR ... --held-out 4
 """
@@ -60,7 +63,13 @@ LOAD = 0.8  # of the link: the paper's higher load (it ran 0.4 and 0.8)
 FLOWS = 120
 SENDERS = 20  # the N = 20 path
 SENDER_SALT = 7919  # the senders' draw: its own generator, apart from the schedule's
-TRANSPORTS = ("flashpass", "cubic", "bbr", "gemini")
+TRANSPORTS = ("flashpass", "cubic", "bbr", "gemini")  # the default arms
+DCTCP = "dctcp"
+ARMS = (*TRANSPORTS, DCTCP)  # dctcp only when asked: its data queue differs (DCTCP_K)
+# dctcp's data queue marks ECN from K packets on (RED, the same 16-packet limit), where the
+# others meet the plain bfifo: K > C·RTT/7 (DCTCP's guideline) at 10 Mbit/s of 1514-byte
+# frames and the path's longest RTT, 30 ms, is 3.5 packets, so 4.
+DCTCP_K = 4
 RUN_TIMEOUT_S = 3 * 3600  # host seconds for one boot (the guest's clock is simulated)
 # the classes, in the CDF's (unscaled) bytes: label, lower bound, upper bound (exclusive)
 CLASSES = (
@@ -100,7 +109,9 @@ def mix_runs(
     """One run per transport: the N = 20 path of ``seed`` (evaluate.seed_runs: the same
     delays) carrying the seed's mix instead of one 1 MB flow per sender."""
     mix = mix_flows(seed, flows, load)
-    return [r | {"flows": mix} for r in evaluate.seed_runs(seed, None, SENDERS, tuple(transports))]
+    runs = [r | {"flows": mix} for r in evaluate.seed_runs(seed, None, SENDERS, tuple(transports))]
+    dctcp = {"data_ecn_k_packets": DCTCP_K, "receiver_cc": DCTCP}
+    return [r | dctcp if r["transport"] == DCTCP else r for r in runs]
 
 
 def size_class(lab_bytes: int) -> int:
@@ -220,7 +231,7 @@ def _span(xs: Sequence[float], fmt: str) -> str:
     return lo if lo == hi else f"{lo}–{hi}"
 
 
-def table(summaries: Sequence[dict], transports: Sequence[str] = TRANSPORTS) -> list[str]:
+def table(summaries: Sequence[dict], transports: Sequence[str] = ARMS) -> list[str]:
     """One row per transport that ran, min–max over the summaries' seeds."""
     if not summaries:
         return ["(none)"]
@@ -250,7 +261,7 @@ def table(summaries: Sequence[dict], transports: Sequence[str] = TRANSPORTS) -> 
     return lines
 
 
-def per_seed(summaries: Sequence[dict], transports: Sequence[str] = TRANSPORTS) -> list[str]:
+def per_seed(summaries: Sequence[dict], transports: Sequence[str] = ARMS) -> list[str]:
     """Each seed's class means per transport, the flows in each class in brackets."""
     lines = [
         "| seed | offered | transport | "
@@ -295,12 +306,24 @@ def against(summaries: Sequence[dict], ref: str = "flashpass", other: str = "cub
     return out
 
 
+def merge(summaries: Sequence[dict]) -> list[dict]:
+    """One summary per seed, its runs gathered from every boot of that seed (an arm run
+    apart, as dctcp's, joins the others'), by seed; the mix must be the same."""
+    by_seed: dict[int, dict] = {}
+    for s in summaries:
+        have = by_seed.setdefault(s["seed"], s | {"runs": {}})
+        if have["flows_run"] != s["flows_run"]:
+            raise ValueError(f"seed {s['seed']}: two boots ran different mixes")
+        have["runs"] = have["runs"] | s["runs"]
+    return [by_seed[k] for k in sorted(by_seed)]
+
+
 def report(summaries: Sequence[dict], held_out: set[int]) -> str:
     main = [s for s in summaries if s["seed"] not in held_out]
     held = [s for s in summaries if s["seed"] in held_out]
     head = "| seed | against | small mean | small p99 | large mean | overall mean |"
     rows = [head, "|---:|---|---:|---:|---:|---:|"]
-    for t in TRANSPORTS[1:]:
+    for t in ARMS[1:]:
         rows += against(summaries, other=t)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     lines = [
@@ -333,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--work", type=Path, default=Path("var/lab/flashpass-fctmix"))
     r.add_argument("--flows", type=int, default=FLOWS)
     r.add_argument("--load", type=float, default=LOAD)
-    r.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
+    r.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=ARMS)
     t = sub.add_parser("table", help="the tables from the seeds' summary.json files")
     t.add_argument("dirs", type=Path, nargs="+")
     t.add_argument("--held-out", type=int, nargs="*", default=[4])
@@ -343,11 +366,8 @@ def main(argv: list[str] | None = None) -> None:
             s = run_seed(seed, a.work / f"seed{seed}", a.flows, a.load, a.transports)
             print(report([s], set()), flush=True)
         return
-    found = sorted(
-        (json.loads(p.read_text()) for d in a.dirs for p in d.glob("seed*/summary.json")),
-        key=lambda s: s["seed"],
-    )
-    print(report(found, set(a.held_out)))
+    found = [json.loads(p.read_text()) for d in a.dirs for p in d.glob("seed*/summary.json")]
+    print(report(merge(found), set(a.held_out)))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ Runs as root in the guest:
     python -m gemini_lab.flashpass.lab PLAN.json RESULT.json
 PLAN: {"runs": [{"transport", "rate_kbit", "data_buffer_packets", "return_ms",
 "sender_delays_ms": [...], "flows": [{"flow", "bytes", "sender", "start_ms"}], "theta"}]};
+a TCP run may add ``data_ecn_k_packets`` (the data queue marks ECN from K packets on:
+gemini_lab.flashpass.switch) and ``receiver_cc`` (the receiver's default CC, e.g. dctcp);
 a plan without "runs" is one run of FlashPass. ``theta`` is written to the run's θ file
 before its flows start; ``theta_file`` instead names a θ file in the output directory that
 someone else writes (the agent, on the lab's host machine: tests/test_lab_flashpass_loop.py).
@@ -122,6 +124,10 @@ def _load_datapath(run: dict) -> dict[str, int]:
 def _start_receiver(run: dict, out: Path) -> subprocess.Popen:
     if run.get("transport", FLASHPASS) != FLASHPASS:
         allow_cc(run["transport"])
+        if run.get("receiver_cc"):  # a listener's CC decides how it takes ECN and echoes CE
+            allow_cc(run["receiver_cc"])
+            cc = run["receiver_cc"]
+            sh("sysctl", "-qw", f"net.ipv4.tcp_congestion_control={cc}", ns=RECEIVER_NS)
         cmd = python_in(RECEIVER_NS, "gemini_lab.flowgen", "serve", str(TCP_PORT))
         proc = subprocess.Popen(cmd)
         _until(lambda: f":{TCP_PORT}" in sh("ss", "-ltn", ns=RECEIVER_NS), READY_S, "tcp rcv")
@@ -175,7 +181,8 @@ def run_one(run: dict, out: Path) -> dict:
     """One run: the topology built, every flow started at its offset, waited for, counted."""
     out.mkdir(parents=True, exist_ok=True)
     delays = [float(d) for d in run.get("sender_delays_ms", [0])]
-    port = SwitchPort(int(run["rate_kbit"]), int(run["data_buffer_packets"]))
+    k = run.get("data_ecn_k_packets")  # a marking data queue (the DCTCP arm), else a bfifo
+    port = SwitchPort(int(run["rate_kbit"]), int(run["data_buffer_packets"]), 0, k)
     build(port, float(run.get("return_ms", run.get("rtt_ms", 0))), delays)
     theta_file = None
     if run.get("theta_file"):  # written by an agent, beside the plan (the output directory)

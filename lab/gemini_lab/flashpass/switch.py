@@ -14,6 +14,10 @@ ECN-capable packet is marked CE and one that is not is dropped, so the over-prov
 single threshold, as the lab's DCTCP marking (gemini_lab.netem.red_args) sets one; ``burst`` 2
 is the smallest tc takes (averaging weight 1/2). Packet sizes as HTB and RED count them
 include the 14-byte Ethernet header; so does the emulation share (gemini_lab.flashpass.wire).
+
+For a DCTCP arm (``data_ecn_k_packets`` = K) the data queue is instead RED as the lab's DCTCP
+marking switch (gemini_lab.netem.red_args): the same byte limit, an ECN-capable packet marked CE
+from K packets on, nothing dropped early (``nodrop``), every packet dropped at the limit.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class SwitchPort:
     rate_kbit: int
     data_buffer_packets: int
     emulation_kbit: int = 0  # the emulation class's rate: the link's emulation share
+    data_ecn_k_packets: int | None = None  # DCTCP's marking threshold K; None: a plain bfifo
 
     def __post_init__(self) -> None:
         share = max(1, round(self.rate_kbit * wire.EMULATION_SHARE))
@@ -60,6 +65,23 @@ class SwitchPort:
             "ecn",
         ]  # fmt: skip
 
+    def data_queue_args(self) -> list[str]:
+        """The data class's leaf: the shallow bfifo, or RED marking ECN from K packets on."""
+        limit = str(self.data_buffer_packets * DATA_WIRE)
+        k = self.data_ecn_k_packets
+        if k is None:
+            return ["bfifo", "limit", limit]
+        return [
+            "red", "limit", limit,
+            "min", str(k * DATA_WIRE),
+            "max", str((k + 1) * DATA_WIRE),
+            "avpkt", str(DATA_WIRE),
+            "burst", str(k),
+            "probability", "1.0",
+            "bandwidth", f"{self.rate_kbit}kbit",
+            "ecn", "nodrop",
+        ]  # fmt: skip
+
     def commands(self, dev: str) -> list[list[str]]:
         """The tc commands that make ``dev``'s egress this port."""
         tc = ["tc"]
@@ -75,8 +97,7 @@ class SwitchPort:
              "burst", burst, "cburst", burst],
             [*cls, "1:1", "classid", DATA_CLASS, "htb", "rate", data, "ceil", rate],
             [*qd, EMULATION_CLASS, "handle", EMULATION_QDISC, "red", *self.red_args()],
-            [*qd, DATA_CLASS, "handle", DATA_QDISC, "bfifo", "limit",
-             str(self.data_buffer_packets * DATA_WIRE)],
+            [*qd, DATA_CLASS, "handle", DATA_QDISC, *self.data_queue_args()],
             [*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
              "u32", "match", "ip", "dport", str(wire.EMULATION_PORT), "0xffff",
              "flowid", EMULATION_CLASS],

@@ -112,13 +112,14 @@ class Settings(BaseSettings):
     max_aggregates_per_report: int = Field(default=4096, ge=1)
     ingest_batch_max: int = Field(default=256, ge=1)
     ingest_linger_ms: float = Field(
-        default=20.0,
+        default=100.0,
         ge=0,
         le=1000,
-        description="how long the writer waits for more reports before storing a batch: "
-        "each transaction costs Booster and PostgreSQL CPU whatever its size, so a replica "
-        "below its capacity stores more per transaction and less per report (benchmarks/"
-        "results/replicas.md); a report's answer comes this much later",
+        description="the longest the writer waits for more reports before storing a batch "
+        "(it stores sooner when a full batch waits or the reports stop coming): each "
+        "transaction costs Booster and PostgreSQL CPU whatever its size, so a replica below "
+        "its capacity stores more per transaction and less per report (benchmarks/results/"
+        "replicas.md); a report's answer comes at most this much later",
     )
     ingest_queue_max: int = Field(
         default=2048,

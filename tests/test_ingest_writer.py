@@ -25,7 +25,12 @@ from gemini_booster.config import (
     apply_grpc_core_experiments,
 )
 from gemini_booster.service import ingest_writer
-from gemini_booster.service.ingest_writer import QUIET_GAPS, QUIET_MIN_S, IngestWriter
+from gemini_booster.service.ingest_writer import (
+    LINGER_BATCH,
+    QUIET_GAPS,
+    QUIET_MIN_S,
+    IngestWriter,
+)
 from gemini_booster.service.metrics import Metrics
 
 
@@ -127,6 +132,21 @@ def test_a_full_batch_ends_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     batch, _ = w._collect(pending("r0"))
     assert len(clock.waits) == 1  # woken once, and the full queue ends the linger
     assert [name for name, _ in batch] == ["r0", "r1", "r2", "r3"]
+
+
+def test_a_batch_worth_its_transaction_ends_the_linger_and_takes_what_queued(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = writer(batch_max=256, linger_s=0.5)
+    clock = Clock(monkeypatch, w)
+    for i in range(1, LINGER_BATCH - 1):
+        w._queue.put(pending(f"r{i}"))
+    w._queue.put(pending("r_last"))  # with r0, LINGER_BATCH reports
+    for i in range(10):  # queued before the writer drains: taken too, up to batch_max
+        w._queue.put(pending(f"more{i}"))
+    batch, _ = w._collect(pending("r0"))
+    assert clock.waits == []
+    assert len(batch) == LINGER_BATCH + 10
 
 
 def test_submit_signals_a_full_batch_once() -> None:

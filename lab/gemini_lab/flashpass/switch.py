@@ -39,6 +39,22 @@ EMULATION_QDISC = "10:"
 DATA_QDISC = "20:"
 
 
+def red_marking(limit_bytes: int, k: int, wire_bytes: int, kbit: int) -> list[str]:
+    """RED's arguments for a queue of ``limit_bytes`` that marks ECN on every packet once
+    ``k`` packets of ``wire_bytes`` wait (min = K, max = K + 1, probability 1: DCTCP's step
+    marking), drained at ``kbit``."""
+    return [
+        "limit", str(limit_bytes),
+        "min", str(k * wire_bytes),
+        "max", str((k + 1) * wire_bytes),
+        "avpkt", str(wire_bytes),
+        "burst", str(k),
+        "probability", "1.0",
+        "bandwidth", f"{kbit}kbit",
+        "ecn",
+    ]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class SwitchPort:
     """One emulated switch port: its link rate and the data queue's depth."""
@@ -53,17 +69,8 @@ class SwitchPort:
         object.__setattr__(self, "emulation_kbit", self.emulation_kbit or share)
 
     def red_args(self) -> list[str]:
-        k = MARK_THRESHOLD_PACKETS
-        return [
-            "limit", str(wire.EMULATION_BUFFER_PACKETS * EMULATION_WIRE),
-            "min", str(k * EMULATION_WIRE),
-            "max", str((k + 1) * EMULATION_WIRE),
-            "avpkt", str(EMULATION_WIRE),
-            "burst", str(k),
-            "probability", "1.0",
-            "bandwidth", f"{self.emulation_kbit}kbit",
-            "ecn",
-        ]  # fmt: skip
+        limit = wire.EMULATION_BUFFER_PACKETS * EMULATION_WIRE
+        return red_marking(limit, MARK_THRESHOLD_PACKETS, EMULATION_WIRE, self.emulation_kbit)
 
     def data_queue_args(self) -> list[str]:
         """The data class's leaf: the shallow bfifo, or RED marking ECN from K packets on."""
@@ -71,16 +78,7 @@ class SwitchPort:
         k = self.data_ecn_k_packets
         if k is None:
             return ["bfifo", "limit", limit]
-        return [
-            "red", "limit", limit,
-            "min", str(k * DATA_WIRE),
-            "max", str((k + 1) * DATA_WIRE),
-            "avpkt", str(DATA_WIRE),
-            "burst", str(k),
-            "probability", "1.0",
-            "bandwidth", f"{self.rate_kbit}kbit",
-            "ecn", "nodrop",
-        ]  # fmt: skip
+        return ["red", *red_marking(int(limit), k, DATA_WIRE, self.rate_kbit), "nodrop"]
 
     def commands(self, dev: str) -> list[list[str]]:
         """The tc commands that make ``dev``'s egress this port."""

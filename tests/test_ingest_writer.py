@@ -11,6 +11,7 @@ is which moment the writer chose, not how long anything took.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 from typing import Any
@@ -66,9 +67,7 @@ class Clock:
 def arrive(w: IngestWriter, clock: Clock, name: str, after_s: float) -> None:
     """``name`` arrives ``after_s`` after the clock's present, as ``submit`` records it."""
     clock.now += after_s
-    gap = min(clock.now - w._last_arrival, w.linger_s)
-    w._last_arrival = clock.now
-    w._mean_gap += ingest_writer.ARRIVAL_SMOOTHING * (gap - w._mean_gap)
+    w._note_arrival()
     w._queue.put(pending(name))
 
 
@@ -150,8 +149,6 @@ def test_a_batch_worth_its_transaction_ends_the_linger_and_takes_what_queued(
 
 
 def test_submit_signals_a_full_batch_once() -> None:
-    import asyncio
-
     w = writer(batch_max=4)
 
     async def submit(n: int) -> None:

@@ -107,7 +107,8 @@ class IngestWriter:
         self.metrics = metrics
         self.on_stored = on_stored  # called with the policy ids that got new data
         self.batch_max = batch_max
-        self._enough = min(batch_max, LINGER_BATCH)  # a batch that ends the linger
+        # Queued reports that, with the one the writer holds, make a batch worth storing.
+        self._enough_queued = min(batch_max, LINGER_BATCH) - 1
         self.linger_s = linger_s
         self.max_new_contexts_per_host_day = max_new_contexts_per_host_day
         self.queue_max = queue_max
@@ -117,9 +118,9 @@ class IngestWriter:
         self.context_ids = ContextIds()
         self.admissions = Admissions()
         self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
-        self._full = threading.Event()  # set by submit once a full batch waits
-        self._last_arrival = time.monotonic()  # written by submit only
-        self._mean_gap = linger_s  # seconds between arrivals, smoothed; written by submit only
+        self._full = threading.Event()  # set by submit once a batch worth storing waits
+        self._last_arrival = time.monotonic()  # written by _note_arrival only
+        self._mean_gap = linger_s  # seconds between arrivals, smoothed; by _note_arrival only
         self._thread = threading.Thread(target=self._run, name="ingest-writer", daemon=True)
 
     def start(self) -> None:
@@ -146,14 +147,19 @@ class IngestWriter:
         fut = asyncio.get_running_loop().create_future()
         with self._count:
             self._backlog += 1
+        self._note_arrival()
+        self._queue.put((report, fut))
+        if self._queue.qsize() >= self._enough_queued and not self._full.is_set():
+            self._full.set()
+        return fut
+
+    def _note_arrival(self) -> None:
+        """Keep the moving average of the gaps between arrivals (a gap counts at most
+        ``linger``, so a quiet night does not make the next burst's pause look short)."""
         now = time.monotonic()
         gap = min(now - self._last_arrival, self.linger_s)
         self._last_arrival = now
         self._mean_gap += ARRIVAL_SMOOTHING * (gap - self._mean_gap)
-        self._queue.put((report, fut))
-        if self._queue.qsize() >= self._enough - 1 and not self._full.is_set():
-            self._full.set()  # the writer holds one report besides the queue
-        return fut
 
     def _quiet_s(self) -> float:
         """How long without an arrival closes a batch: QUIET_GAPS mean gaps, at least
@@ -168,7 +174,7 @@ class IngestWriter:
             return
         self._full.clear()
         deadline = time.monotonic() + self.linger_s
-        while self._queue.qsize() < self._enough - 1:
+        while self._queue.qsize() < self._enough_queued:
             timeout = min(self._last_arrival + self._quiet_s(), deadline) - time.monotonic()
             if timeout <= 0 or self._full.wait(timeout):  # set: a full batch, or stopping
                 return

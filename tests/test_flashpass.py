@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -20,8 +21,17 @@ from gemini_api.theta import ThetaError
 from gemini_lab.flashpass import evaluate, wire
 from gemini_lab.flashpass.control import EmulationRate
 from gemini_lab.flashpass.receiver import Receiver
-from gemini_lab.flashpass.sender import Sender, append_record, flow_log, flow_record, payload
-from gemini_lab.flashpass.switch import EMULATION_WIRE, SwitchPort
+from gemini_lab.flashpass.sender import (
+    ECT0,
+    NOT_ECT,
+    NS,
+    Sender,
+    append_record,
+    flow_log,
+    flow_record,
+    payload,
+)
+from gemini_lab.flashpass.switch import DATA_WIRE, EMULATION_WIRE, SwitchPort
 from gemini_lab.flashpass.theta import Theta, read_theta, read_theta_file
 from gemini_lab.flashpass.wire import Kind, Packet, WireError
 
@@ -76,7 +86,7 @@ def test_the_receiver_credits_each_emulation_packet_and_answers_probes() -> None
         assert r.handle(Packet(Kind.DATA, 1, seq, 0, 3, payload(1, seq)), tos=0) is None
     nack = r.handle(Packet(Kind.PROBE, 1, 0), tos=0)
     assert nack is not None and wire.nack_missing(nack.body) == [1]
-    done = r.handle(Packet(Kind.DATA, 1, 1, 0, 3, payload(1, 1)), tos=0)
+    done = r.handle(Packet(Kind.DATA, 1, 1, 777, 3, payload(1, 1)), tos=0)  # on a credit
     assert done == Packet(Kind.DONE, 1, 0)
     assert r.report()["1"] == {
         "total": 3,
@@ -86,6 +96,7 @@ def test_the_receiver_credits_each_emulation_packet_and_answers_probes() -> None
         "emulation_ect": 1,
         "corrupt": 0,
         "duplicates": 0,
+        "unscheduled_in": 2,  # data without an emulation timestamp (FlashPass*'s pre-credit)
     }
 
 
@@ -105,6 +116,22 @@ def test_the_switch_port_is_an_emulation_class_of_its_share_with_single_threshol
     cmds = [" ".join(c) for c in port.commands("eth0")]
     assert any("classid 1:10 htb rate 608kbit ceil 608kbit" in c for c in cmds)
     assert any(f"dport {wire.EMULATION_PORT} 0xffff flowid 1:10" in c for c in cmds)
+
+
+def test_flashpass_stars_data_queue_drops_unscheduled_data_above_two_packets() -> None:
+    """FlashPass*: the data class is RED with ECN at the data's size, min 2 packets, max 3,
+    the bfifo's limit, no ``nodrop``: non-ECT (unscheduled) data is dropped above the
+    threshold, ECT (scheduled) data marked and kept; the rest of the port is unchanged."""
+    plain = SwitchPort(10_000, 16).commands("d")
+    star = SwitchPort(10_000, 16, selective_drop=True).commands("d")
+    assert star[:5] == plain[:5] and star[6:] == plain[6:]
+    args = star[5][star[5].index("red") + 1 :]
+    pairs = dict(zip(args[:-1:2], args[1:-1:2], strict=True))
+    assert pairs["limit"] == str(16 * DATA_WIRE) and pairs["min"] == str(2 * DATA_WIRE)
+    assert pairs["max"] == str(3 * DATA_WIRE) and pairs["probability"] == "1.0"
+    assert args[-1] == "ecn" and "nodrop" not in args
+    with pytest.raises(ValueError, match="selectively"):
+        SwitchPort(10_000, 16, data_ecn_k_packets=4, selective_drop=True)
 
 
 def test_flashpass_is_a_host_datapath_applied_through_a_config_file() -> None:
@@ -161,13 +188,15 @@ def test_the_prototype_refuses_a_theta_file_outside_the_region(tmp_path: Path) -
         read_theta(path)
 
 
-def loopback_flow(theta: Theta, flow: int = 3, size: int = 100_000) -> tuple[dict, dict]:
+def loopback_flow(
+    theta: Theta, flow: int = 3, size: int = 100_000, pre_credit: bool = False
+) -> tuple[dict, dict]:
     """One flow over the host's loopback: the sender's report and what the receiver counted."""
     receiver = Receiver()
     thread = threading.Thread(target=receiver.run)
     thread.start()
     try:
-        report = Sender("127.0.0.1", flow, size, theta, 10e6).run()
+        report = Sender("127.0.0.1", flow, size, theta, 10e6, pre_credit).run()
     finally:
         receiver.stopped = True
         thread.join()
@@ -240,3 +269,86 @@ def test_the_n20_evaluation_draws_20_senders_and_runs_gemini_at_its_scaled_defau
     assert "datapath" not in runs[1]
     # the record's N = 4 draw is unchanged by the new options
     assert evaluate.seed_runs(1) == evaluate.seed_runs(1, senders=4)[:3]
+
+
+# -- FlashPass*'s pre-credit phase (the sender's phase logic on a clock the test sets) --------
+T_WAIT = Theta(0.01, 0.1, 0.040)  # 40 ms, the spec's default
+
+
+def _data_tos(sender: Sender) -> int:
+    return sender.data.getsockopt(socket.IPPROTO_IP, socket.IP_TOS)
+
+
+def _pre_credit_sender(size: int) -> Sender:
+    """A FlashPass* sender toward a port nobody listens on (its datagrams go nowhere)."""
+    sender = Sender("127.0.0.1", 9, size, T_WAIT, 10e6, pre_credit=True)
+    sender._set_data_tos(NOT_ECT)  # as run() does at T
+    return sender
+
+
+def test_the_pre_credit_phase_sends_at_line_rate_until_the_first_credit() -> None:
+    s = _pre_credit_sender(100_000)
+    assert s.line_ns == 1514 * 8 * NS // 10_000_000  # one data frame at 10 Mbit/s
+    start = 1_000 * NS
+    assert s._send_unscheduled(start + s.line_ns * 5 // 2, start) == start + 3 * s.line_ns
+    assert [seq for _, seq in s.unscheduled] == [0, 1, 2]  # at T, T + 1 and T + 2 frames
+    assert s.pending[0] == 3 and _data_tos(s) == NOT_ECT  # unscheduled: not ECN-capable
+    s._handle(Packet(Kind.CREDIT, 9, 0, start), start + 3 * s.line_ns)  # the first credit
+    assert s._send_unscheduled(start + 3 * s.line_ns, start) == 0  # the phase is over
+    assert len(s.unscheduled) == 3 and s.pre_credit_end_ns == start + 3 * s.line_ns
+    assert _data_tos(s) == ECT0  # from now on every data packet is scheduled
+    # the credit schedules the next unsent packet at its emulation time + T_wait
+    assert s.due == [(start + int(T_WAIT.t_wait_s * NS), start, 0)]
+    s._send_due(start + int(T_WAIT.t_wait_s * NS))
+    assert [seq for _, _, seq in s.sends] == [3]
+
+
+def test_without_a_credit_the_phase_ends_at_t_plus_t_wait() -> None:
+    s = _pre_credit_sender(1_000_000)
+    start, t_wait = 0, int(T_WAIT.t_wait_s * NS)
+    assert s._send_unscheduled(start + t_wait - 1, start) > 0
+    assert s._send_unscheduled(start + t_wait, start) == 0
+    assert len(s.unscheduled) == -(
+        -t_wait // s.line_ns
+    )  # one frame per interval in [T, T + T_wait)
+    assert s.pre_credit_end_ns == start + t_wait and _data_tos(s) == ECT0
+
+
+def test_a_short_flow_goes_whole_in_the_pre_credit_phase() -> None:
+    s = _pre_credit_sender(5_000)  # 4 packets
+    assert s._send_unscheduled(10 * s.line_ns, 0) == 0
+    assert [seq for _, seq in s.unscheduled] == [0, 1, 2, 3] and not s.pending
+    assert s.pre_credit_end_ns == 10 * s.line_ns and not s._emulating()
+
+
+def test_a_lost_unscheduled_packet_is_resent_on_a_credit_not_unscheduled() -> None:
+    """The tail-loss probe's answer puts it back on the send queue, after the phase: it waits
+    for a credit and leaves at that credit's emulation time + T_wait, ECT."""
+    s = _pre_credit_sender(5_000)
+    s._send_unscheduled(10 * s.line_ns, 0)
+    s._handle(Packet(Kind.NACK, 9, 0, body=wire.nack_body([2])), 20 * s.line_ns)
+    assert list(s.pending) == [2] and s.retransmits == 1 and s._emulating()
+    assert s._send_unscheduled(21 * s.line_ns, 0) == 0 and len(s.unscheduled) == 4
+    emu_ts = 30 * s.line_ns
+    s._handle(Packet(Kind.CREDIT, 9, 0, emu_ts), emu_ts + 1)
+    s._send_due(emu_ts + int(T_WAIT.t_wait_s * NS))
+    assert s.sends[-1][1:] == (emu_ts, 2) and _data_tos(s) == ECT0
+
+
+def test_without_the_phase_no_data_leaves_before_a_credit() -> None:
+    s = Sender("127.0.0.1", 9, 5_000, T_WAIT, 10e6)
+    assert s._send_unscheduled(NS, 0) == 0 and not s.unscheduled and len(s.pending) == 4
+    assert _data_tos(s) == NOT_ECT and s.pre_credit_end_ns == 0
+
+
+def test_a_pre_credit_flow_over_loopback_delivers_every_byte() -> None:
+    """On loopback the first credit is back within microseconds: the phase ends after the
+    first packet or few, and the rest goes on credits, each packet once."""
+    report, got = loopback_flow(Theta(0.01, 0.1, 0.005), size=60_000, pre_credit=True)
+    assert report["finished"] and got["received"] == got["total"] == report["packets"]
+    assert got["corrupt"] == got["duplicates"] == 0
+    unscheduled = [seq for _, seq in report["unscheduled_sends"]]
+    scheduled = [seq for _, _, seq in report["data_sends"]]
+    assert unscheduled and unscheduled == list(range(len(unscheduled)))
+    assert sorted(unscheduled + scheduled) == list(range(report["packets"]))
+    assert got["unscheduled_in"] == len(unscheduled) and report["pre_credit_end_ns"] > 0

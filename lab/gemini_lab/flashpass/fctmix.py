@@ -28,7 +28,10 @@ FlashPass sender, or a TCP ``gemini_lab.bulk put``), its FCT the guest clock fro
 to its exit: the receiver's DONE (FlashPass) or close (TCP) back at the sender.
 
 ``--transports dctcp`` adds DCTCP, whose data queue is RED marking ECN from DCTCP_K packets on
-(the others meet the bfifo); ``table`` gathers a seed's arms from every directory given.
+(the others meet the bfifo); ``--transports flashpass-star`` adds FlashPass*, the paper's
+Aeolus-enhanced variant whose FCTs its headline reports: the pre-credit phase and a data queue
+that drops unscheduled data above 2 packets (gemini_lab.flashpass.sender and .switch).
+``table`` gathers a seed's arms from every directory given.
 
     python -m gemini_lab.flashpass.fctmix run --seed 1 --work DIR   one boot, DIR/seed1/
     python -m gemini_lab.flashpass.fctmix table DIR ... --held-out 4
@@ -48,6 +51,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gemini_lab.flashpass import evaluate
+from gemini_lab.flashpass.lab import FLASHPASS_ARMS
 from gemini_lab.flashpass.switch import DATA_QDISC, EMULATION_QDISC
 from gemini_lab.websearch import (
     LARGE_BYTES,
@@ -65,7 +69,9 @@ SENDERS = 20  # the N = 20 path
 SENDER_SALT = 7919  # the senders' draw: its own generator, apart from the schedule's
 TRANSPORTS = ("flashpass", "cubic", "bbr", "gemini")  # the default arms
 DCTCP = "dctcp"
-ARMS = (*TRANSPORTS, DCTCP)  # dctcp only when asked: its data queue differs (DCTCP_K)
+FLASHPASS, FLASHPASS_STAR = FLASHPASS_ARMS  # FlashPass and FlashPass* (pre-credit phase)
+# dctcp and FlashPass* only when asked: their data queues differ (DCTCP_K, selective drop)
+ARMS = (FLASHPASS, FLASHPASS_STAR, *TRANSPORTS[1:], DCTCP)
 # dctcp's data queue marks ECN from K packets on (RED, the same 16-packet limit), where the
 # others meet the plain bfifo: K > C·RTT/7 (DCTCP's guideline) at 10 Mbit/s of 1514-byte
 # frames and the path's longest RTT, 30 ms, is 3.5 packets, so 4.
@@ -157,7 +163,7 @@ def figures(result: dict, flows: Sequence[dict]) -> MixFigures:
         counts[size_class(f["bytes"])] += 1
     data = evaluate._qdisc(result, DATA_QDISC)
     emu = None
-    if result["transport"] == "flashpass":
+    if result["transport"] in FLASHPASS_ARMS:
         q = evaluate._qdisc(result, EMULATION_QDISC)
         emu = q["drops"] / max(1, q["packets"] + q["drops"])
     first = min(f["start_ms"] for f in flows) / 1000
@@ -209,7 +215,7 @@ def run_seed(seed: int, out: Path, flows: int, load: float, transports: Sequence
         per_flow = [
             {"flow": i, "fct_s": s} for i, s in zip(res["flow_ids"], res["fct_s"], strict=True)
         ]
-        if t == "flashpass":  # the sender's own FCT beside the process's
+        if t in FLASHPASS_ARMS:  # the sender's own FCT beside the process's
             own = {s["flow"]: s["fct_s"] for s in res["senders"]}
             per_flow = [p | {"sender_fct_s": own.get(p["flow"])} for p in per_flow]
         summary["runs"][t] = {
@@ -286,8 +292,9 @@ def per_seed(summaries: Sequence[dict], transports: Sequence[str] = ARMS) -> lis
     return lines
 
 
-def against(summaries: Sequence[dict], ref: str = "flashpass", other: str = "cubic") -> list[str]:
-    """``ref``'s small-flow mean and p99, large and overall mean against ``other``'s per seed."""
+def against(summaries: Sequence[dict], ref: str = FLASHPASS, other: str = "cubic") -> list[str]:
+    """``ref``'s small-flow mean and p99, large and overall mean against ``other``'s per seed
+    (the ``ref`` column only for FlashPass*)."""
     out = []
     for s in summaries:
         r, o = s["runs"].get(ref, {}).get("figures"), s["runs"].get(other, {}).get("figures")
@@ -297,8 +304,9 @@ def against(summaries: Sequence[dict], ref: str = "flashpass", other: str = "cub
         def pct(a: float, b: float) -> str:
             return "—" if math.isnan(a) or math.isnan(b) else f"{100 * (a - b) / b:+.0f} %"
 
+        arm = "" if ref == FLASHPASS else f"{ref} vs "
         out.append(
-            f"| {s['seed']} | {other} | {pct(r['class_mean_ms'][0], o['class_mean_ms'][0])} "
+            f"| {s['seed']} | {arm}{other} | {pct(r['class_mean_ms'][0], o['class_mean_ms'][0])} "
             f"| {pct(r['small_p99_ms'], o['small_p99_ms'])} "
             f"| {pct(r['class_mean_ms'][3], o['class_mean_ms'][3])} "
             f"| {pct(r['overall_mean_ms'], o['overall_mean_ms'])} |"
@@ -323,8 +331,9 @@ def report(summaries: Sequence[dict], held_out: set[int]) -> str:
     held = [s for s in summaries if s["seed"] in held_out]
     head = "| seed | against | small mean | small p99 | large mean | overall mean |"
     rows = [head, "|---:|---|---:|---:|---:|---:|"]
-    for t in ARMS[1:]:
-        rows += against(summaries, other=t)
+    for ref in FLASHPASS_ARMS:
+        for t in [FLASHPASS, *ARMS[2:]] if ref == FLASHPASS_STAR else ARMS[2:]:
+            rows += against(summaries, ref, t)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     lines = [
         f"Seeds {[s['seed'] for s in main]} (min–max over seeds):",
@@ -335,7 +344,8 @@ def report(summaries: Sequence[dict], held_out: set[int]) -> str:
         "",
         *table(held),
         "",
-        "FlashPass's change against each TCP, per seed ((FlashPass − other) / other):",
+        "FlashPass's (and FlashPass*'s) change against each other arm, per seed "
+        "((FlashPass − other) / other):",
         "",
         *rows,
         "",

@@ -10,6 +10,9 @@ the bottleneck, mixed RTTs); the return delay is a netem on the receiver's egres
 DONE, NACK and TCP's ACKs wait there), as the lab's other paths delay their ACKs. The same
 topology carries TCP flows (``transport`` cubic or bbr: gemini_lab.bulk put to a
 gemini_lab.flowgen receiver) for the comparison; their data meets the same shallow data queue.
+``transport`` flashpass-star is FlashPass* (the paper's Aeolus-enhanced variant): each sender
+adds the pre-credit phase (``--pre-credit``, gemini_lab.flashpass.sender) and the data queue
+drops unscheduled data selectively (gemini_lab.flashpass.switch, ``selective_drop``).
 Runs as root in the guest:
     python -m gemini_lab.flashpass.lab PLAN.json RESULT.json
 PLAN: {"runs": [{"transport", "rate_kbit", "data_buffer_packets", "return_ms",
@@ -42,6 +45,8 @@ RECEIVER_ADDR = "10.61.0.2"
 PORT_DEV = "fpw-r"  # the switch's interface toward the receiver: the FlashPass port
 TCP_PORT = 5201
 FLASHPASS = "flashpass"
+FLASHPASS_STAR = "flashpass-star"  # FlashPass*: the pre-credit phase and its selective drop
+FLASHPASS_ARMS = (FLASHPASS, FLASHPASS_STAR)
 READY_S = 120.0  # the receiver's interpreter starting under emulation
 POLL_S = 0.05
 RUN_S = 300.0  # every flow done or given up (senders give up after sender.GIVE_UP_S)
@@ -92,7 +97,7 @@ def port_stats() -> list[dict]:
 
 def _flow_command(run: dict, f: dict, out: Path, theta_file: Path | None) -> list[str]:
     ns = sender_ns(int(f.get("sender", 0)))
-    if run.get("transport", FLASHPASS) != FLASHPASS:
+    if run.get("transport", FLASHPASS) not in FLASHPASS_ARMS:
         args = [RECEIVER_ADDR, str(TCP_PORT), run["transport"], str(f["bytes"])]
         return python_in(ns, "gemini_lab.bulk", "put", *args)
     args = [RECEIVER_ADDR, "--flow", str(f["flow"]), "--bytes", str(f["bytes"])]
@@ -103,6 +108,7 @@ def _flow_command(run: dict, f: dict, out: Path, theta_file: Path | None) -> lis
         str(out / f"flow{f['flow']}.json"),
     ]
     args += ["--theta", str(theta_file)] if theta_file else []
+    args += ["--pre-credit"] if run.get("transport") == FLASHPASS_STAR else []
     return python_in(ns, "gemini_lab.flashpass.sender", *args)
 
 
@@ -122,7 +128,7 @@ def _load_datapath(run: dict) -> dict[str, int]:
 
 
 def _start_receiver(run: dict, out: Path) -> subprocess.Popen:
-    if run.get("transport", FLASHPASS) != FLASHPASS:
+    if run.get("transport", FLASHPASS) not in FLASHPASS_ARMS:
         allow_cc(run["transport"])
         if run.get("receiver_cc"):  # a listener's CC decides how it takes ECN and echoes CE
             allow_cc(run["receiver_cc"])
@@ -182,7 +188,8 @@ def run_one(run: dict, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     delays = [float(d) for d in run.get("sender_delays_ms", [0])]
     k = run.get("data_ecn_k_packets")  # a marking data queue (the DCTCP arm), else a bfifo
-    port = SwitchPort(int(run["rate_kbit"]), int(run["data_buffer_packets"]), 0, k)
+    star = run.get("transport") == FLASHPASS_STAR  # unscheduled data dropped above 2 packets
+    port = SwitchPort(int(run["rate_kbit"]), int(run["data_buffer_packets"]), 0, k, star)
     build(port, float(run.get("return_ms", run.get("rtt_ms", 0))), delays)
     theta_file = None
     if run.get("theta_file"):  # written by an agent, beside the plan (the output directory)
@@ -213,7 +220,7 @@ def run_one(run: dict, out: Path) -> dict:
     }
     if params is not None:
         result["module_params"] = params
-    if result["transport"] == FLASHPASS:
+    if result["transport"] in FLASHPASS_ARMS:
         result["receiver"] = json.loads((out / "receiver.json").read_text())
         result["senders"] = [json.loads((out / f"flow{f['flow']}.json").read_text()) for f in flows]
     teardown(len(delays))

@@ -35,6 +35,7 @@ class FlowState:
     emulation_ect: int = 0
     corrupt: int = 0
     duplicates: int = 0
+    unscheduled_in: int = 0  # data without an emulation timestamp: FlashPass*'s pre-credit phase
 
     def complete(self) -> bool:
         return self.total > 0 and len(self.received) == self.total
@@ -89,6 +90,7 @@ class Receiver:
             return Packet(Kind.CREDIT, p.flow, p.seq, p.emu_ts_ns)
         if p.kind is Kind.DATA:
             flow.total = p.total
+            flow.unscheduled_in += p.emu_ts_ns == 0
             if p.seq in flow.received:
                 flow.duplicates += 1
             flow.received.add(p.seq)
@@ -110,6 +112,7 @@ class Receiver:
                 "emulation_ect": f.emulation_ect,
                 "corrupt": f.corrupt,
                 "duplicates": f.duplicates,
+                "unscheduled_in": f.unscheduled_in,
             }
             for n, f in self.flows.items()
         }

@@ -13,6 +13,20 @@ timing):
 When everything has been sent, a tail-loss probe after two RTTs asks the receiver what is
 missing; the answer's packets go back on the send queue and wait for credits like new data.
 
+FlashPass* (``pre_credit``; the paper's Aeolus-enhanced variant, §4.2.3, whose FCTs Figs. 4.12
+and 4.13 report) adds a pre-credit phase: from the arrival at T the sender also sends data
+unscheduled, at the link's rate, until the first credit comes back, T + T_wait passes, or no
+data is left, whichever comes first. The first credit ends it because the paper's phase is
+"the first RTT before receiving any credit"; T_wait bounds it because it is the sender's RTT
+estimate until a credit measures one (the RTT it starts Algorithm 2 with) and the instant the
+first scheduled packet may leave (e₀ + T_wait), so if the first emulation packets are all lost
+the phase still ends after a round trip's worth of data and never overlaps scheduled data.
+Unscheduled data goes non-ECT and scheduled data ECT, so the switch's data queue
+(gemini_lab.flashpass.switch, ``selective_drop``) drops the unscheduled first; an unscheduled
+packet carries no emulation timestamp (0). Emulation starts at T as without the phase and
+asks credits for the data not yet sent; a lost unscheduled packet is found by the tail-loss
+probe like any other and resent on a credit (credit-scheduled retransmission).
+
 When the flow ends, the sender appends its record to the flow log beside the θ file
 (``records = "flow_log"``: ``flashpass.flows`` beside ``flashpass.toml``), one JSON line with
 what a kernel flow record carries: destination, bytes delivered, duration (the FCT), the RTT's
@@ -65,9 +79,19 @@ def payload(flow: int, seq: int) -> bytes:
 
 class Sender:
     def __init__(
-        self, addr: str, flow: int, size_bytes: int, theta: Theta, link_bps: float
+        self,
+        addr: str,
+        flow: int,
+        size_bytes: int,
+        theta: Theta,
+        link_bps: float,
+        pre_credit: bool = False,
     ) -> None:
         self.addr, self.flow, self.theta, self.size_bytes = addr, flow, theta, size_bytes
+        self.pre_credit = pre_credit
+        self.line_ns = int(wire.DATA_FRAME * 8 * NS / link_bps)  # one data frame at line rate
+        self.unscheduled: list[tuple[int, int]] = []  # (send time, data seq), pre-credit
+        self.pre_credit_end_ns = 0  # when the pre-credit phase ended (0: not yet, or none)
         self.total = max(1, -(-size_bytes // wire.DATA_PAYLOAD))
         max_rate = wire.max_emulation_pps(link_bps)
         self.rate = EmulationRate(max_rate, theta.min_target_loss, theta.max_target_loss)
@@ -117,6 +141,33 @@ class Sender:
         return bool(self.pending) and len(self.due) < len(self.pending)
 
     # -- data -----------------------------------------------------------------------------
+    def _set_data_tos(self, tos: int) -> None:
+        self.data.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+
+    def _in_pre_credit(self, now: int, start: int) -> bool:
+        """Whether the pre-credit phase still runs at ``now``: until the first credit, T + T_wait
+        or the last packet, whichever comes first (the module's notes say why)."""
+        if not self.pre_credit or self.pre_credit_end_ns:
+            return False
+        if self.credits or not self.pending or now >= start + int(self.theta.t_wait_s * NS):
+            self.pre_credit_end_ns = now
+            self._set_data_tos(ECT0)  # from here on every data packet is scheduled
+            return False
+        return True
+
+    def _send_unscheduled(self, now: int, start: int) -> int:
+        """The pre-credit phase's data due by ``now``, one packet per line-rate interval from
+        T; the next send time (0 once the phase is over)."""
+        while self._in_pre_credit(now, start):
+            at = start + len(self.unscheduled) * self.line_ns
+            if at > now:
+                return at
+            seq = self.pending.popleft()
+            packet = Packet(Kind.DATA, self.flow, seq, 0, self.total, payload(self.flow, seq))
+            self.data.sendto(packet.encode(), (self.addr, wire.DATA_PORT))
+            self.unscheduled.append((time.monotonic_ns(), seq))
+        return 0
+
     def _send_due(self, now: int) -> None:
         while self.due and self.due[0][0] <= now:
             _, emu_ts, _ = heapq.heappop(self.due)
@@ -173,12 +224,15 @@ class Sender:
     def run(self) -> dict:
         start = time.monotonic_ns()
         next_emu = next_control = start
-        next_probe = 0
+        next_probe = next_unscheduled = 0
         deadline = start + int(GIVE_UP_S * NS)
+        if self.pre_credit:
+            self._set_data_tos(NOT_ECT)  # unscheduled until the pre-credit phase ends
         while not self.done_ns and time.monotonic_ns() < deadline:
             now = time.monotonic_ns()
             if self._emulating() and now >= next_emu:
                 self._emulate(now)
+            next_unscheduled = self._send_unscheduled(now, start)
             # the next emulation packet one interval after the last, at the rate now in force
             if self.emu_times:
                 next_emu = self.emu_times[-1] + int(NS / self.rate.rate_pps)
@@ -197,6 +251,7 @@ class Sender:
             wakes = [next_control, deadline] + ([next_emu] if self._emulating() else [])
             wakes += [self.due[0][0]] if self.due else []
             wakes += [next_probe] if next_probe else []
+            wakes += [next_unscheduled] if next_unscheduled else []
             self.sel.select(max(0, min(wakes) - time.monotonic_ns()) / NS)
             self._receive(now)
         return self._report(start)
@@ -214,6 +269,9 @@ class Sender:
             "emulation_ect": self.emu_ect,
             "credits": self.credits,
             "data_sends": self.sends,
+            "pre_credit": self.pre_credit,
+            "unscheduled_sends": self.unscheduled,
+            "pre_credit_end_ns": self.pre_credit_end_ns,
             "rates": self.rates,
             "wasted_credits": self.wasted,
             "retransmits": self.retransmits,
@@ -266,9 +324,13 @@ def main() -> None:
     ap.add_argument("--link-mbit", type=float, required=True)
     ap.add_argument("--theta", type=Path, help="θ file (the spec's default when absent)")
     ap.add_argument("--log", type=Path, required=True)
+    ap.add_argument(
+        "--pre-credit", action="store_true", help="FlashPass*: unscheduled data in the first RTT"
+    )
     a = ap.parse_args()
     theta = read_theta_file(a.theta)
-    report = Sender(a.addr, a.flow, a.bytes, theta.theta, a.link_mbit * 1e6).run()
+    sender = Sender(a.addr, a.flow, a.bytes, theta.theta, a.link_mbit * 1e6, a.pre_credit)
+    report = sender.run()
     a.log.write_text(json.dumps(report))
     if a.theta is not None:  # the flow's record, with the θ it ran (records = "flow_log")
         append_record(flow_log(a.theta), flow_record(report, theta))

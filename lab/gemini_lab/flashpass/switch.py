@@ -18,6 +18,14 @@ include the 14-byte Ethernet header; so does the emulation share (gemini_lab.fla
 For a DCTCP arm (``data_ecn_k_packets`` = K) the data queue is instead RED as the lab's DCTCP
 marking switch (gemini_lab.netem.red_args): the same byte limit, an ECN-capable packet marked CE
 from K packets on, nothing dropped early (``nodrop``), every packet dropped at the limit.
+
+For FlashPass* (``selective_drop``: the pre-credit phase, gemini_lab.flashpass.sender) the data
+queue is the emulation class's selective drop at the data's size: RED with ``ecn`` and without
+``nodrop``, min = 2 packets, max = 3, probability 1, the same byte limit as the bfifo. The
+sender sends its scheduled data ECT and its unscheduled (pre-credit) data non-ECT, so above 2
+packets an unscheduled packet is dropped and a scheduled one marked CE and kept (the receiver
+ignores the mark); at the limit both are dropped, as by the bfifo. The paper's threshold for
+Aeolus's selective drop is the over-provisioning's, 2 packets (§4.3.1).
 """
 
 from __future__ import annotations
@@ -63,18 +71,27 @@ class SwitchPort:
     data_buffer_packets: int
     emulation_kbit: int = 0  # the emulation class's rate: the link's emulation share
     data_ecn_k_packets: int | None = None  # DCTCP's marking threshold K; None: a plain bfifo
+    selective_drop: bool = False  # FlashPass*: drop non-ECT (unscheduled) data above 2 packets
 
     def __post_init__(self) -> None:
         share = max(1, round(self.rate_kbit * wire.EMULATION_SHARE))
         object.__setattr__(self, "emulation_kbit", self.emulation_kbit or share)
+        if self.selective_drop and self.data_ecn_k_packets is not None:
+            raise ValueError("a data queue either marks for DCTCP or drops selectively")
 
     def red_args(self) -> list[str]:
         limit = wire.EMULATION_BUFFER_PACKETS * EMULATION_WIRE
         return red_marking(limit, MARK_THRESHOLD_PACKETS, EMULATION_WIRE, self.emulation_kbit)
 
     def data_queue_args(self) -> list[str]:
-        """The data class's leaf: the shallow bfifo, or RED marking ECN from K packets on."""
+        """The data class's leaf: the shallow bfifo, RED marking ECN from K packets on, or RED
+        dropping unscheduled (non-ECT) data above 2 packets."""
         limit = str(self.data_buffer_packets * DATA_WIRE)
+        if self.selective_drop:
+            return [
+                "red",
+                *red_marking(int(limit), MARK_THRESHOLD_PACKETS, DATA_WIRE, self.rate_kbit),
+            ]
         k = self.data_ecn_k_packets
         if k is None:
             return ["bfifo", "limit", limit]

@@ -180,3 +180,27 @@ def test_the_table_gathers_a_seeds_arms_from_separate_boots() -> None:
     assert set(merged["runs"]) == {"cubic", "dctcp"}
     with pytest.raises(ValueError, match="different mixes"):
         fctmix.merge([one, two | {"flows_run": flows * 2}])
+
+
+def test_flashpass_star_is_an_arm_on_the_same_mix_at_the_theta_asked() -> None:
+    runs = fctmix.mix_runs(2, transports=("flashpass", "flashpass-star", "cubic"))
+    assert [r["transport"] for r in runs] == ["flashpass", "flashpass-star", "cubic"]
+    assert runs[1]["flows"] == runs[0]["flows"] and runs[1]["theta"] == evaluate.THETA
+    assert fctmix.FLASHPASS_STAR not in fctmix.TRANSPORTS  # an arm only when asked
+    theta = evaluate.flashpass_theta([("t_wait", 450)])
+    (star,) = fctmix.mix_runs(2, transports=("flashpass-star",), theta=theta)
+    assert star["theta"] == evaluate.THETA | {"t_wait": 450}
+
+
+def test_the_report_sets_flashpass_star_beside_flashpass_and_each_tcp() -> None:
+    flows: list[dict] = [{"flow": 1, "bytes": 5_000, "start_ms": 0.0}]
+    fcts = {"flashpass": 0.2, "flashpass-star": 0.1, "cubic": 0.4}
+    runs = {
+        t: {"figures": fctmix.figures(_result(t, {1: s}, {}), flows).__dict__}
+        for t, s in fcts.items()
+    }
+    text = fctmix.report([{"seed": 1, "runs": runs, "offered": 0.8}], set())
+    assert "| flashpass-star | 100 |" in text and "| flashpass | 200 |" in text
+    assert "| 1 | cubic | -50 % |" in text  # FlashPass against cubic
+    assert "| 1 | flashpass-star vs cubic | -75 % |" in text
+    assert "| 1 | flashpass-star vs flashpass | -50 % |" in text

@@ -31,7 +31,8 @@ to its exit: the receiver's DONE (FlashPass) or close (TCP) back at the sender.
 (the others meet the bfifo); ``--transports flashpass-star`` adds FlashPass*, the paper's
 Aeolus-enhanced variant whose FCTs its headline reports: the pre-credit phase and a data queue
 that drops unscheduled data above 2 packets (gemini_lab.flashpass.sender and .switch).
-``table`` gathers a seed's arms from every directory given.
+``--theta NAME=UNITS ...`` runs FlashPass's arms at the paper's θ with those settings in place
+(refused outside Θ'). ``table`` gathers a seed's arms from every directory given.
 
     python -m gemini_lab.flashpass.fctmix run --seed 1 --work DIR   one boot, DIR/seed1/
     python -m gemini_lab.flashpass.fctmix table DIR ... --held-out 4
@@ -110,12 +111,18 @@ def mix_flows(seed: int, flows: int = FLOWS, load: float = LOAD) -> list[dict]:
 
 
 def mix_runs(
-    seed: int, flows: int = FLOWS, load: float = LOAD, transports: Sequence[str] = TRANSPORTS
+    seed: int,
+    flows: int = FLOWS,
+    load: float = LOAD,
+    transports: Sequence[str] = TRANSPORTS,
+    theta: dict[str, int] | None = None,
 ) -> list[dict]:
     """One run per transport: the N = 20 path of ``seed`` (evaluate.seed_runs: the same
-    delays) carrying the seed's mix instead of one 1 MB flow per sender."""
+    delays) carrying the seed's mix instead of one 1 MB flow per sender; FlashPass's arms at
+    ``theta`` (the paper's when None)."""
     mix = mix_flows(seed, flows, load)
-    runs = [r | {"flows": mix} for r in evaluate.seed_runs(seed, None, SENDERS, tuple(transports))]
+    arms = evaluate.seed_runs(seed, theta, SENDERS, tuple(transports))
+    runs = [r | {"flows": mix} for r in arms]
     dctcp = {"data_ecn_k_packets": DCTCP_K, "receiver_cc": DCTCP}
     return [r | dctcp if r["transport"] == DCTCP else r for r in runs]
 
@@ -189,12 +196,19 @@ def offered(flows: Sequence[dict]) -> float:
     return bits / span / (evaluate.RATE_KBIT * 1000) if span > 0 else math.nan
 
 
-def run_seed(seed: int, out: Path, flows: int, load: float, transports: Sequence[str]) -> dict:
+def run_seed(
+    seed: int,
+    out: Path,
+    flows: int,
+    load: float,
+    transports: Sequence[str],
+    theta: dict[str, int] | None = None,
+) -> dict:
     """One UML boot: the seed's mix under each transport; ``out``/summary.json."""
     from gemini_lab.uml import run_in_uml
 
     out.mkdir(parents=True, exist_ok=True)
-    runs = mix_runs(seed, flows, load, transports)
+    runs = mix_runs(seed, flows, load, transports, theta)
     plan: dict = {"runs": runs}
     if evaluate.GEMINI in transports:
         from gemini_lab.uml import build_kernel, build_module
@@ -207,6 +221,7 @@ def run_seed(seed: int, out: Path, flows: int, load: float, transports: Sequence
     )
     results = json.loads((out / "result.json").read_text())
     summary: dict = {"seed": seed, "flows": flows, "load": load, "runs": {}}
+    summary["theta"] = runs[0]["theta"]
     for run, res in zip(runs, results, strict=True):
         t = run["transport"]
         if "error" in res:
@@ -367,13 +382,15 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--flows", type=int, default=FLOWS)
     r.add_argument("--load", type=float, default=LOAD)
     r.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=ARMS)
+    r.add_argument("--theta", nargs="*", default=[], metavar="NAME=UNITS", type=evaluate._setting)
     t = sub.add_parser("table", help="the tables from the seeds' summary.json files")
     t.add_argument("dirs", type=Path, nargs="+")
     t.add_argument("--held-out", type=int, nargs="*", default=[4])
     a = ap.parse_args(argv)
     if a.cmd == "run":
+        theta = evaluate.flashpass_theta(a.theta)  # the paper's, with --theta in place
         for seed in a.seed:
-            s = run_seed(seed, a.work / f"seed{seed}", a.flows, a.load, a.transports)
+            s = run_seed(seed, a.work / f"seed{seed}", a.flows, a.load, a.transports, theta)
             print(report([s], set()), flush=True)
         return
     found = [json.loads(p.read_text()) for d in a.dirs for p in d.glob("seed*/summary.json")]

@@ -118,6 +118,20 @@ def test_the_switch_port_is_an_emulation_class_of_its_share_with_single_threshol
     assert any(f"dport {wire.EMULATION_PORT} 0xffff flowid 1:10" in c for c in cmds)
 
 
+def test_a_probe_names_every_packet_missing_when_none_of_the_flows_data_arrived() -> None:
+    """FlashPass*'s unscheduled packets can all be dropped: the probe carries the flow's
+    packet count, so the receiver's NACK names them all and they go again on credits."""
+    r = Receiver.__new__(Receiver)
+    r.flows = {}
+    nack = r.handle(Packet(Kind.PROBE, 9, 0, 0, 3), tos=0)
+    assert nack is not None and wire.nack_missing(nack.body) == [0, 1, 2]
+    s = _pre_credit_sender(3 * wire.DATA_PAYLOAD)
+    s._send_unscheduled(10 * s.line_ns, 0)  # all three sent unscheduled (and, here, lost)
+    s._probe()
+    s._handle(nack, 20 * s.line_ns)
+    assert list(s.pending) == [0, 1, 2] and s.retransmits == 3 and s._emulating()
+
+
 def test_flashpass_stars_data_queue_drops_unscheduled_data_above_two_packets() -> None:
     """FlashPass*: the data class is RED with ECN at the data's size, min 2 packets, max 3,
     the bfifo's limit, no ``nodrop``: non-ECT (unscheduled) data is dropped above the

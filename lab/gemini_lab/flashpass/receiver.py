@@ -97,6 +97,7 @@ class Receiver:
             flow.corrupt += p.body != payload(p.flow, p.seq)
             return Packet(Kind.DONE, p.flow, 0) if flow.complete() else None
         if p.kind is Kind.PROBE:
+            flow.total = flow.total or p.total  # none of the flow's data may have arrived
             if flow.complete():
                 return Packet(Kind.DONE, p.flow, 0)
             return Packet(Kind.NACK, p.flow, 0, body=wire.nack_body(flow.missing()))

@@ -217,7 +217,10 @@ class Sender:
             self.judged = end
 
     def _probe(self) -> None:
-        self.data.sendto(Packet(Kind.PROBE, self.flow, 0).encode(), (self.addr, wire.DATA_PORT))
+        """The tail-loss probe carries the flow's packet count: a receiver that got none of its
+        data (FlashPass*'s pre-credit packets can all be dropped) then knows what is missing."""
+        probe = Packet(Kind.PROBE, self.flow, 0, 0, self.total)
+        self.data.sendto(probe.encode(), (self.addr, wire.DATA_PORT))
         self.probes += 1
 
     # -- the loop -------------------------------------------------------------------------

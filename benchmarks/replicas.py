@@ -23,13 +23,16 @@ configuration also runs from another checkout (e.g. the commit before append-onl
 database of its own, interleaved with this one. With ``--read-port`` every configuration also
 runs with this checkout's read port (``parameters_listen``: GetParameters answered by a process
 of its own that stores no report) on a database of its own, and the GetParameters load goes
-there instead of the agent port: the current layout and the read port side by side.
+there instead of the agent port: the current layout and the read port side by side. With
+``--floor`` every single-replica configuration also runs against ``benchmarks.grpc_floor``, a
+process that serves both calls the way Booster does and does nothing else: its CPU per report
+answered is what gRPC alone costs, the part of Booster's figure no change inside Booster removes.
 
 On a 2-core machine replicas, load generators and PostgreSQL share the cores: more replicas add
 no cores, so CPU per report and lock waits are what shows whether replicas scale.
 
     python -m benchmarks.replicas [--seconds 10] [--runs 2] [--replicas 4] [--hosts 2000]
-                                  [--baseline TREE] [--read-port]
+                                  [--baseline TREE] [--read-port] [--floor]
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from .ingest import loadgen_binary
 POLICY = mix.POLICY
 GET_CONTEXTS = 10
 READ_PORT = "read port"  # the side whose GetParameters go to the read port (--read-port)
+FLOOR = "grpc floor"  # the side served by benchmarks.grpc_floor (--floor)
 START_S = 180
 LOCK_WAIT = re.compile(r"still waiting for (\w+) on .* after ([\d.]+) ms")
 ACQUIRED = re.compile(r"acquired (\w+) on .* after ([\d.]+) ms")
@@ -219,6 +223,25 @@ class Replica:
             self.proc.wait(timeout=60)
 
 
+@dataclass
+class FloorServer(Replica):
+    """``benchmarks.grpc_floor`` in a process of its own, addressed as a replica is."""
+
+    def start(self) -> FloorServer:
+        log = open(self.work / f"{self.name}.log", "ab")  # noqa: SIM115 (lives with the process)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.grpc_floor", "--listen", self.target],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "serving":
+            tail = (self.work / f"{self.name}.log").read_text()[-2000:]
+            raise RuntimeError(f"grpc_floor did not start:\n{tail}")
+        return self
+
+
 # -- the fleet's requests ----------------------------------------------------------------------
 
 
@@ -300,7 +323,7 @@ class Side:
     """One build (this checkout, or ``--baseline``'s) on a database of its own."""
 
     label: str
-    url: str
+    url: str  # '' for the gRPC floor, which stores nothing
     replicas: list[Replica]
     tokens: list[str] = field(default_factory=list)
     minute: int = 0  # minutes of reports used so far, back from start_min
@@ -308,6 +331,8 @@ class Side:
     fleet: Fleet | None = None  # its own reports (--baseline-dense); None: the common fleet
 
     def stored(self) -> int:
+        if not self.url:
+            return 0
         engine = create_engine(self.url)
         with engine.connect() as conn:
             n = conn.execute(text("SELECT count(*) FROM reports")).scalar_one()
@@ -507,7 +532,8 @@ def measure(
     wall = time.monotonic() - t0
     b1, p1, n1 = cpu_s(booster_pids), cpu_s([pg_pid]), side.stored()
     s1 = switches(booster_pids)
-    stored = max(n1 - n0, 1)
+    # The floor stores nothing: its figures are per report answered.
+    stored = max(n1 - n0 if side.url else reports["codes"].get("OK", 0), 1)
     return Run(
         side.label,
         n,
@@ -695,6 +721,12 @@ def main() -> None:
         help="also run this checkout with GetParameters on a read port (parameters_listen)",
     )
     ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run each single-replica configuration against benchmarks.grpc_floor "
+        "(gRPC serving both calls as Booster does, and nothing else)",
+    )
+    ap.add_argument(
         "--baseline-dense",
         action="store_true",
         help="the baseline gets the same host-minutes with dense sketches, as agents sent "
@@ -751,10 +783,16 @@ def main() -> None:
                 side.fleet = build_fleet(args.hosts, args.seed, work, dense=True)
             seed_plans(side, fleet)
             sides.append(side)
+        if args.floor:
+            sides.append(
+                Side(FLOOR, "", [FloorServer("grpc-floor", "", work).start()], sides[0].tokens)
+            )
         runs: list[Run] = []
         for _ in range(args.runs):
             for n in range(1, args.replicas + 1):
                 for side in sides:
+                    if n > len(side.replicas):
+                        continue  # the floor is one process
                     run = measure(binary, side, n, side.fleet or fleet, args, pg_pid, pg_log, work)
                     print(run, file=sys.stderr)
                     runs.append(run)
@@ -781,6 +819,7 @@ def main() -> None:
         "",
         *[line for label in labels for line in ratios(runs, label, args.replicas)],
         "",
+        *floor_lines(runs, labels),
         *layouts(runs, args.replicas),
         "",
         *refusals(runs),
@@ -801,6 +840,30 @@ def main() -> None:
         "python -m benchmarks.replicas " + command_line(args),
         lines,
     )
+
+
+def floor_lines(runs: list[Run], labels: list[str]) -> list[str]:
+    """Each build's single-replica CPU per report against the gRPC floor's, from the medians."""
+    floor = [r for r in runs if r.side == FLOOR]
+    if not floor:
+        return []
+    base = _median(floor, lambda r: r.booster_ms)
+    lines = [
+        f"The {FLOOR} row is `benchmarks.grpc_floor` under the same load: gRPC serving both "
+        "calls as Booster does (same core experiments, channel arguments, asyncio server on a "
+        "uvloop thread, stream-unary with the metadata and both reads) and nothing else; its "
+        '"stored reports/s" and CPU are per report answered. Single replica, medians:',
+        "",
+    ]
+    for label in labels:
+        rs = [r for r in runs if r.side == label and r.replicas == 1]
+        if label != FLOOR and rs:
+            b = _median(rs, lambda r: r.booster_ms)
+            lines.append(
+                f"- {label}: {b:.2f} ms per report, {b / base:.2f}× the floor's {base:.2f} ms; "
+                f"{b - base:.2f} ms above it"
+            )
+    return [*lines, ""]
 
 
 def dense_note(sides: list[Side]) -> list[str]:

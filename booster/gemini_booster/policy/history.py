@@ -148,14 +148,27 @@ def since_change(trials: Iterable[Trial], changes: Mapping[int, datetime]) -> li
 
 
 def _pooled_flow_var(per_trial: list[tuple[int, Utility]]) -> dict[int, float]:
-    """Per context, the per-flow variance of utility pooled over its trials of 2+ flows."""
+    """Per context, the per-flow variance of utility pooled over its trials of 2+ flows, itself
+    shrunk toward SINGLE_FLOW_STD² with the weight of PRIOR_FLOWS flows (``pooled_spread``)."""
     num: dict[int, float] = defaultdict(float)
     dof: dict[int, int] = defaultdict(int)
     for context_id, u in per_trial:
         if u.flows >= 2:
             num[context_id] += u.var_of_mean * u.flows * (u.flows - 1)
             dof[context_id] += u.flows - 1
-    return {c: num[c] / dof[c] for c in dof if num[c] > 0}
+    return {c: float(pooled_spread(np.asarray(num[c]), np.asarray(dof[c]))) for c in dof}
+
+
+def pooled_spread(num: np.ndarray, dof: np.ndarray) -> np.ndarray:
+    """A context's per-flow variance from the sum of squares ``num`` over ``dof`` degrees of
+    freedom, shrunk toward SINGLE_FLOW_STD² with the weight of PRIOR_FLOWS flows.
+
+    The context's spread is what every trial of few flows borrows (``shrunk_noise``), so it
+    must not rest on a lucky pair either: taken as num / dof, two flows of one θ that agreed
+    by chance (27.8 and 28.3 Mbit/s on a satellite path whose flows spread from 2 to 31) set
+    every single flow's noise to 0.4 Mbit/s, and the model took one flow's luck for a θ's
+    worth. A fleet's contexts have thousands of degrees of freedom, where this is num / dof."""
+    return (num + PRIOR_FLOWS * SINGLE_FLOW_STD**2) / (dof + PRIOR_FLOWS)
 
 
 def shrunk_noise(u: Utility, pooled: float | None) -> float:
@@ -185,8 +198,7 @@ def _noise(n: np.ndarray, var_of_mean: np.ndarray, contexts: np.ndarray) -> np.n
     index = np.unique(contexts, return_inverse=True)[1]
     num = np.bincount(index, weights=np.where(many, var_of_mean * n * (n - 1), 0.0))
     den = np.bincount(index, weights=dof)
-    pooled = np.where((den > 0) & (num > 0), num / np.maximum(den, 1), SINGLE_FLOW_STD**2)
-    prior = pooled[index]
+    prior = pooled_spread(num, den)[index]
     return (dof * sample + PRIOR_FLOWS * prior) / (dof + PRIOR_FLOWS) / n
 
 

@@ -628,11 +628,32 @@ class _Refit:
 
     # -- cold start ----------------------------------------------------------------------------
 
+    def _published(self, context_id: int) -> dict[str, int] | None:
+        """The context's published incumbent, where it lies inside the policy's region.
+
+        Before the model is fitted (the initial design) nothing can tell a θ's worth from its
+        luck: each design θ has one measurement, and the best of them is the luckiest as often
+        as the best. Taking it as incumbent (on wifi-jitter, a design θ's one flow at 26.8
+        against the default's 26.7) served it on that flow's word, and the switching rule then
+        protected it. So a cold
+        context keeps what it published until the fitted model's rule
+        (``incumbent.own_incumbent``) can judge a challenger."""
+        key = self.incumbents.get(context_id)
+        if key is None:
+            return None
+        theta = self.planner.spec.from_key(key)
+        return None if self.planner.spec.violations(theta, self.bounds) else theta
+
     def _initial(self, context_id: int) -> ContextPlan:
         per_context = self.mode != "standard"
         scope = self.by_context.get(context_id, []) if per_context else self.obs
         eligible = [o for o in scope if o.flows >= self.policy.min_flows]
-        if eligible:
+        published = self._published(context_id)
+        if published is not None:  # the design's flows explore; they do not unseat it
+            key = self.planner.spec.key(published)
+            measured = [o.utility for o in eligible if o.theta_key == key]
+            incumbent, inc_u = published, (measured[0] if measured else None)
+        elif eligible:
             best = max(eligible, key=lambda o: o.utility)
             incumbent, inc_u = best.theta, best.utility
         else:

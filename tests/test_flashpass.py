@@ -132,6 +132,20 @@ def test_a_probe_names_every_packet_missing_when_none_of_the_flows_data_arrived(
     assert list(s.pending) == [0, 1, 2] and s.retransmits == 3 and s._emulating()
 
 
+def test_the_pre_credit_probe_asks_only_about_the_packets_sent_before_it() -> None:
+    r = Receiver.__new__(Receiver)
+    r.flows = {}
+    for seq in (0, 2, 5):
+        r.handle(Packet(Kind.DATA, 6, seq, 0, 10, payload(6, seq)), tos=0)
+    nack = r.handle(Packet(Kind.PROBE, 6, 4, 0, 10), tos=0)  # 4 sent unscheduled
+    assert nack is not None and wire.nack_missing(nack.body) == [1, 3]
+    r.handle(Packet(Kind.DATA, 6, 1, 0, 10, payload(6, 1)), tos=0)
+    r.handle(Packet(Kind.DATA, 6, 3, 0, 10, payload(6, 3)), tos=0)
+    assert r.handle(Packet(Kind.PROBE, 6, 4, 0, 10), tos=0) is None  # nothing missing below 4
+    tail = r.handle(Packet(Kind.PROBE, 6, 0, 0, 10), tos=0)  # the tail probe asks about all
+    assert tail is not None and wire.nack_missing(tail.body) == [4, 6, 7, 8, 9]
+
+
 def test_flashpass_stars_data_queue_drops_unscheduled_data_above_two_packets() -> None:
     """FlashPass*: the data class is RED with ECN at the data's size, min 2 packets, max 3,
     the bfifo's limit, no ``nodrop``: non-ECT (unscheduled) data is dropped above the
@@ -311,6 +325,7 @@ def test_the_pre_credit_phase_sends_at_line_rate_until_the_first_credit() -> Non
     assert s._send_unscheduled(start + 3 * s.line_ns, start) == 0  # the phase is over
     assert len(s.unscheduled) == 3 and s.pre_credit_end_ns == start + 3 * s.line_ns
     assert _data_tos(s) == ECT0  # from now on every data packet is scheduled
+    assert s.probes == 1  # at once, behind the unscheduled packets: which of them arrived?
     # the credit schedules the next unsent packet at its emulation time + T_wait
     assert s.due == [(start + int(T_WAIT.t_wait_s * NS), start, 0)]
     s._send_due(start + int(T_WAIT.t_wait_s * NS))
@@ -332,7 +347,7 @@ def test_a_short_flow_goes_whole_in_the_pre_credit_phase() -> None:
     s = _pre_credit_sender(5_000)  # 4 packets
     assert s._send_unscheduled(10 * s.line_ns, 0) == 0
     assert [seq for _, seq in s.unscheduled] == [0, 1, 2, 3] and not s.pending
-    assert s.pre_credit_end_ns == 10 * s.line_ns and not s._emulating()
+    assert s.pre_credit_end_ns == 10 * s.line_ns and not s._emulating() and s.probes == 1
 
 
 def test_a_lost_unscheduled_packet_is_resent_on_a_credit_not_unscheduled() -> None:
@@ -352,7 +367,7 @@ def test_a_lost_unscheduled_packet_is_resent_on_a_credit_not_unscheduled() -> No
 def test_without_the_phase_no_data_leaves_before_a_credit() -> None:
     s = Sender("127.0.0.1", 9, 5_000, T_WAIT, 10e6)
     assert s._send_unscheduled(NS, 0) == 0 and not s.unscheduled and len(s.pending) == 4
-    assert _data_tos(s) == NOT_ECT and s.pre_credit_end_ns == 0
+    assert _data_tos(s) == NOT_ECT and s.pre_credit_end_ns == 0 and s.probes == 0
 
 
 def test_a_pre_credit_flow_over_loopback_delivers_every_byte() -> None:

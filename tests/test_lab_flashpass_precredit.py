@@ -6,8 +6,9 @@ One 10 Mbit/s, 20 ms path with a 16-packet data buffer and T_wait = 40 ms. A 4-p
 starts alone: it goes whole in its pre-credit phase and finishes before T + T_wait. A 1 MB
 flow starts at 100 ms; once its data runs on credits, a 60 kB flow starts at 500 ms and sends
 its first round trip unscheduled at line rate into the 1 MB flow's scheduled data: the data
-queue passes 2 packets and drops unscheduled packets only. The tail-loss probe finds them and
-they are resent on credits, at their emulation time + T_wait, and every byte arrives.
+queue passes 2 packets and drops unscheduled packets only. The probe sent as the phase ends
+finds them (the receiver NACKs the unscheduled packets missing); they are resent on credits,
+at their emulation time + T_wait, and every byte arrives.
 About 60 s of wall time on a busy host.
 """
 

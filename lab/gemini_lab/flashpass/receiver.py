@@ -100,7 +100,9 @@ class Receiver:
             flow.total = flow.total or p.total  # none of the flow's data may have arrived
             if flow.complete():
                 return Packet(Kind.DONE, p.flow, 0)
-            return Packet(Kind.NACK, p.flow, 0, body=wire.nack_body(flow.missing()))
+            # a probe with seq > 0 (FlashPass*'s pre-credit phase) asks about seqs below it
+            missing = [s for s in flow.missing() if not p.seq or s < p.seq]
+            return Packet(Kind.NACK, p.flow, 0, body=wire.nack_body(missing)) if missing else None
         return None
 
     def report(self) -> dict:

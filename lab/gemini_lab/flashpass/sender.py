@@ -24,8 +24,11 @@ the phase still ends after a round trip's worth of data and never overlaps sched
 Unscheduled data goes non-ECT and scheduled data ECT, so the switch's data queue
 (gemini_lab.flashpass.switch, ``selective_drop``) drops the unscheduled first; an unscheduled
 packet carries no emulation timestamp (0). Emulation starts at T as without the phase and
-asks credits for the data not yet sent; a lost unscheduled packet is found by the tail-loss
-probe like any other and resent on a credit (credit-scheduled retransmission).
+asks credits for the data not yet sent. When the phase ends the sender probes at once, ECT, so
+the probe is not dropped selectively and arrives behind the unscheduled packets (Aeolus's
+first-RTT recovery, the paper's "tail loss probing"): the receiver's NACK names the
+unscheduled packets missing, and they wait for credits like new data (credit-scheduled
+retransmission). The probe after the last packet still runs as without the phase.
 
 When the flow ends, the sender appends its record to the flow log beside the θ file
 (``records = "flow_log"``: ``flashpass.flows`` beside ``flashpass.toml``), one JSON line with
@@ -152,6 +155,8 @@ class Sender:
         if self.credits or not self.pending or now >= start + int(self.theta.t_wait_s * NS):
             self.pre_credit_end_ns = now
             self._set_data_tos(ECT0)  # from here on every data packet is scheduled
+            if self.unscheduled:  # right behind them: which of them arrived?
+                self._probe(len(self.unscheduled))
             return False
         return True
 
@@ -216,10 +221,11 @@ class Sender:
             self.rates.append((now - start, self.rate.update(end - self.judged, got, floor)))
             self.judged = end
 
-    def _probe(self) -> None:
+    def _probe(self, upto: int = 0) -> None:
         """The tail-loss probe carries the flow's packet count: a receiver that got none of its
-        data (FlashPass*'s pre-credit packets can all be dropped) then knows what is missing."""
-        probe = Packet(Kind.PROBE, self.flow, 0, 0, self.total)
+        data (FlashPass*'s pre-credit packets can all be dropped) then knows what is missing.
+        ``upto`` > 0 asks only about the packets before it (the pre-credit phase's probe)."""
+        probe = Packet(Kind.PROBE, self.flow, upto, 0, self.total)
         self.data.sendto(probe.encode(), (self.addr, wire.DATA_PORT))
         self.probes += 1
 

@@ -40,7 +40,7 @@ class Kind(IntEnum):
     EMULATION = 1  # sender → receiver through the emulation class
     CREDIT = 2  # receiver → sender: one per emulation packet that arrived
     DATA = 3  # sender → receiver through the data class
-    PROBE = 4  # sender → receiver: the tail-loss probe, "what is missing?"
+    PROBE = 4  # sender → receiver: the tail-loss probe, "what is missing?" (below seq if > 0)
     NACK = 5  # receiver → sender: the missing data sequence numbers
     DONE = 6  # receiver → sender: every data packet of the flow has arrived
 

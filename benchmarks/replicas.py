@@ -24,8 +24,8 @@ database of its own, interleaved with this one. With ``--read-port`` every confi
 runs with this checkout's read port (``parameters_listen``: GetParameters answered by a process
 of its own that stores no report) on a database of its own, and the GetParameters load goes
 there instead of the agent port: the current layout and the read port side by side. With
-``--floor`` every single-replica configuration also runs against ``benchmarks.grpc_floor``, a
-process that serves both calls the way Booster does and does nothing else: its CPU per report
+``--floor`` every configuration also runs against as many ``benchmarks.grpc_floor`` processes,
+each serving both calls the way Booster does and doing nothing else: their CPU per report
 answered is what gRPC alone costs, the part of Booster's figure no change inside Booster removes.
 
 On a 2-core machine replicas, load generators and PostgreSQL share the cores: more replicas add
@@ -723,7 +723,7 @@ def main() -> None:
     ap.add_argument(
         "--floor",
         action="store_true",
-        help="also run each single-replica configuration against benchmarks.grpc_floor "
+        help="also run each configuration against as many benchmarks.grpc_floor processes "
         "(gRPC serving both calls as Booster does, and nothing else)",
     )
     ap.add_argument(
@@ -783,16 +783,13 @@ def main() -> None:
                 side.fleet = build_fleet(args.hosts, args.seed, work, dense=True)
             seed_plans(side, fleet)
             sides.append(side)
-        if args.floor:
-            sides.append(
-                Side(FLOOR, "", [FloorServer("grpc-floor", "", work).start()], sides[0].tokens)
-            )
+        if args.floor:  # as many floor processes as replicas, so each layout has its floor
+            floors = [FloorServer(f"grpc-floor-{i + 1}", "", work) for i in range(args.replicas)]
+            sides.append(Side(FLOOR, "", [f.start() for f in floors], sides[0].tokens))
         runs: list[Run] = []
         for _ in range(args.runs):
             for n in range(1, args.replicas + 1):
                 for side in sides:
-                    if n > len(side.replicas):
-                        continue  # the floor is one process
                     run = measure(binary, side, n, side.fleet or fleet, args, pg_pid, pg_log, work)
                     print(run, file=sys.stderr)
                     runs.append(run)
@@ -819,7 +816,7 @@ def main() -> None:
         "",
         *[line for label in labels for line in ratios(runs, label, args.replicas)],
         "",
-        *floor_lines(runs, labels),
+        *floor_lines(runs, labels, args.replicas),
         *layouts(runs, args.replicas),
         "",
         *refusals(runs),
@@ -842,27 +839,31 @@ def main() -> None:
     )
 
 
-def floor_lines(runs: list[Run], labels: list[str]) -> list[str]:
-    """Each build's single-replica CPU per report against the gRPC floor's, from the medians."""
-    floor = [r for r in runs if r.side == FLOOR]
-    if not floor:
+def floor_lines(runs: list[Run], labels: list[str], max_n: int) -> list[str]:
+    """Each build's CPU per report against the gRPC floor's with as many processes (medians)."""
+    if not any(r.side == FLOOR for r in runs):
         return []
-    base = _median(floor, lambda r: r.booster_ms)
     lines = [
-        f"The {FLOOR} row is `benchmarks.grpc_floor` under the same load: gRPC serving both "
+        f"The {FLOOR} rows are `benchmarks.grpc_floor` under the same load: gRPC serving both "
         "calls as Booster does (same core experiments, channel arguments, asyncio server on a "
-        "uvloop thread, stream-unary with the metadata and both reads) and nothing else; its "
-        '"stored reports/s" and CPU are per report answered. Single replica, medians:',
+        "uvloop thread, stream-unary with the metadata and both reads) and nothing else, one "
+        'process per replica; their "stored reports/s" and CPU are per report answered. '
+        "Medians:",
         "",
     ]
-    for label in labels:
-        rs = [r for r in runs if r.side == label and r.replicas == 1]
-        if label != FLOOR and rs:
-            b = _median(rs, lambda r: r.booster_ms)
-            lines.append(
-                f"- {label}: {b:.2f} ms per report, {b / base:.2f}× the floor's {base:.2f} ms; "
-                f"{b - base:.2f} ms above it"
-            )
+    for n in range(1, max_n + 1):
+        floor = [r for r in runs if r.side == FLOOR and r.replicas == n]
+        if not floor:
+            continue
+        base = _median(floor, lambda r: r.booster_ms)
+        for label in labels:
+            rs = [r for r in runs if r.side == label and r.replicas == n]
+            if label != FLOOR and rs:
+                b = _median(rs, lambda r: r.booster_ms)
+                lines.append(
+                    f"- {label}, {n} replica{'s' if n > 1 else ''}: {b:.2f} ms per report, "
+                    f"{b / base:.2f}× the floor's {base:.2f} ms; {b - base:.2f} ms above it"
+                )
     return [*lines, ""]
 
 

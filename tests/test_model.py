@@ -77,6 +77,30 @@ def test_a_trial_of_few_flows_borrows_its_contexts_spread():
     assert shrunk_noise(single, pooled) == pytest.approx(4.0)  # the context's spread, not 5²
 
 
+def test_a_contexts_spread_from_two_agreeing_flows_is_not_taken_as_it_is():
+    """The context's pooled spread is itself shrunk toward SINGLE_FLOW_STD² (PRIOR_FLOWS' weight):
+    a pair of flows that agreed by chance (27.8, 28.3 on a path whose flows spread from 2 to
+    31) does not make every single flow precise to 0.4 Mbit/s; ten thousand flows' spread
+    stands as measured."""
+    from gemini_booster.policy.history import _pooled_flow_var, observations
+
+    spec = load_spec()
+    bounds = spec.region_bounds("production")
+    when = datetime(2026, 3, 1, tzinfo=UTC)
+    default, other = spec.default(), spec.default() | {"mult_decrease": 60}
+
+    def trial(theta: dict, *utilities: float) -> Trial:
+        sums = FlowSums.total(FlowSums.of_flow(u, 0.0) for u in utilities)
+        return Trial(1, spec.key(theta), sums, 0, 1, when, when)
+
+    got = observations([trial(default, 27.8, 28.3), trial(other, 19.4)], 0.1, spec, bounds)
+    single = next(o for o in got if o.flows == 1)
+    pair = 0.5 * (28.3 - 27.8) ** 2  # the pair's sample variance
+    assert single.noise_var == pytest.approx((pair + 4 * 5.0**2) / (1 + 4))
+    many = Utility(mean=9.0, var_of_mean=3.0 / 10_000, flows=10_000)
+    assert _pooled_flow_var([(1, many)])[1] == pytest.approx(3.0, rel=1e-2)
+
+
 def test_cold_start_design_spans_the_region_from_its_first_points():
     spec = load_spec()
     bounds = {p.name: (p.default, p.default) for p in spec.params}

@@ -144,6 +144,70 @@ def test_a_challenger_replaces_the_incumbent_only_when_better_with_confidence():
     assert taken.incumbent == better
 
 
+def exactly(*utilities: float) -> FlowSums:
+    """Flows of these utilities (no queueing)."""
+    return FlowSums.total(FlowSums.of_flow(u, 0.0) for u in utilities)
+
+
+# A satellite-like path at σ 0.1 (plannertune, var/lab/s33-fusion/diag-pt): one flow per host and
+# round, flows of one θ spread from 2 to 31 by where the random loss falls.
+DEFAULT, LUCKY = theta(85, 10), theta(30, 4)
+SPREAD_OUT = [((10, 0), 19.4), ((50, 7), 2.7), ((70, 2), 2.1), ((99, 8), 7.2), ((20, 9), 10.7)]
+
+
+def _noisy_path(*later: Trial) -> dict[str, int]:
+    """The incumbent after the default ran twice with flows that agreed by chance, five design
+    θ once each, and ``later``."""
+    data = [trial(1, DEFAULT, exactly(27.8, 28.3), 0)]
+    data += [trial(1, theta(*ab), exactly(u), 0) for ab, u in SPREAD_OUT]
+    contexts = {1: ContextKey("a", "b", "c", "d", 0)}
+    return (
+        Planner(SPEC)
+        .plan(
+            policy(n_initial_points=4),
+            data + list(later),
+            contexts,
+            [1],
+            PolicyState(),
+            now=T0 + timedelta(hours=3),
+            incumbents={1: SPEC.key(DEFAULT)},
+        )[1]
+        .incumbent
+    )
+
+
+def test_one_lucky_flow_does_not_unseat_an_incumbent_on_a_noisy_path():
+    """The default's two agreeing flows are not the path's spread: taken as it, every single
+    flow was precise to 0.4 Mbit/s and one explorer's flow at 29.5 replaced the default."""
+    assert _noisy_path(trial(1, LUCKY, exactly(29.5), 1)) == DEFAULT
+    # measured better on enough flows, it still wins
+    more = exactly(38.0, 37.1, 38.4, 37.6, 38.8, 37.9)
+    assert (
+        _noisy_path(
+            trial(1, LUCKY, exactly(29.5), 1),
+            trial(1, LUCKY, more, 2),
+            trial(1, DEFAULT, exactly(27.0, 28.6), 2),
+        )
+        == LUCKY
+    )
+
+
+def test_a_context_in_its_initial_design_keeps_its_published_incumbent():
+    """Before the model is fitted, a design θ's one flow at 26.8 against the default's 26.7 does
+    not make it the incumbent; with nothing published the best measured θ still is."""
+    data = [trial(1, DEFAULT, exactly(26.7), 0), trial(1, LUCKY, exactly(26.8), 0)]
+    contexts = {1: ContextKey("a", "b", "c", "d", 0)}
+    now = T0 + timedelta(hours=1)
+    planner, pol = Planner(SPEC), policy(n_initial_points=8)
+    kept = planner.plan(
+        pol, data, contexts, [1], PolicyState(), now=now, incumbents={1: SPEC.key(DEFAULT)}
+    )[1]
+    assert kept.acquisition == "initial design"
+    assert kept.incumbent == DEFAULT and kept.incumbent_utility == pytest.approx(26.7)
+    free = planner.plan(pol, data, contexts, [1], PolicyState(), now=now)[1]
+    assert free.incumbent == LUCKY
+
+
 def test_each_context_is_modelled_in_its_own_units():
     """Contexts at different levels: each has its own mean, and a spread in proportion to its
     flows' spread (not to its observed utilities', which shrinks as exploration gathers near

@@ -194,7 +194,8 @@ def test_one_lucky_flow_does_not_unseat_an_incumbent_on_a_noisy_path():
 
 def test_a_context_in_its_initial_design_keeps_its_published_incumbent():
     """Before the model is fitted, a design θ's one flow at 26.8 against the default's 26.7 does
-    not make it the incumbent; with nothing published the best measured θ still is."""
+    not make it the incumbent; with nothing published, or measured better on many flows, the
+    best measured θ still is."""
     data = [trial(1, DEFAULT, exactly(26.7), 0), trial(1, LUCKY, exactly(26.8), 0)]
     contexts = {1: ContextKey("a", "b", "c", "d", 0)}
     now = T0 + timedelta(hours=1)
@@ -206,6 +207,13 @@ def test_a_context_in_its_initial_design_keeps_its_published_incumbent():
     assert kept.incumbent == DEFAULT and kept.incumbent_utility == pytest.approx(26.7)
     free = planner.plan(pol, data, contexts, [1], PolicyState(), now=now)[1]
     assert free.incumbent == LUCKY
+    # measured better on many flows, a design θ still takes over before the model is fitted
+    rng = np.random.default_rng(3)
+    clear = [trial(1, DEFAULT, flows(20.0, 40, rng), 0), trial(1, LUCKY, flows(60.0, 40, rng), 0)]
+    taken = planner.plan(
+        pol, clear, contexts, [1], PolicyState(), now=now, incumbents={1: SPEC.key(DEFAULT)}
+    )[1]
+    assert taken.acquisition == "initial design" and taken.incumbent == LUCKY
 
 
 def test_each_context_is_modelled_in_its_own_units():

@@ -88,7 +88,15 @@ from ..models import Policy
 from . import acquisition, history
 from .acquisition import ACQUISITIONS
 from .history import Observation
-from .incumbent import Incumbent, fleet_thetas, own_incumbent, pool_incumbent, transferred
+from .incumbent import (
+    MIN_VARIANCE,
+    SWITCH_Z,
+    Incumbent,
+    fleet_thetas,
+    own_incumbent,
+    pool_incumbent,
+    transferred,
+)
 from .local_gp import KernelParams, LocalGP, Training
 from .slots import N_CANDIDATES, fill_slots
 from .surrogate import CONTEXT_ATTRIBUTES, ThetaSpace, fit_surrogate
@@ -629,15 +637,9 @@ class _Refit:
     # -- cold start ----------------------------------------------------------------------------
 
     def _published(self, context_id: int) -> dict[str, int] | None:
-        """The context's published incumbent, where it lies inside the policy's region.
-
-        Before the model is fitted (the initial design) nothing can tell a θ's worth from its
-        luck: each design θ has one measurement, and the best of them is the luckiest as often
-        as the best. Taking it as incumbent (on wifi-jitter, a design θ's one flow at 26.8
-        against the default's 26.7) served it on that flow's word, and the switching rule then
-        protected it. So a cold
-        context keeps what it published until the fitted model's rule
-        (``incumbent.own_incumbent``) can judge a challenger."""
+        """The context's published incumbent, where it lies inside the policy's region: a
+        context in its initial design keeps it unless a measured θ is better by
+        ``_measured_better``."""
         key = self.incumbents.get(context_id)
         if key is None:
             return None
@@ -648,13 +650,13 @@ class _Refit:
         per_context = self.mode != "standard"
         scope = self.by_context.get(context_id, []) if per_context else self.obs
         eligible = [o for o in scope if o.flows >= self.policy.min_flows]
+        best = max(eligible, key=lambda o: o.utility) if eligible else None
         published = self._published(context_id)
-        if published is not None:  # the design's flows explore; they do not unseat it
-            key = self.planner.spec.key(published)
-            measured = [o.utility for o in eligible if o.theta_key == key]
-            incumbent, inc_u = published, (measured[0] if measured else None)
-        elif eligible:
-            best = max(eligible, key=lambda o: o.utility)
+        key = None if published is None else self.planner.spec.key(published)
+        mine = next((o for o in eligible if o.theta_key == key), None)
+        if published is not None and (best is None or not _measured_better(best, mine)):
+            incumbent, inc_u = published, (None if mine is None else mine.utility)
+        elif best is not None:
             incumbent, inc_u = best.theta, best.utility
         else:
             incumbent, inc_u = self.planner.clip_default(self.policy), None
@@ -672,6 +674,24 @@ class _Refit:
                 incumbent, inc_u, tuple(self.space.sample(N_CANDIDATES, self.rng)), "random"
             )
         return ContextPlan(incumbent, inc_u, todo, "initial design")
+
+
+def _measured_better(best: Observation, published: Observation | None) -> bool:
+    """Whether the best measured θ of a context in its initial design replaces the published
+    incumbent: when that was not measured, or when the best's mean is higher by SWITCH_Z
+    standard deviations of the difference of the two means (their noise from ``history``).
+
+    Before the model is fitted nothing else can tell a θ's worth from its luck. The design's
+    θ have a flow or a bucket each, and the best of them is the luckiest as often as the best:
+    taken as incumbent on its mean alone (on wifi-jitter a design θ's one flow at 26.8 against
+    the default's 26.7), it was served on that flow's word, and the switching rule then
+    protected it. A θ measured better on many flows (60 against 20 Mbit/s) still takes over."""
+    if published is None:
+        return True
+    if best.theta_key == published.theta_key:
+        return False
+    sd = float(np.sqrt(max(best.noise_var + published.noise_var, MIN_VARIANCE)))
+    return best.utility - published.utility >= SWITCH_Z * sd
 
 
 def _capped(

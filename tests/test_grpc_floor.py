@@ -1,0 +1,64 @@
+"""``benchmarks.grpc_floor``: the process the fleet benchmark measures as gRPC's own per-call
+cost (``benchmarks.replicas --floor``) serves Booster's two methods at their real paths, the way
+Booster's agent service does (one message read, then the end of the stream), and nothing more.
+If it stopped answering, or answered other paths, the floor rows of the records would measure
+refusals instead of calls."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gemini_api.v1 import booster_pb2 as pb
+from gemini_booster.service.grpc_server import SERVICE
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def floor() -> Iterator[str]:
+    target = f"127.0.0.1:{_free_port()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.grpc_floor", "--listen", target],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "serving"
+        yield target
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _call(channel: grpc.Channel, method: str, body: bytes) -> bytes:
+    stub = channel.unary_unary(f"/{SERVICE}/{method}")
+    return stub(body, metadata=(("authorization", "Bearer any"),), timeout=10)
+
+
+def test_the_floor_answers_both_methods_with_an_empty_message(floor: str) -> None:
+    report = pb.ReportRequest(report_id="h:1", host_id="h").SerializeToString()
+    get = pb.GetParametersRequest(host_id="h", policy="p").SerializeToString()
+    with grpc.insecure_channel(floor) as channel:
+        assert _call(channel, "ReportAggregates", report) == b""
+        assert _call(channel, "GetParameters", get) == b""
+
+
+def test_the_floor_serves_only_boosters_methods(floor: str) -> None:
+    with grpc.insecure_channel(floor) as channel, pytest.raises(grpc.RpcError) as e:
+        _call(channel, "Other", b"")
+    assert e.value.code() is grpc.StatusCode.UNIMPLEMENTED

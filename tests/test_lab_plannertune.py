@@ -95,7 +95,14 @@ def test_a_round_runs_every_hosts_theta_on_its_contexts_path():
     cellular = [e for e in boot["experiments"] if e["label"].startswith("cellular/")]
     assert {e["path"] for e in cellular} == {1}
     assert {e["offset_s"] for e in cellular} == {2 * evaluation.TRACE_STEP_S}
-    assert [e["theta"] for e in cellular] == list(plans[2][1].values())
+    hosts = list(plans[2][1])
+    # round 2: the context's hosts turned by two places, so a host's flow meets other losses
+    assert [e["label"] for e in cellular] == [f"cellular/{h}" for h in hosts[2:] + hosts[:2]]
+    assert [e["theta"] for e in cellular] == [plans[2][1][h] for h in hosts[2:] + hosts[:2]]
+    first = plannertune.round_plan(CFG, 0, {c: runs for c, (_, runs) in plans.items()})
+    assert [e["label"] for e in first["experiments"] if e["path"] == 1] == [
+        f"cellular/{h}" for h in hosts
+    ]
 
 
 def test_the_tuned_theta_is_the_last_incumbent():

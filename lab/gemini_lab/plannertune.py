@@ -25,8 +25,10 @@ gRPC, storage and the kernel's per-destination profile table (``tune`` and the l
 Each scenario is its own context (its own destination region and ISP). On a path with a rate
 schedule, round r starts evaluation.TRACE_STEP_S × r seconds into the schedule (every host of
 the round alike); on a lossy path the flows continue one loss sequence, so two hosts meet
-other draws. The record: per context and round the incumbent and each θ run with its utility,
-and the tuned θ (the incumbent after the last round) as JSON for ``gemini-lab evaluate``.
+other draws, and each round turns the hosts' order by one place (``rotated``: every boot
+draws that sequence from its start). The record: per context and round the incumbent and
+each θ run with its utility, and the tuned θ (the incumbent after the last round) as JSON for
+``gemini-lab evaluate``.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 import numpy as np
 
@@ -40,6 +41,7 @@ DRIFT_Z = 5.0  # |z| of the best split, far beyond what scanning every split fin
 DRIFT_MIN_SHIFT = 0.03  # and the mean utility moved by at least this share of its magnitude
 DRIFT_MIN_FLOWS = 30  # flows needed on each side of a split before it is judged
 DRIFT_THETAS = 3  # θ per context tested for a change: the incumbent and the most-run others
+Spread = TypeVar("Spread", float, np.ndarray)  # one context's sums, or every context's at once
 
 
 @dataclass(frozen=True)
@@ -156,10 +158,10 @@ def _pooled_flow_var(per_trial: list[tuple[int, Utility]]) -> dict[int, float]:
         if u.flows >= 2:
             num[context_id] += u.var_of_mean * u.flows * (u.flows - 1)
             dof[context_id] += u.flows - 1
-    return {c: float(pooled_spread(np.asarray(num[c]), np.asarray(dof[c]))) for c in dof}
+    return {c: pooled_spread(num[c], dof[c]) for c in dof}
 
 
-def pooled_spread(num: np.ndarray, dof: np.ndarray) -> np.ndarray:
+def pooled_spread(num: Spread, dof: Spread) -> Spread:
     """A context's per-flow variance from the sum of squares ``num`` over ``dof`` degrees of
     freedom, shrunk toward SINGLE_FLOW_STD² with the weight of PRIOR_FLOWS flows.
 

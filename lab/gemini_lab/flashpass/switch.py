@@ -86,16 +86,13 @@ class SwitchPort:
     def data_queue_args(self) -> list[str]:
         """The data class's leaf: the shallow bfifo, RED marking ECN from K packets on, or RED
         dropping unscheduled (non-ECT) data above 2 packets."""
-        limit = str(self.data_buffer_packets * DATA_WIRE)
+        limit = self.data_buffer_packets * DATA_WIRE
         if self.selective_drop:
-            return [
-                "red",
-                *red_marking(int(limit), MARK_THRESHOLD_PACKETS, DATA_WIRE, self.rate_kbit),
-            ]
+            return ["red", *red_marking(limit, MARK_THRESHOLD_PACKETS, DATA_WIRE, self.rate_kbit)]
         k = self.data_ecn_k_packets
         if k is None:
-            return ["bfifo", "limit", limit]
-        return ["red", *red_marking(int(limit), k, DATA_WIRE, self.rate_kbit), "nodrop"]
+            return ["bfifo", "limit", str(limit)]
+        return ["red", *red_marking(limit, k, DATA_WIRE, self.rate_kbit), "nodrop"]
 
     def commands(self, dev: str) -> list[list[str]]:
         """The tc commands that make ``dev``'s egress this port."""

@@ -204,3 +204,43 @@ def test_the_report_sets_flashpass_star_beside_flashpass_and_each_tcp() -> None:
     assert "| 1 | cubic | -50 % |" in text  # FlashPass against cubic
     assert "| 1 | flashpass-star vs cubic | -75 % |" in text
     assert "| 1 | flashpass-star vs flashpass | -50 % |" in text
+
+
+def test_an_access_ratio_gives_every_arm_the_same_access_link_and_none_is_the_old_path() -> None:
+    old = fctmix.mix_runs(2, flows=5, transports=fctmix.ARMS)
+    runs = fctmix.mix_runs(2, flows=5, transports=fctmix.ARMS, access_ratio=fctmix.ACCESS_RATIO)
+    assert all("access_kbit" not in r for r in old)
+    assert {r["access_kbit"] for r in runs} == {evaluate.RATE_KBIT // 10}
+    assert [{k: v for k, v in r.items() if k != "access_kbit"} for r in runs] == old
+
+
+def test_a_sender_s_egress_adds_its_access_link_to_its_delay() -> None:
+    from gemini_lab.flashpass.lab import Access, access_of, sender_egress
+
+    assert sender_egress(0, None) == []
+    assert sender_egress(7.5, None) == ["delay", "7.5ms", "limit", "100000"]
+    link = Access(1000, 16)
+    assert sender_egress(0, link) == ["delay", "0ms", "rate", "1000kbit", "limit", "16"]
+    assert access_of({"data_buffer_packets": 16}) is None
+    assert access_of({"data_buffer_packets": 16, "access_kbit": 1000}) == link
+    run = {"data_buffer_packets": 16, "access_kbit": 1000, "access_buffer_packets": 4}
+    assert access_of(run) == Access(1000, 4)
+
+
+def test_a_flashpass_sender_takes_its_access_link_as_its_line_rate() -> None:
+    from pathlib import Path
+
+    from gemini_lab.flashpass.lab import _flow_command
+
+    flow = {"flow": 1, "bytes": 1000, "sender": 0}
+    run = {"transport": "flashpass-star", "rate_kbit": 10_000, "data_buffer_packets": 16}
+    line = _flow_command(run, flow, Path("/tmp"), None)
+    assert line[line.index("--link-mbit") + 1] == "10.0"
+    line = _flow_command(run | {"access_kbit": 1000}, flow, Path("/tmp"), None)
+    assert line[line.index("--link-mbit") + 1] == "1.0"
+
+
+def test_the_access_queues_loss_is_their_drops_over_the_packets_offered() -> None:
+    assert fctmix.access_loss({}) is None
+    qs = [{"drops": 1, "packets": 9}, {"drops": 0, "packets": 10}]
+    assert fctmix.access_loss({"access_qdiscs": qs}) == pytest.approx(1 / 20)

@@ -67,6 +67,7 @@ SIZE_SCALE = 10  # the CDF's sizes ÷ this (see the module's notes)
 LOAD = 0.8  # of the link: the paper's higher load (it ran 0.4 and 0.8)
 FLOWS = 120
 SENDERS = 20  # the N = 20 path
+ACCESS_RATIO = 10  # the paper's dynamic experiment: hosts' 1 Gbit/s links, a 10 Gbit/s WAN
 SENDER_SALT = 7919  # the senders' draw: its own generator, apart from the schedule's
 TRANSPORTS = ("flashpass", "cubic", "bbr", "gemini")  # the default arms
 DCTCP = "dctcp"
@@ -116,13 +117,17 @@ def mix_runs(
     load: float = LOAD,
     transports: Sequence[str] = TRANSPORTS,
     theta: dict[str, int] | None = None,
+    access_ratio: int = 0,
 ) -> list[dict]:
     """One run per transport: the N = 20 path of ``seed`` (evaluate.seed_runs: the same
     delays) carrying the seed's mix instead of one 1 MB flow per sender; FlashPass's arms at
-    ``theta`` (the paper's when None)."""
+    ``theta`` (the paper's when None). ``access_ratio`` > 0 gives every sender, in every arm,
+    an access link at the bottleneck's rate ÷ that ratio (ACCESS_RATIO: the paper's 1 Gbit/s
+    hosts on its 10 Gbit/s WAN); 0, no access link (the senders' links never limit)."""
     mix = mix_flows(seed, flows, load)
     arms = evaluate.seed_runs(seed, theta, SENDERS, tuple(transports))
-    runs = [r | {"flows": mix} for r in arms]
+    access = {"access_kbit": evaluate.RATE_KBIT // access_ratio} if access_ratio else {}
+    runs = [r | {"flows": mix} | access for r in arms]
     dctcp = {"data_ecn_k_packets": DCTCP_K, "receiver_cc": DCTCP}
     return [r | dctcp if r["transport"] == DCTCP else r for r in runs]
 
@@ -152,6 +157,7 @@ class MixFigures:
     emulation_loss: float | None  # FlashPass only
     complete: int  # flows that finished
     flows: int
+    access_loss: float | None = None  # the senders' access queues' drops (with access links)
 
 
 def figures(result: dict, flows: Sequence[dict]) -> MixFigures:
@@ -186,7 +192,17 @@ def figures(result: dict, flows: Sequence[dict]) -> MixFigures:
         emulation_loss=emu,
         complete=len(done),
         flows=len(flows),
+        access_loss=access_loss(result),
     )
+
+
+def access_loss(result: dict) -> float | None:
+    """The senders' access queues' drops ÷ the packets offered them (None: no access link)."""
+    qs = result.get("access_qdiscs")
+    if not qs:
+        return None
+    drops = sum(q["drops"] for q in qs)
+    return drops / max(1, drops + sum(q["packets"] for q in qs))
 
 
 def offered(flows: Sequence[dict]) -> float:
@@ -203,12 +219,13 @@ def run_seed(
     load: float,
     transports: Sequence[str],
     theta: dict[str, int] | None = None,
+    access_ratio: int = 0,
 ) -> dict:
     """One UML boot: the seed's mix under each transport; ``out``/summary.json."""
     from gemini_lab.uml import run_in_uml
 
     out.mkdir(parents=True, exist_ok=True)
-    runs = mix_runs(seed, flows, load, transports, theta)
+    runs = mix_runs(seed, flows, load, transports, theta, access_ratio)
     plan: dict = {"runs": runs}
     if evaluate.GEMINI in transports:
         from gemini_lab.uml import build_kernel, build_module
@@ -222,6 +239,7 @@ def run_seed(
     results = json.loads((out / "result.json").read_text())
     summary: dict = {"seed": seed, "flows": flows, "load": load, "runs": {}}
     summary["theta"] = runs[0]["theta"]
+    summary["access_kbit"] = runs[0].get("access_kbit", 0)
     for run, res in zip(runs, results, strict=True):
         t = run["transport"]
         if "error" in res:
@@ -257,11 +275,17 @@ def table(summaries: Sequence[dict], transports: Sequence[str] = ARMS) -> list[s
     if not summaries:
         return ["(none)"]
     transports = [t for t in transports if any(t in s["runs"] for s in summaries)]
+    access = any(
+        r.get("figures", {}).get("access_loss") is not None
+        for s in summaries
+        for r in s["runs"].values()
+    )  # a column for the access queues' loss only when the senders had access links
     lines = [
         "| transport | small < 100 KB: mean FCT ms | small: p99 ms | large > 10 MB: mean ms "
         "| 1–10 MB: mean ms | overall mean ms | utilisation | data-queue loss | emulation loss % "
-        "| complete |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        + ("| access-queue loss " if access else "")
+        + "| complete |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if access else ""),
     ]
     for t in transports:
         figs = [s["runs"][t]["figures"] for s in summaries if "figures" in s["runs"].get(t, {})]
@@ -277,7 +301,12 @@ def table(summaries: Sequence[dict], transports: Sequence[str] = ARMS) -> list[s
             f"| {_span([100 * f['utilisation'] for f in figs], '.1f')} % "
             f"| {_span([100 * f['data_loss'] for f in figs], '.2f')} % "
             f"| {_span([100 * e for f in figs if (e := f['emulation_loss']) is not None], '.1f')} "
-            f"| {sum(f['complete'] for f in figs)}/{sum(f['flows'] for f in figs)} |"
+            + (
+                f"| {_span([100 * (f.get('access_loss') or 0) for f in figs], '.2f')} % "
+                if access
+                else ""
+            )
+            + f"| {sum(f['complete'] for f in figs)}/{sum(f['flows'] for f in figs)} |"
         )
     return lines
 
@@ -383,6 +412,12 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--load", type=float, default=LOAD)
     r.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=ARMS)
     r.add_argument("--theta", nargs="*", default=[], metavar="NAME=UNITS", type=evaluate._setting)
+    r.add_argument(
+        "--access-ratio",
+        type=int,
+        default=0,
+        help=f"senders' access links at the link ÷ this (the paper's: {ACCESS_RATIO}); 0: none",
+    )
     t = sub.add_parser("table", help="the tables from the seeds' summary.json files")
     t.add_argument("dirs", type=Path, nargs="+")
     t.add_argument("--held-out", type=int, nargs="*", default=[4])
@@ -390,7 +425,9 @@ def main(argv: list[str] | None = None) -> None:
     if a.cmd == "run":
         theta = evaluate.flashpass_theta(a.theta)  # the paper's, with --theta in place
         for seed in a.seed:
-            s = run_seed(seed, a.work / f"seed{seed}", a.flows, a.load, a.transports, theta)
+            s = run_seed(
+                seed, a.work / f"seed{seed}", a.flows, a.load, a.transports, theta, a.access_ratio
+            )
             print(report([s], set()), flush=True)
         return
     found = [json.loads(p.read_text()) for d in a.dirs for p in d.glob("seed*/summary.json")]

@@ -19,7 +19,10 @@ PLAN: {"runs": [{"transport", "rate_kbit", "data_buffer_packets", "return_ms",
 "sender_delays_ms": [...], "flows": [{"flow", "bytes", "sender", "start_ms"}], "theta"}]};
 a TCP run may add ``data_ecn_k_packets`` (the data queue marks ECN from K packets on:
 gemini_lab.flashpass.switch) and ``receiver_cc`` (the receiver's default CC, e.g. dctcp);
-a plan without "runs" is one run of FlashPass. ``theta`` is written to the run's θ file
+any run may add ``access_kbit`` (each sender's own link at that rate, its egress queue
+``access_buffer_packets`` deep, the data queue's depth unless given; FlashPass's senders then
+take it as their line rate: the pre-credit phase's pace and the emulation's maximum); a plan
+without "runs" is one run of FlashPass. ``theta`` is written to the run's θ file
 before its flows start; ``theta_file`` instead names a θ file in the output directory that
 someone else writes (the agent, on the lab's host machine: tests/test_lab_flashpass_loop.py).
 Either way each flow reads θ from the file at its start and appends its record to the flow
@@ -35,6 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from gemini_lab.flashpass.switch import SwitchPort
@@ -56,7 +60,40 @@ def sender_ns(i: int) -> str:
     return f"fps{i}"
 
 
-def build(port: SwitchPort, return_ms: float, sender_delays_ms: list[float]) -> None:
+@dataclass(frozen=True)
+class Access:
+    """Each sender's own link to the switch (the paper's hosts: 1 Gbit/s links into a
+    10 Gbit/s WAN): ``kbit`` its rate, ``buffer_packets`` the packets its egress queue holds
+    (those still in its delay included)."""
+
+    kbit: int
+    buffer_packets: int
+
+
+def sender_egress(delay_ms: float, access: Access | None) -> list[str]:
+    """The netem arguments of a sender's egress: its one-way delay, and with an access link
+    that link's rate and queue; [] when it has neither."""
+    if access is None:
+        return ["delay", f"{delay_ms:g}ms", "limit", "100000"] if delay_ms else []
+    return ["delay", f"{delay_ms:g}ms", "rate", f"{access.kbit}kbit",
+            "limit", str(access.buffer_packets)]  # fmt: skip
+
+
+def access_of(run: dict) -> Access | None:
+    """The run's access link (``access_kbit``, ``access_buffer_packets``: the data queue's
+    depth unless given), None without one (the senders' links then never limit)."""
+    if not run.get("access_kbit"):
+        return None
+    depth = run.get("access_buffer_packets", run["data_buffer_packets"])
+    return Access(int(run["access_kbit"]), int(depth))
+
+
+def build(
+    port: SwitchPort,
+    return_ms: float,
+    sender_delays_ms: list[float],
+    access: Access | None = None,
+) -> None:
     for ns in (SWITCH_NS, RECEIVER_NS, *map(sender_ns, range(len(sender_delays_ms)))):
         sh("ip", "netns", "add", ns)
         sh("ip", "link", "set", "lo", "up", ns=ns)
@@ -66,9 +103,8 @@ def build(port: SwitchPort, return_ms: float, sender_delays_ms: list[float]) -> 
         ns = sender_ns(i)
         _veth(ns, "w", f"10.60.{i}.1", SWITCH_NS, f"fpw-s{i}", f"10.60.{i}.2")
         sh("ip", "route", "add", "default", "via", f"10.60.{i}.2", ns=ns)
-        if delay:
-            sh("tc", "qdisc", "add", "dev", "w", "root", "netem", "delay", f"{delay:g}ms",
-               "limit", "100000", ns=ns)  # fmt: skip
+        if egress := sender_egress(delay, access):
+            sh("tc", "qdisc", "add", "dev", "w", "root", "netem", *egress, ns=ns)
     sh("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=SWITCH_NS)
     for cmd in port.commands(PORT_DEV):
         sh(*cmd, ns=SWITCH_NS)
@@ -89,6 +125,14 @@ def _until(done: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(POLL_S)
 
 
+def access_stats(senders: int) -> list[dict]:
+    """Each sender's egress qdisc (its delay, and its access link when the run has one)."""
+    return [
+        json.loads(sh("tc", "-s", "-j", "qdisc", "show", "dev", "w", ns=sender_ns(i)))[0]
+        for i in range(senders)
+    ]
+
+
 def port_stats() -> list[dict]:
     """The switch port's qdiscs as the kernel counts them (each class's leaf counts what the
     class sent and dropped)."""
@@ -101,9 +145,10 @@ def _flow_command(run: dict, f: dict, out: Path, theta_file: Path | None) -> lis
         args = [RECEIVER_ADDR, str(TCP_PORT), run["transport"], str(f["bytes"])]
         return python_in(ns, "gemini_lab.bulk", "put", *args)
     args = [RECEIVER_ADDR, "--flow", str(f["flow"]), "--bytes", str(f["bytes"])]
+    access = access_of(run)  # the sender's line rate: its own link's, else the bottleneck's
     args += [
         "--link-mbit",
-        str(run["rate_kbit"] / 1000),
+        str((access.kbit if access else run["rate_kbit"]) / 1000),
         "--log",
         str(out / f"flow{f['flow']}.json"),
     ]
@@ -190,7 +235,8 @@ def run_one(run: dict, out: Path) -> dict:
     k = run.get("data_ecn_k_packets")  # a marking data queue (the DCTCP arm), else a bfifo
     star = run.get("transport") == FLASHPASS_STAR  # unscheduled data dropped above 2 packets
     port = SwitchPort(int(run["rate_kbit"]), int(run["data_buffer_packets"]), 0, k, star)
-    build(port, float(run.get("return_ms", run.get("rtt_ms", 0))), delays)
+    access = access_of(run)
+    build(port, float(run.get("return_ms", run.get("rtt_ms", 0))), delays, access)
     theta_file = None
     if run.get("theta_file"):  # written by an agent, beside the plan (the output directory)
         theta_file = out / run["theta_file"]
@@ -218,6 +264,8 @@ def run_one(run: dict, out: Path) -> dict:
         "makespan_s": makespan,
         "sender_rc": [p.returncode for p in done.procs],
     }
+    if access is not None:
+        result["access_qdiscs"] = access_stats(len(delays))
     if params is not None:
         result["module_params"] = params
     if result["transport"] in FLASHPASS_ARMS:

@@ -68,7 +68,8 @@ NOT_ECT = 0x00
 # Algorithm 2 judges, once per RTT, the emulation packets whose credits are surely back: those
 # sent more than an RTT plus a full emulation queue's wait ago, so loss is not read early.
 PROBE_RTTS = 2  # a tail-loss probe waits this many RTTs after the last data packet
-GIVE_UP_S = 60.0  # a flow that has not finished by then is reported as failed
+GIVE_UP_S = 180.0  # a flow that has not finished by then is reported as failed (a 3 MB flow
+# takes 27 s alone behind a 1 Mbit/s access link: gemini_lab.flashpass.fctmix, --access-ratio)
 FLOW_LOG_SUFFIX = ".flows"  # the flow log: beside the θ file, its suffix replaced
 US = 1000  # ns per µs
 

@@ -61,6 +61,7 @@ from gemini_api.theta import load_spec
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_api.v1 import booster_pb2_grpc as pb_grpc
 from gemini_booster import simulation as sim
+from gemini_booster.service.grpc_server import SERVICE, GrpcLimits
 from gemini_booster.storage import credentials, database
 
 from . import report_size as mix
@@ -72,6 +73,9 @@ POLICY = mix.POLICY
 GET_CONTEXTS = 10
 READ_PORT = "read port"  # the side whose GetParameters go to the read port (--read-port)
 FLOOR = "grpc floor"  # the side served by benchmarks.grpc_floor (--floor)
+FLOOR_GO = "grpc-go floor"  # benchmarks/grpc_floor_go, as many threads as Go likes (--floor-go)
+FLOOR_GO_1 = "grpc-go floor, GOMAXPROCS=1"  # the same, its Go code on one thread at a time
+FLOORS = (FLOOR, FLOOR_GO, FLOOR_GO_1)
 START_S = 180
 LOCK_WAIT = re.compile(r"still waiting for (\w+) on .* after ([\d.]+) ms")
 ACQUIRED = re.compile(r"acquired (\w+) on .* after ([\d.]+) ms")
@@ -225,12 +229,16 @@ class Replica:
 
 @dataclass
 class FloorServer(Replica):
-    """``benchmarks.grpc_floor`` in a process of its own, addressed as a replica is."""
+    """A gRPC floor in a process of its own, addressed as a replica is: ``benchmarks.grpc_floor``
+    by default, or ``command`` (the compiled floor of ``--floor-go``)."""
+
+    command: tuple[str, ...] = (sys.executable, "-m", "benchmarks.grpc_floor")
 
     def start(self) -> FloorServer:
         log = open(self.work / f"{self.name}.log", "ab")  # noqa: SIM115 (lives with the process)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.grpc_floor", "--listen", self.target],
+            [*self.command, "--listen", self.target],
+            env=os.environ | self.env,
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
@@ -238,8 +246,34 @@ class FloorServer(Replica):
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != "serving":
             tail = (self.work / f"{self.name}.log").read_text()[-2000:]
-            raise RuntimeError(f"grpc_floor did not start:\n{tail}")
+            raise RuntimeError(f"{self.command[0]} did not start:\n{tail}")
         return self
+
+
+def build_go_floor(work: Path) -> tuple[str, ...]:
+    """``benchmarks/grpc_floor_go`` built with its pinned modules, and Booster's GrpcLimits as
+    its flags, so both floors apply the same limits."""
+    binary = work / "grpc_floor_go"
+    subprocess.run(
+        ["go", "build", "-o", str(binary), "."],
+        cwd=Path(__file__).parent / "grpc_floor_go",
+        env=os.environ | {"GOFLAGS": "-mod=readonly"},
+        check=True,
+    )
+    lim = GrpcLimits()
+    return (
+        str(binary),
+        f"--service={SERVICE}",
+        f"--max-message-bytes={lim.max_message_bytes}",
+        f"--max-metadata-bytes={lim.max_metadata_bytes}",
+        f"--max-streams-per-connection={lim.max_streams_per_connection}",
+        f"--receive-timeout={lim.receive_timeout_s}s",
+        f"--connection-idle={lim.connection_idle_s}s",
+        f"--connection-age={lim.connection_age_s}s",
+        f"--connection-age-grace={lim.connection_age_grace_s}s",
+        f"--handshake-timeout={lim.handshake_timeout_s}s",
+        f"--min-ping-interval={lim.min_ping_interval_s}s",
+    )
 
 
 # -- the fleet's requests ----------------------------------------------------------------------
@@ -727,6 +761,12 @@ def main() -> None:
         "(gRPC serving both calls as Booster does, and nothing else)",
     )
     ap.add_argument(
+        "--floor-go",
+        action="store_true",
+        help="also against benchmarks/grpc_floor_go (the same floor in grpc-go; needs go), "
+        "with Go's default GOMAXPROCS and with GOMAXPROCS=1",
+    )
+    ap.add_argument(
         "--baseline-dense",
         action="store_true",
         help="the baseline gets the same host-minutes with dense sketches, as agents sent "
@@ -786,6 +826,15 @@ def main() -> None:
         if args.floor:  # as many floor processes as replicas, so each layout has its floor
             floors = [FloorServer(f"grpc-floor-{i + 1}", "", work) for i in range(args.replicas)]
             sides.append(Side(FLOOR, "", [f.start() for f in floors], sides[0].tokens))
+        if args.floor_go:
+            command = build_go_floor(work)
+            for label, env in ((FLOOR_GO, {}), (FLOOR_GO_1, {"GOMAXPROCS": "1"})):
+                name = label.split(",")[0].replace(" ", "-")
+                floors = [
+                    FloorServer(f"{name}-{len(env)}-{i + 1}", "", work, env=env, command=command)
+                    for i in range(args.replicas)
+                ]
+                sides.append(Side(label, "", [f.start() for f in floors], sides[0].tokens))
         runs: list[Run] = []
         for _ in range(args.runs):
             for n in range(1, args.replicas + 1):
@@ -840,30 +889,33 @@ def main() -> None:
 
 
 def floor_lines(runs: list[Run], labels: list[str], max_n: int) -> list[str]:
-    """Each build's CPU per report against the gRPC floor's with as many processes (medians)."""
-    if not any(r.side == FLOOR for r in runs):
+    """Each build's CPU per report against each gRPC floor's with as many processes (medians)."""
+    floors = [f for f in FLOORS if any(r.side == f for r in runs)]
+    if not floors:
         return []
     lines = [
-        f"The {FLOOR} rows are `benchmarks.grpc_floor` under the same load: gRPC serving both "
-        "calls as Booster does (same core experiments, channel arguments, asyncio server on a "
-        "uvloop thread, stream-unary with the metadata and both reads) and nothing else, one "
-        'process per replica; their "stored reports/s" and CPU are per report answered. '
-        "Medians:",
+        "The floor rows serve both calls as Booster does and nothing else, one process per "
+        'replica; their "stored reports/s" and CPU are per report answered. '
+        f"{FLOOR}: `benchmarks.grpc_floor`, Python gRPC as Booster runs it (same core "
+        "experiments, channel arguments, asyncio server on a uvloop thread, stream-unary "
+        f"with the metadata and both reads). {FLOOR_GO}: `benchmarks/grpc_floor_go`, the same "
+        "calls in grpc-go with the same limits, messages left as bytes. Medians:",
         "",
     ]
-    for n in range(1, max_n + 1):
-        floor = [r for r in runs if r.side == FLOOR and r.replicas == n]
-        if not floor:
-            continue
-        base = _median(floor, lambda r: r.booster_ms)
-        for label in labels:
-            rs = [r for r in runs if r.side == label and r.replicas == n]
-            if label != FLOOR and rs:
-                b = _median(rs, lambda r: r.booster_ms)
-                lines.append(
-                    f"- {label}, {n} replica{'s' if n > 1 else ''}: {b:.2f} ms per report, "
-                    f"{b / base:.2f}× the floor's {base:.2f} ms; {b - base:.2f} ms above it"
-                )
+    for floor in floors:
+        for n in range(1, max_n + 1):
+            mine = [r for r in runs if r.side == floor and r.replicas == n]
+            if not mine:
+                continue
+            base = _median(mine, lambda r: r.booster_ms)
+            for label in labels:
+                rs = [r for r in runs if r.side == label and r.replicas == n]
+                if label not in FLOORS and rs:
+                    b = _median(rs, lambda r: r.booster_ms)
+                    lines.append(
+                        f"- {label}, {n} replica{'s' if n > 1 else ''}: {b:.2f} ms per report, "
+                        f"{b / base:.2f}× the {floor}'s {base:.2f} ms; {b - base:.2f} ms above it"
+                    )
     return [*lines, ""]
 
 

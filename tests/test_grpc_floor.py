@@ -1,5 +1,6 @@
-"""``benchmarks.grpc_floor``: the process the fleet benchmark measures as gRPC's own per-call
-cost (``benchmarks.replicas --floor``) serves Booster's two methods at their real paths, the way
+"""``benchmarks.grpc_floor`` and its grpc-go twin ``benchmarks/grpc_floor_go``: the processes the
+fleet benchmark measures as gRPC's own per-call cost (``benchmarks.replicas --floor``,
+``--floor-go``) serve Booster's two methods at their real paths, the way
 Booster's agent service does (one message read, then the end of the stream), and nothing more.
 If it stopped answering, or answered other paths, the floor rows of the records would measure
 refusals instead of calls."""
@@ -15,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from benchmarks.replicas import build_go_floor
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster.service.grpc_server import SERVICE
 
@@ -27,11 +29,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def floor() -> Iterator[str]:
+def _command(kind: str, work: Path) -> tuple[str, ...]:
+    if kind == "go":  # built as the benchmark builds it, with Booster's limits as flags
+        return build_go_floor(work)
+    return (sys.executable, "-m", "benchmarks.grpc_floor")
+
+
+@pytest.fixture(params=["python", pytest.param("go", marks=pytest.mark.tools)])
+def floor(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     target = f"127.0.0.1:{_free_port()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.grpc_floor", "--listen", target],
+        [*_command(request.param, tmp_path), "--listen", target],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,

@@ -381,3 +381,18 @@ def test_a_pre_credit_flow_over_loopback_delivers_every_byte() -> None:
     assert unscheduled and unscheduled == list(range(len(unscheduled)))
     assert sorted(unscheduled + scheduled) == list(range(report["packets"]))
     assert got["unscheduled_in"] == len(unscheduled) and report["pre_credit_end_ns"] > 0
+
+
+def test_a_nack_carries_at_most_one_datagram_of_missing_packets_and_the_rest_on_a_later_probe() -> (
+    None
+):
+    """A flow that lost more packets than one NACK can name (its access queue dropped 390 on
+    the mix) gets the first MAX_NACK; the receiver does not fail on the rest."""
+    missing = list(range(wire.MAX_NACK + 28))
+    body = wire.nack_body(missing)
+    assert wire.nack_missing(body) == missing[: wire.MAX_NACK]
+    assert len(Packet(Kind.NACK, 1, 0, body=body).encode()) <= 1500 - 20 - 8
+    r = Receiver()
+    r.handle(Packet(Kind.PROBE, 5, 0, 0, len(missing)), 0)  # nothing of flow 5 arrived
+    nack = r.handle(Packet(Kind.PROBE, 5, 0, 0, len(missing)), 0)
+    assert nack is not None and wire.nack_missing(nack.body) == missing[: wire.MAX_NACK]

@@ -84,7 +84,10 @@ def emulation(flow: int, seq: int, ts_ns: int) -> bytes:
 
 
 def nack_body(missing: list[int]) -> bytes:
-    return struct.pack(f"!{len(missing)}I", *missing[:MAX_NACK])
+    """The first MAX_NACK of ``missing`` (one datagram's worth; the sender's next probe asks
+    for the rest)."""
+    first = missing[:MAX_NACK]
+    return struct.pack(f"!{len(first)}I", *first)
 
 
 def nack_missing(body: bytes) -> list[int]:

@@ -32,7 +32,11 @@ to its exit: the receiver's DONE (FlashPass) or close (TCP) back at the sender.
 Aeolus-enhanced variant whose FCTs its headline reports: the pre-credit phase and a data queue
 that drops unscheduled data above 2 packets (gemini_lab.flashpass.sender and .switch).
 ``--theta NAME=UNITS ...`` runs FlashPass's arms at the paper's θ with those settings in place
-(refused outside Θ'). ``table`` gathers a seed's arms from every directory given.
+(refused outside Θ'). ``--access-ratio 10`` puts every arm's senders behind their own link at
+a tenth of the bottleneck's rate (the paper's dynamic experiment: 1 Gbit/s hosts on a
+10 Gbit/s WAN; gemini_lab.flashpass.lab, ``access_kbit``), FlashPass's senders taking it as
+their line rate; without it the senders' links never limit. ``table`` gathers a seed's arms
+from every directory given.
 
     python -m gemini_lab.flashpass.fctmix run --seed 1 --work DIR   one boot, DIR/seed1/
     python -m gemini_lab.flashpass.fctmix table DIR ... --held-out 4

@@ -46,6 +46,22 @@
  * W' is also at most the estimated BDP: the exit test sees the queue a round trip late, when
  * slow start has doubled the window past the BDP, and a gentle λ would drain that overshoot
  * only one cut per round trip (BBR's DRAIN answers the same overshoot; fusion_reduced_cwnd).
+ * A delay exit has seen a queue by its own bar, which on a path over 512 ms (HyStart's 16 ms
+ * against T^min / 32) is below the queue bar of eq. 4's probe: on lowrate-lossy (600 ms,
+ * 2 Mbit/s) exits between the two bars were cut by λ alone, from 218 packets to 193 against a
+ * BDP of 100, so a delay exit drains to the estimate whatever the probe's bar says.
+ *
+ * Slow start's overshoot is no part of the RTT range. The exit sees the queue a round trip
+ * late, so the window peaks near twice the BDP, and on a buffer of one BDP that is up to a
+ * round trip of queue (lowrate-lossy: 250 packets against a BDP of 100, RTT samples up to
+ * 1.1 s against 600 ms). Kept in T^max, that peak put eq. 1's delay bar at δ of some 450 ms
+ * for n intervals (6 s at the default n), and the window crept from the BDP to 123 packets,
+ * 120 ms of queue, before the signal fired. So the exit restarts T^max from T^min and holds
+ * it there, and holds the delay signal too (the exit's reduction is draining that queue
+ * already), until the overshoot has drained: until what was sent up to the end of the exit's
+ * reduction is acknowledged, or FUSION_DRAIN_INTERVALS_MAX intervals at most. Restarting T^max
+ * at the end of the reduction alone was too early: data sent during the reduction still
+ * queued behind the peak, and its samples put T^max back at 1,070 ms a round trip later.
  * The reduction runs through the kernel's CWR or Recovery state and reaches W' by proportional
  * rate reduction (RFC 6937): the window follows the packets delivered instead of collapsing at
  * once. It ends when the socket leaves CWR or Recovery, or when what was sent before it is
@@ -72,7 +88,11 @@
  * still enters Recovery to retransmit, but asks ssthresh() only how far to reduce; Fusion
  * answers "not at all" and, unlike the stack's own reduction (tcp_cwnd_reduction, and the
  * reset to ssthresh in tcp_end_cwnd_reduction, both skipped for a CC with cong_control), runs
- * PRR only while a reduction of its own is under way. The retransmissions go out within the
+ * PRR only while a reduction of its own is under way; an episode the stack starts within such
+ * a reduction keeps the reduction's target (the stack asks ssthresh() again at each new
+ * Recovery, and "not at all" lifted the target back to the window: on lowrate-lossy a
+ * slow-start exit cut from 257 packets to the BDP of 89 ended at 148, and the flow queued
+ * 78 ms on average instead of 30). The retransmissions go out within the
  * window, as BBR's do after its first round of recovery (bbr_set_cwnd_to_recover_or_restore),
  * and pacing (eq. 5) keeps them from bursting. Before this, a tolerated loss froze the window
  * for the whole of Recovery; on a long path with random loss (800 ms, 0.74 %, thousands of
@@ -85,10 +105,17 @@
  * estimate is stale, α · R^max · T^min adds nothing beyond W, and γ packets per round alone
  * would take minutes to fill a long path. What tells a stale estimate from a full path is the
  * queue: while the latest round trip's minimum RTT stays within T^min / 32 (at least 1 ms) of
- * T^min, the window is what limits delivery, and the step s doubles each round trip, up to
- * W / 8 per round. Once a queue shows, s is γ again, and a congestion signal (eq. 1) resets
+ * T^min, and the estimated BDP R^max · T^min rose since the round before (by a packet or
+ * more: the window's last steps reached the receiver as delivery), the window is what limits
+ * delivery, and the step s doubles each round trip, up to W / 8 per round. Once a queue
+ * shows, or the estimate stops rising, s is γ again, and a congestion signal (eq. 1) resets
  * it too. A probe that doubled regardless of the queue filled buffers: on the Ethernet path
- * it raised mean queueing from 16 to 65 ms for 4 % more throughput.
+ * it raised mean queueing from 16 to 65 ms for 4 % more throughput. One that doubled on the
+ * RTT alone doubled on stale news: those samples are a round trip old and miss the latest
+ * steps, and after each cut, with W back at α · R^max · T^min, a full path's queue is still
+ * under the bar. On lowrate-lossy it doubled to W / 8 (T^min / 8, 75 ms, of queue a round)
+ * after every cut, 103 → 107 → 115 → 129 packets against a BDP of 100, and the flow queued
+ * 49–60 ms on average; a full path's estimate does not rise, so the probe stays at γ there.
  *
  * Pacing (eq. 5): R = W / T^min, set as the socket's pacing rate with internal pacing
  * requested, so it holds with or without the fq qdisc.
@@ -125,6 +152,8 @@
 #define FUSION_GAIN_SHIFT	8		/* ss -i shows α as a gain << 8, as BBR's gains */
 #define FUSION_PROBE_MAX_SHIFT	3		/* avoidance step at most W / 8 per round */
 #define FUSION_PROBE_QUEUE_SHIFT	5	/* probe while the queue is under T^min / 32 */
+/* after slow start's exit, T^max and the delay signal wait at most 8 round trips for the drain */
+#define FUSION_DRAIN_INTERVALS_MAX	(8 * FUSION_INTERVALS_PER_RTT)
 
 enum fusion_mode {
 	FUSION_SLOW_START,
@@ -171,6 +200,7 @@ struct fusion_flow {
 	u32 cut_round;				/* round of the latest reduction, + 1 */
 	u32 reduction_end_seq;			/* the reduction and its episode are over once acked */
 	u32 probe_step;				/* eq. 4's additive step: γ, doubling */
+	u32 probe_bdp;				/* R^max · T^min at the latest round's eq. 4 */
 	u32 ss_rtt_min_us;			/* HyStart: min of this round's first samples */
 	u8 ss_samples;
 	u8 mode;
@@ -181,6 +211,10 @@ struct fusion_flow {
 	bool queue_free;			/* latest interval: no queue beyond the floor */
 	bool queue_seen;			/* latest interval: RTT samples above the floor */
 	bool episode;				/* data sent before the latest reduction unacked */
+	bool exit_drain;			/* slow start's overshoot drains: T^max waits */
+	u32 exit_interval;			/* the interval of slow start's exit */
+	u32 drain_end_seq;			/* the drain is over once this is acked */
+	bool drain_ending;			/* the exit's reduction is over: drain_end_seq set */
 
 	/* for the flow record; counters mirrored per ACK, since an abortive close zeroes them */
 	struct fusion_endpoints ends;
@@ -339,9 +373,19 @@ static u32 fusion_reduced_cwnd(const struct sock *sk, const struct fusion_flow *
 	u32 target = cwnd * fusion_theta(f, FUSION_THETA_MULT_DECREASE) /
 		     FUSION_MULT_DECREASE_SCALE;
 
-	if (f->mode == FUSION_SLOW_START && f->queue_seen && bdp)
+	if (f->mode == FUSION_SLOW_START && (f->queue_seen || f->cutting == FUSION_CUT_DELAY) &&
+	    bdp)
 		target = min(target, bdp);
 	return max_t(u32, target, FUSION_CWND_MIN);
+}
+
+/* The exit's reduction is over: once what it sent is acked, the overshoot has drained. */
+static void fusion_drain_ends(struct fusion_flow *f, const struct tcp_sock *tp)
+{
+	if (f->exit_drain && !f->drain_ending) {
+		f->drain_end_seq = tp->snd_nxt;
+		f->drain_ending = true;
+	}
 }
 
 /*
@@ -355,6 +399,12 @@ static u32 fusion_reduced_cwnd(const struct sock *sk, const struct fusion_flow *
  */
 static void fusion_note_cut(struct sock *sk, struct fusion_flow *f, enum fusion_cut cause)
 {
+	if (f->mode == FUSION_SLOW_START) {	/* the overshoot is no part of the RTT range */
+		f->exit_drain = true;
+		f->drain_ending = false;
+		f->exit_interval = f->interval;
+		fusion_minmax_reset(&f->rtt_max, f->interval, fusion_min_rtt_us(f));
+	}
 	f->mode = FUSION_AVOIDANCE;
 	f->reduction = cause;
 	f->reduction_end_seq = tcp_sk(sk)->snd_nxt;
@@ -397,10 +447,12 @@ static void fusion_congestion(struct sock *sk, struct fusion_flow *f, enum fusio
 		f->cutting = FUSION_CUT_NONE;
 		return;
 	}
+	f->cutting = cause;
 	if (f->reduction)			/* reducing already: lower the target */
 		tp->snd_ssthresh = min(tp->snd_ssthresh, fusion_reduced_cwnd(sk, f));
 	else					/* repairing tolerated losses: reduce now */
 		fusion_start_prr(sk, f);
+	f->cutting = FUSION_CUT_NONE;
 	fusion_note_cut(sk, f, cause);
 }
 
@@ -511,10 +563,15 @@ static void fusion_close_interval(struct sock *sk, struct fusion_flow *f, u64 no
 	f->interval_start_us = now;
 	if (f->interval_bw)
 		fusion_minmax_update(&f->bw_max, n, f->interval, f->interval_bw, true);
-	if (interval_min != U32_MAX) {
-		fusion_minmax_update(&f->rtt_min, n, f->interval, interval_min, false);
+	if (f->exit_drain && ((f->drain_ending && !before(tcp_sk(sk)->snd_una, f->drain_end_seq)) ||
+			      f->interval - f->exit_interval > FUSION_DRAIN_INTERVALS_MAX)) {
+		f->exit_drain = false;		/* drained: T^max restarts from T^min */
+		fusion_minmax_reset(&f->rtt_max, f->interval, fusion_min_rtt_us(f));
+	} else if (interval_min != U32_MAX && !f->exit_drain) {
 		fusion_minmax_update(&f->rtt_max, n, f->interval, f->interval_rtt_max_us, true);
 	}
+	if (interval_min != U32_MAX)
+		fusion_minmax_update(&f->rtt_min, n, f->interval, interval_min, false);
 	f->interval_bw = 0;
 	f->interval_rtt_min_us = U32_MAX;
 	f->interval_rtt_max_us = 0;
@@ -527,7 +584,7 @@ static void fusion_close_interval(struct sock *sk, struct fusion_flow *f, u64 no
 	f->queue_seen = interval_min != U32_MAX && !fusion_queue_free(f, interval_min);
 	if (fusion_loss_signal(f))
 		fusion_congestion(sk, f, FUSION_CUT_LOSS);
-	else if (signal_min != U32_MAX && fusion_delay_signal(f, signal_min))
+	else if (!f->exit_drain && signal_min != U32_MAX && fusion_delay_signal(f, signal_min))
 		fusion_congestion(sk, f, FUSION_CUT_DELAY);
 }
 
@@ -568,15 +625,21 @@ static u32 fusion_prr_cwnd(struct sock *sk, const struct rate_sample *rs)
 	return in_flight + sndcnt;
 }
 
-/* Eq. 4 once per round: W' = max(α · R^max · T^min, W) + s; s doubles while no queue shows. */
+/*
+ * Eq. 4 once per round: W' = max(α · R^max · T^min, W) + s; s doubles while no queue shows
+ * and the estimated BDP keeps rising (by a packet or more since the round before).
+ */
 static u32 fusion_avoid_cwnd(struct fusion_flow *f, u32 cwnd)
 {
 	u32 gamma_pkts = fusion_theta(f, FUSION_THETA_ADD_INCREASE);
+	u32 bdp = fusion_bdp(f, 1, 1);
+	bool rising = bdp > f->probe_bdp;
 	u32 step = f->queue_free ? f->probe_step : gamma_pkts;
 
+	f->probe_bdp = bdp;
 	cwnd = max(fusion_bdp(f, fusion_theta(f, FUSION_THETA_MULT_INCREASE),
 			      FUSION_MULT_INCREASE_SCALE), cwnd) + step;
-	f->probe_step = f->queue_free ?
+	f->probe_step = f->queue_free && rising ?
 			max(min(step << 1, cwnd >> FUSION_PROBE_MAX_SHIFT), gamma_pkts) : gamma_pkts;
 	return cwnd;
 }
@@ -622,6 +685,7 @@ static u32 fusion_end_reduction(struct sock *sk, struct fusion_flow *f, u32 cwnd
 	const struct tcp_sock *tp = tcp_sk(sk);
 
 	f->reduction = FUSION_CUT_NONE;
+	fusion_drain_ends(f, tp);
 	if (f->prev_ca_state == TCP_CA_CWR || f->prev_ca_state == TCP_CA_Recovery)
 		return min(cwnd, tp->snd_ssthresh);
 	return cwnd;
@@ -704,7 +768,8 @@ static void fusion_cong_control(struct sock *sk, const struct rate_sample *rs)
 /*
  * The kernel asks on entering Recovery, Loss or CWR: how far to reduce. On Fusion's own signal
  * (tcp_enter_cwr() from fusion_congestion()), or when the losses exceed l, to λ · W (eq. 3);
- * for losses within l, not at all: they are repaired while the window keeps growing.
+ * for losses within l, not at all: they are repaired while the window keeps growing, or, while
+ * a reduction of Fusion's own is under way, to that reduction's target, which stands.
  */
 static u32 fusion_ssthresh(struct sock *sk)
 {
@@ -714,6 +779,8 @@ static u32 fusion_ssthresh(struct sock *sk)
 
 	if (!f)
 		return max(tcp_snd_cwnd(tp) >> 1, 2U);
+	if (!f->cutting && !fusion_loss_signal(f) && f->reduction)
+		return min(tcp_snd_cwnd(tp), tp->snd_ssthresh);	/* ours stands */
 	if (!f->cutting && !fusion_loss_signal(f))
 		return tcp_snd_cwnd(tp);	/* loss within tolerance l: no reduction */
 	target = fusion_reduced_cwnd(sk, f);	/* before the cut ends slow start */
@@ -737,6 +804,7 @@ static u32 fusion_undo_cwnd(struct sock *sk)
 	if (f->reduction == FUSION_CUT_DELAY)
 		return cwnd;
 	f->reduction = FUSION_CUT_NONE;
+	fusion_drain_ends(f, tp);
 	return max(cwnd, tp->prior_cwnd);
 }
 

@@ -50,6 +50,14 @@
  * against T^min / 32) is below the queue bar of eq. 4's probe: on lowrate-lossy (600 ms,
  * 2 Mbit/s) exits between the two bars were cut by λ alone, from 218 packets to 193 against a
  * BDP of 100, so a delay exit drains to the estimate whatever the probe's bar says.
+ * The reduction runs through the kernel's CWR or Recovery state and reaches W' by proportional
+ * rate reduction (RFC 6937): the window follows the packets delivered instead of collapsing at
+ * once. It ends when the socket leaves CWR or Recovery, or when what was sent before it is
+ * acknowledged, whichever comes first: on a long lossy path one recovery episode follows the
+ * next within a single ACK, and a reduction that waited for the socket to leave Recovery ran
+ * PRR for the rest of the flow, the window falling by a segment per loss. At most one reduction
+ * per round trip; a reduction the signal started for a loss is given back if the stack proves
+ * the losses spurious (undo), one started for delay is not.
  *
  * Slow start's overshoot is no part of the RTT range. The exit sees the queue a round trip
  * late, so the window peaks near twice the BDP, and on a buffer of one BDP that is up to a
@@ -62,14 +70,6 @@
  * reduction is acknowledged, or FUSION_DRAIN_INTERVALS_MAX intervals at most. Restarting T^max
  * at the end of the reduction alone was too early: data sent during the reduction still
  * queued behind the peak, and its samples put T^max back at 1,070 ms a round trip later.
- * The reduction runs through the kernel's CWR or Recovery state and reaches W' by proportional
- * rate reduction (RFC 6937): the window follows the packets delivered instead of collapsing at
- * once. It ends when the socket leaves CWR or Recovery, or when what was sent before it is
- * acknowledged, whichever comes first: on a long lossy path one recovery episode follows the
- * next within a single ACK, and a reduction that waited for the socket to leave Recovery ran
- * PRR for the rest of the flow, the window falling by a segment per loss. At most one reduction
- * per round trip; a reduction the signal started for a loss is given back if the stack proves
- * the losses spurious (undo), one started for delay is not.
  *
  * One reduction per episode. Losses of data sent before a reduction belong to the congestion
  * that reduction answers, as in standard TCP (RFC 5681 and 6582's recovery point, the stack's

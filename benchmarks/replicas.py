@@ -76,6 +76,7 @@ FLOOR = "grpc floor"  # the side served by benchmarks.grpc_floor (--floor)
 FLOOR_GO = "grpc-go floor"  # benchmarks/grpc_floor_go, as many threads as Go likes (--floor-go)
 FLOOR_GO_1 = "grpc-go floor, GOMAXPROCS=1"  # the same, its Go code on one thread at a time
 FLOORS = (FLOOR, FLOOR_GO, FLOOR_GO_1)
+PYTHON_FLOOR = (sys.executable, "-m", "benchmarks.grpc_floor")  # FLOOR's command
 START_S = 180
 LOCK_WAIT = re.compile(r"still waiting for (\w+) on .* after ([\d.]+) ms")
 ACQUIRED = re.compile(r"acquired (\w+) on .* after ([\d.]+) ms")
@@ -232,7 +233,7 @@ class FloorServer(Replica):
     """A gRPC floor in a process of its own, addressed as a replica is: ``benchmarks.grpc_floor``
     by default, or ``command`` (the compiled floor of ``--floor-go``)."""
 
-    command: tuple[str, ...] = (sys.executable, "-m", "benchmarks.grpc_floor")
+    command: tuple[str, ...] = PYTHON_FLOOR
 
     def start(self) -> FloorServer:
         log = open(self.work / f"{self.name}.log", "ab")  # noqa: SIM115 (lives with the process)
@@ -828,10 +829,12 @@ def main() -> None:
             sides.append(Side(FLOOR, "", [f.start() for f in floors], sides[0].tokens))
         if args.floor_go:
             command = build_go_floor(work)
-            for label, env in ((FLOOR_GO, {}), (FLOOR_GO_1, {"GOMAXPROCS": "1"})):
-                name = label.split(",")[0].replace(" ", "-")
+            for label, name, env in (
+                (FLOOR_GO, "grpc-go-floor", {}),
+                (FLOOR_GO_1, "grpc-go-floor-1p", {"GOMAXPROCS": "1"}),
+            ):
                 floors = [
-                    FloorServer(f"{name}-{len(env)}-{i + 1}", "", work, env=env, command=command)
+                    FloorServer(f"{name}-{i + 1}", "", work, env=env, command=command)
                     for i in range(args.replicas)
                 ]
                 sides.append(Side(label, "", [f.start() for f in floors], sides[0].tokens))

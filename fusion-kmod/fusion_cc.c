@@ -779,10 +779,9 @@ static u32 fusion_ssthresh(struct sock *sk)
 
 	if (!f)
 		return max(tcp_snd_cwnd(tp) >> 1, 2U);
-	if (!f->cutting && !fusion_loss_signal(f) && f->reduction)
-		return min(tcp_snd_cwnd(tp), tp->snd_ssthresh);	/* ours stands */
-	if (!f->cutting && !fusion_loss_signal(f))
-		return tcp_snd_cwnd(tp);	/* loss within tolerance l: no reduction */
+	if (!f->cutting && !fusion_loss_signal(f))	/* loss within tolerance l: */
+		return f->reduction ? min(tcp_snd_cwnd(tp), tp->snd_ssthresh)	/* ours stands */
+				    : tcp_snd_cwnd(tp);			/* no reduction */
 	target = fusion_reduced_cwnd(sk, f);	/* before the cut ends slow start */
 	fusion_note_cut(sk, f, f->cutting ? f->cutting : FUSION_CUT_LOSS);
 	return target;

@@ -7,37 +7,29 @@ refusals instead of calls."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from benchmarks.replicas import build_go_floor
+from benchmarks.replicas import PYTHON_FLOOR, build_go_floor, free_port
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster.service.grpc_server import SERVICE
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _command(kind: str, work: Path) -> tuple[str, ...]:
     if kind == "go":  # built as the benchmark builds it, with Booster's limits as flags
         return build_go_floor(work)
-    return (sys.executable, "-m", "benchmarks.grpc_floor")
+    return PYTHON_FLOOR
 
 
 @pytest.fixture(params=["python", pytest.param("go", marks=pytest.mark.tools)])
 def floor(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    target = f"127.0.0.1:{_free_port()}"
+    target = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen(
         [*_command(request.param, tmp_path), "--listen", target],
         cwd=ROOT,

@@ -126,6 +126,13 @@ def fluid_fcts(flows: Sequence[dict], link_bps: float, access_bps: float = 0) ->
     return out
 
 
+def run_zero(senders: Sequence[dict], flows: Sequence[dict]) -> int:
+    """The run's zero on the senders' clock (ns): each sender started its flow at the flow's
+    scheduled arrival, so its start less that arrival, the earliest over the senders."""
+    start = {f["flow"]: f["start_ms"] / 1000 for f in flows}
+    return min(s["start_ns"] - int(start[s["flow"]] * NS) for s in senders)
+
+
 def credit_bins(senders: Sequence[dict], t0_ns: int, bin_s: float = BIN_S) -> list[int]:
     """Credits that arrived in each ``bin_s`` bin from ``t0_ns``, all flows together."""
     counts: list[int] = []
@@ -181,7 +188,7 @@ def cuts(senders: Sequence[dict], flows: Sequence[dict]) -> tuple[int, int]:
     another flow's arrival."""
     start = {f["flow"]: f["start_ms"] / 1000 for f in flows}
     arrivals = sorted(start.values())
-    t0 = min(s["start_ns"] - start[s["flow"]] * NS for s in senders)  # the run's zero
+    t0 = run_zero(senders, flows)
     total = after = 0
     for s in senders:
         prev = None
@@ -241,10 +248,8 @@ def analyse(seed_dir: Path) -> list[str]:
         if res["transport"] not in FLASHPASS_ARMS:
             continue
         senders = res["senders"]
-        start = {f["flow"]: f["start_ms"] / 1000 for f in flows}
-        t0 = min(s["start_ns"] - int(start[s["flow"]] * NS) for s in senders)
         life = lifetimes(res, flows)
-        bins = credit_bins(senders, t0)
+        bins = credit_bins(senders, run_zero(senders, flows))
         full = wire.max_emulation_pps(link) * BIN_S
         busy = busy_bins(life, len(bins))
         on = [b for b, x in zip(bins, busy, strict=True) if x]

@@ -211,7 +211,38 @@ def test_an_access_ratio_gives_every_arm_the_same_access_link_and_none_is_the_ol
     runs = fctmix.mix_runs(2, flows=5, transports=fctmix.ARMS, access_ratio=fctmix.ACCESS_RATIO)
     assert all("access_kbit" not in r for r in old)
     assert {r["access_kbit"] for r in runs} == {evaluate.RATE_KBIT // 10}
-    assert [{k: v for k, v in r.items() if k != "access_kbit"} for r in runs] == old
+    assert {r["access_buffer_packets"] for r in runs} == {evaluate.BUFFER_PACKETS}
+    link = ("access_kbit", "access_buffer_packets")
+    assert [{k: v for k, v in r.items() if k not in link} for r in runs] == old
+
+
+def test_a_shallower_buffer_moves_the_bottleneck_only_and_dctcp_marks_below_it() -> None:
+    ratio = fctmix.ACCESS_RATIO
+    deep = fctmix.mix_runs(2, flows=5, transports=fctmix.ARMS, access_ratio=ratio)
+    runs = fctmix.mix_runs(2, flows=5, transports=fctmix.ARMS, access_ratio=ratio, buffer_packets=4)
+    assert {r["data_buffer_packets"] for r in deep} == {evaluate.BUFFER_PACKETS}
+    assert {r["data_buffer_packets"] for r in runs} == {4}
+    assert {r["access_buffer_packets"] for r in runs} == {evaluate.BUFFER_PACKETS}
+    (dctcp,) = [r for r in runs if r["transport"] == fctmix.DCTCP]
+    assert dctcp["data_ecn_k_packets"] == 2  # half the buffer: a mark before the limit
+    (deep_dctcp,) = [r for r in deep if r["transport"] == fctmix.DCTCP]
+    assert deep_dctcp["data_ecn_k_packets"] == fctmix.DCTCP_K
+    same = ("data_buffer_packets", "data_ecn_k_packets")
+    assert [{k: v for k, v in r.items() if k not in same} for r in runs] == [
+        {k: v for k, v in r.items() if k not in same} for r in deep
+    ]
+    with pytest.raises(ValueError, match="buffer_packets: 3 is below 4"):
+        fctmix.mix_runs(2, flows=5, buffer_packets=3)
+
+
+def test_the_table_refuses_to_join_boots_of_different_buffers() -> None:
+    flows = fctmix.mix_flows(1, flows=3)
+    one = {"seed": 1, "flows_run": flows, "runs": {"cubic": {}}}
+    assert fctmix.buffer_of(one) == evaluate.BUFFER_PACKETS  # a summary from before --buffer
+    (merged,) = fctmix.merge([one, {**one, "runs": {"bbr": {}}, "data_buffer_packets": 16}])
+    assert set(merged["runs"]) == {"cubic", "bbr"}
+    with pytest.raises(ValueError, match="different data buffers"):
+        fctmix.merge([one, {**one, "data_buffer_packets": 4}])
 
 
 def test_a_sender_s_egress_adds_its_access_link_to_its_delay() -> None:

@@ -82,6 +82,11 @@ ARMS = (FLASHPASS, FLASHPASS_STAR, *TRANSPORTS[1:], DCTCP)
 # others meet the plain bfifo: K > C·RTT/7 (DCTCP's guideline) at 10 Mbit/s of 1514-byte
 # frames and the path's longest RTT, 30 ms, is 3.5 packets, so 4.
 DCTCP_K = 4
+# `run --buffer`: the bottleneck's data buffer, packets. evaluate.BUFFER_PACKETS (16) is half
+# the longest path's BDP; the paper's 20 KB per Gbit/s is 0.2-0.4 % of its 40-80 ms paths'
+# BDP, under a packet at 10 Mbit/s, so shallower buffers are the direction of the paper's.
+# FlashPass*'s selective drop starts above 2 packets, and dctcp marks at half the buffer:
+MIN_BUFFER_PACKETS = 4
 RUN_TIMEOUT_S = 3 * 3600  # host seconds for one boot (the guest's clock is simulated)
 # the classes, in the CDF's (unscaled) bytes: label, lower bound, upper bound (exclusive)
 CLASSES = (
@@ -122,17 +127,32 @@ def mix_runs(
     transports: Sequence[str] = TRANSPORTS,
     theta: dict[str, int] | None = None,
     access_ratio: int = 0,
+    buffer_packets: int = evaluate.BUFFER_PACKETS,
 ) -> list[dict]:
     """One run per transport: the N = 20 path of ``seed`` (evaluate.seed_runs: the same
     delays) carrying the seed's mix instead of one 1 MB flow per sender; FlashPass's arms at
     ``theta`` (the paper's when None). ``access_ratio`` > 0 gives every sender, in every arm,
     an access link at the bottleneck's rate ÷ that ratio (ACCESS_RATIO: the paper's 1 Gbit/s
-    hosts on its 10 Gbit/s WAN); 0, no access link (the senders' links never limit)."""
+    hosts on its 10 Gbit/s WAN); 0, no access link (the senders' links never limit).
+    ``buffer_packets`` is the bottleneck's data buffer; the access queues keep
+    evaluate.BUFFER_PACKETS whatever it is, so that a sweep moves the bottleneck only."""
+    if buffer_packets < MIN_BUFFER_PACKETS:
+        raise ValueError(
+            f"buffer_packets: {buffer_packets} is below {MIN_BUFFER_PACKETS}, the shallowest "
+            "data buffer FlashPass*'s selective drop and dctcp's marking can run on"
+        )
     mix = mix_flows(seed, flows, load)
     arms = evaluate.seed_runs(seed, theta, SENDERS, tuple(transports))
-    access = {"access_kbit": evaluate.RATE_KBIT // access_ratio} if access_ratio else {}
-    runs = [r | {"flows": mix} | access for r in arms]
-    dctcp = {"data_ecn_k_packets": DCTCP_K, "receiver_cc": DCTCP}
+    access = (
+        {"access_kbit": evaluate.RATE_KBIT // access_ratio,
+         "access_buffer_packets": evaluate.BUFFER_PACKETS}
+        if access_ratio
+        else {}
+    )  # fmt: skip
+    depth = {"data_buffer_packets": buffer_packets}
+    runs = [r | {"flows": mix} | access | depth for r in arms]
+    k = min(DCTCP_K, buffer_packets // 2)  # a mark before the limit on a shallow buffer
+    dctcp = {"data_ecn_k_packets": k, "receiver_cc": DCTCP}
     return [r | dctcp if r["transport"] == DCTCP else r for r in runs]
 
 
@@ -224,12 +244,13 @@ def run_seed(
     transports: Sequence[str],
     theta: dict[str, int] | None = None,
     access_ratio: int = 0,
+    buffer_packets: int = evaluate.BUFFER_PACKETS,
 ) -> dict:
     """One UML boot: the seed's mix under each transport; ``out``/summary.json."""
     from gemini_lab.uml import run_in_uml
 
     out.mkdir(parents=True, exist_ok=True)
-    runs = mix_runs(seed, flows, load, transports, theta, access_ratio)
+    runs = mix_runs(seed, flows, load, transports, theta, access_ratio, buffer_packets)
     plan: dict = {"runs": runs}
     if evaluate.GEMINI in transports:
         from gemini_lab.uml import build_kernel, build_module
@@ -244,6 +265,7 @@ def run_seed(
     summary: dict = {"seed": seed, "flows": flows, "load": load, "runs": {}}
     summary["theta"] = runs[0]["theta"]
     summary["access_kbit"] = runs[0].get("access_kbit", 0)
+    summary["data_buffer_packets"] = buffer_packets
     for run, res in zip(runs, results, strict=True):
         t = run["transport"]
         if "error" in res:
@@ -362,6 +384,11 @@ def against(summaries: Sequence[dict], ref: str = FLASHPASS, other: str = "cubic
     return out
 
 
+def buffer_of(summary: dict) -> int:
+    """The data buffer a summary's boot ran (summaries from before ``--buffer``: the 16)."""
+    return int(summary.get("data_buffer_packets", evaluate.BUFFER_PACKETS))
+
+
 def merge(summaries: Sequence[dict]) -> list[dict]:
     """One summary per seed, its runs gathered from every boot of that seed (an arm run
     apart, as dctcp's, joins the others'), by seed; the mix must be the same."""
@@ -370,6 +397,11 @@ def merge(summaries: Sequence[dict]) -> list[dict]:
         have = by_seed.setdefault(s["seed"], s | {"runs": {}})
         if have["flows_run"] != s["flows_run"]:
             raise ValueError(f"seed {s['seed']}: two boots ran different mixes")
+        if buffer_of(have) != buffer_of(s):
+            raise ValueError(
+                f"seed {s['seed']}: two boots ran different data buffers "
+                f"({buffer_of(have)} and {buffer_of(s)} packets)"
+            )
         have["runs"] = have["runs"] | s["runs"]
     return [by_seed[k] for k in sorted(by_seed)]
 
@@ -422,6 +454,12 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help=f"senders' access links at the link ÷ this (the paper's: {ACCESS_RATIO}); 0: none",
     )
+    r.add_argument(
+        "--buffer",
+        type=int,
+        default=evaluate.BUFFER_PACKETS,
+        help=f"the bottleneck's data buffer in packets (at least {MIN_BUFFER_PACKETS})",
+    )
     t = sub.add_parser("table", help="the tables from the seeds' summary.json files")
     t.add_argument("dirs", type=Path, nargs="+")
     t.add_argument("--held-out", type=int, nargs="*", default=[4])
@@ -430,7 +468,14 @@ def main(argv: list[str] | None = None) -> None:
         theta = evaluate.flashpass_theta(a.theta)  # the paper's, with --theta in place
         for seed in a.seed:
             s = run_seed(
-                seed, a.work / f"seed{seed}", a.flows, a.load, a.transports, theta, a.access_ratio
+                seed,
+                a.work / f"seed{seed}",
+                a.flows,
+                a.load,
+                a.transports,
+                theta,
+                a.access_ratio,
+                a.buffer,
             )
             print(report([s], set()), flush=True)
         return

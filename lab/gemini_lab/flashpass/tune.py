@@ -18,6 +18,18 @@ bytes delivered / FCT, queueing delay = the record's RTT mean − min. At σ = 0
 queueing costs 0.1 Mbit/s, so on a 10 Mbit/s link shared by 4 flows the objective rewards
 short FCTs first (a flow that did not finish delivered 0 bytes: its throughput is 0) and
 penalises standing queues in the credit (emulation) path only lightly.
+
+With ``--seed-contexts`` each development seed is its own context (``<context>-seed<s>``, its own
+destination region, as plannertune gives each scenario), and every round runs every seed
+context's hosts, each on its own seed, in one boot. A context added beside them,
+``<context>-new``, never runs: the incumbent the planner serves it, a context with no data of
+its own (the planner's transfer rule, ``TRANSFER_Z``), is the tuned θ for held-out seeds, and
+it alone goes in tuned.json's ``theta`` (the seed contexts' incumbents under
+``seed_contexts``). Why: by default round r is one hour bucket of one context on seed r % 3,
+and the seeds' utility levels differ by a factor of about 2, so the planner sees each change
+of seed as a change of the context's level, and a θ measured on a high-level seed only
+outranks one measured on all (benchmarks/results/flashpass.md, the replay of the mix tuning's
+refits: ``python -m gemini_lab.plannerreplay``). The default protocol is unchanged.
 """
 
 from __future__ import annotations
@@ -30,7 +42,7 @@ from pathlib import Path
 from gemini_api.sums import FlowSums
 from gemini_lab import plannertune
 from gemini_lab.flashpass import evaluate, fctmix
-from gemini_lab.plannertune import RoundKind, TuneConfig, Tuner
+from gemini_lab.plannertune import RoundKind, TuneConfig, Tuner, tuned_theta
 from gemini_lab.uml import run_in_uml
 
 DEV_SEEDS = (1, 2, 3)  # evaluate's development seeds; its held-out seed 4 is not tuned on
@@ -46,12 +58,40 @@ def config(
     explorers: int = 2,
     sigma: float = 0.1,
     workload: str = "static",
+    seed_contexts: bool = False,
 ) -> TuneConfig:
-    """The tuning run: ``rounds`` boots of ``hosts`` FlashPass runs each, over Θ at σ."""
+    """The tuning run: ``rounds`` boots of ``hosts`` FlashPass runs each (per seed context with
+    ``seed_contexts``, and the held-out context last), over Θ at σ."""
+    name = WORKLOADS[workload]
+    scenarios = (*seed_context_names(name), held_out_name(name)) if seed_contexts else (name,)
     return TuneConfig(
-        scenarios=(WORKLOADS[workload],), sigma=sigma, rounds=rounds, hosts=hosts,
+        scenarios=scenarios, sigma=sigma, rounds=rounds, hosts=hosts,
         explorers=explorers, datapath="flashpass", kind=RoundKind.FLASHPASS,
     )  # fmt: skip
+
+
+def seed_context_names(name: str) -> tuple[str, ...]:
+    """Each development seed's context: its own destination region (plannertune.context_key)."""
+    return tuple(f"{name}-seed{s}" for s in DEV_SEEDS)
+
+
+def held_out_name(name: str) -> str:
+    """The context that never runs: what the planner serves it is the held-out seeds' θ."""
+    return f"{name}-new"
+
+
+def context_seeds(cfg: TuneConfig) -> dict[int, int]:
+    """Under ``--seed-contexts``, per context id (as ``Tuner`` numbers them) the development
+    seed its hosts run, the held-out context absent; empty under the default protocol (one
+    context, each round on ``dev_seed``)."""
+    if len(cfg.scenarios) == 1:
+        return {}
+    return {i + 1: s for i, s in enumerate(DEV_SEEDS)}
+
+
+def held_out_context(cfg: TuneConfig) -> int | None:
+    """The held-out context's id, or None under the default protocol."""
+    return len(cfg.scenarios) if len(cfg.scenarios) > 1 else None
 
 
 def dev_seed(r: int) -> int:
@@ -71,6 +111,21 @@ def round_plan(r: int, runs: dict[str, dict[str, int]], workload: str = "static"
     """One boot: each host's FlashPass run of round ``r``'s development draw at its θ."""
     base = base_run(dev_seed(r), workload)
     return {"runs": [base | {"theta": theta, "host": h} for h, theta in runs.items()]}
+
+
+def contexts_round_plan(
+    runs: dict[int, dict[str, dict[str, int]]], seeds: dict[int, int], workload: str = "static"
+) -> tuple[dict, list[tuple[int, str]]]:
+    """One boot of ``--seed-contexts``: every seed context's hosts at their θ on the context's
+    seed, context by context; and (context, host) of run ``i``, for ``observe_contexts``."""
+    plan: list[dict] = []
+    order: list[tuple[int, str]] = []
+    for c, seed in seeds.items():
+        base = base_run(seed, workload)
+        for h, theta in runs[c].items():
+            plan.append(base | {"theta": theta, "host": f"seed{seed}/{h}"})
+            order.append((c, h))
+    return {"runs": plan}, order
 
 
 def flow_sums(records: list[dict], asked: dict[str, int]) -> FlowSums:
@@ -99,23 +154,48 @@ def row(host: str, theta: dict[str, int], sums: FlowSums, records: list[dict]) -
     }  # fmt: skip
 
 
-def observe(tuner: Tuner, r: int, runs: dict[str, dict[str, int]], out: Path) -> list[dict]:
-    """Each θ's flows of the round summed into one trial, as the service stores them."""
+def observe(
+    tuner: Tuner,
+    r: int,
+    runs: dict[str, dict[str, int]],
+    out: Path,
+    context: int = 1,
+    dirs: list[str] | None = None,
+) -> list[dict]:
+    """Each θ's flows of the round summed into one trial of ``context``, as the service stores
+    them; host i's records in ``dirs[i]`` (default: ``run<i>``)."""
     by_key: dict[str, tuple[dict[str, int], FlowSums]] = {}
     rows = []
     for i, (host, theta) in enumerate(runs.items()):
-        records = read_records(out / f"run{i}")
+        records = read_records(out / (dirs[i] if dirs else f"run{i}"))
         sums = flow_sums(records, theta)
         key = tuner.spec.key(theta)
         prev = by_key.get(key)
         by_key[key] = (theta, sums if prev is None else prev[1] + sums)
         rows.append(row(host, theta, sums, records))
     for theta, total in by_key.values():
-        tuner.observe(r, 1, theta, total)
+        tuner.observe(r, context, theta, total)
+    return rows
+
+
+def observe_contexts(
+    tuner: Tuner,
+    r: int,
+    runs: dict[int, dict[str, dict[str, int]]],
+    order: list[tuple[int, str]],
+    out: Path,
+) -> dict[int, list[dict]]:
+    """Each seed context's round, its hosts' records read from the runs ``order`` names."""
+    rows = {}
+    for c in dict.fromkeys(c for c, _ in order):
+        dirs = [f"run{i}" for i, (cc, _) in enumerate(order) if cc == c]
+        rows[c] = observe(tuner, r, runs[c], out, c, dirs)
     return rows
 
 
 def tune(cfg: TuneConfig, work: Path, workload: str = "static") -> dict[str, list[dict]]:
+    if len(cfg.scenarios) > 1:
+        return tune_contexts(cfg, work, workload)
     (scenario,) = cfg.scenarios
     timeout_s = fctmix.RUN_TIMEOUT_S if workload == "fctmix" else ROUND_TIMEOUT_S
     tuner = Tuner(cfg)
@@ -138,6 +218,52 @@ def tune(cfg: TuneConfig, work: Path, workload: str = "static") -> dict[str, lis
     return result
 
 
+def tune_contexts(cfg: TuneConfig, work: Path, workload: str) -> dict[str, list[dict]]:
+    """``--seed-contexts``: per round one boot of every seed context's hosts; every context,
+    the held-out one included, planned at every refit (history: a row per context and round,
+    the held-out context's with no runs)."""
+    seeds = context_seeds(cfg)
+    timeout_s = (fctmix.RUN_TIMEOUT_S if workload == "fctmix" else ROUND_TIMEOUT_S) * len(seeds)
+    tuner = Tuner(cfg)
+    history: dict[str, list[dict]] = {n: [] for n in cfg.scenarios}
+    for r in range(cfg.rounds):
+        plans = tuner.plan(r)
+        runs = {c: plans[c][1] for c in seeds}
+        out = work / f"round-{r}"
+        out.mkdir(parents=True, exist_ok=True)
+        boot, order = contexts_round_plan(runs, seeds, workload)
+        (out / "plan.json").write_text(json.dumps(boot))
+        files = '"$GEMINI_LAB_OUT/plan.json" "$GEMINI_LAB_OUT/result.json"'
+        run_in_uml(f"{sys.executable} -m gemini_lab.flashpass.lab {files}", out,
+                   timeout_s=timeout_s)  # fmt: skip
+        rows = observe_contexts(tuner, r, runs, order, out)
+        for c, (incumbent, _) in plans.items():
+            name = cfg.scenarios[c - 1]
+            history[name].append({"round": r, "incumbent": incumbent, "runs": rows.get(c, [])})
+            if c in rows:
+                line = plannertune.progress_line(name, r, incumbent, rows[c], cfg.sigma)
+                print(line, flush=True)
+    for c, (final, _) in tuner.plan(cfg.rounds).items():
+        history[cfg.scenarios[c - 1]].append({"round": cfg.rounds, "incumbent": final})
+    (work / "history.json").write_text(json.dumps(history, indent=1))
+    return history
+
+
+def write_tuned_contexts(history: dict[str, list[dict]], cfg: TuneConfig, command: str,
+                         path: Path) -> None:  # fmt: skip
+    """tuned.json of ``--seed-contexts``: ``theta`` holds the held-out context's θ alone (what
+    ``compare --tuned`` runs on held-out seeds); ``seed_contexts`` each seed context's."""
+    tuned = tuned_theta(history)
+    held_out = cfg.scenarios[-1]
+    data = {
+        "source": f"{command}: Booster's planner, σ = {cfg.sigma:g}, {cfg.region_symbol}; the θ "
+        "it serves a context with no data of its own (each development seed a context)",
+        "theta": {held_out: tuned[held_out]},
+        "seed_contexts": {n: tuned[n] for n in cfg.scenarios[:-1]},
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=4)
@@ -145,12 +271,21 @@ def main() -> None:
     ap.add_argument("--explorers", type=int, default=2)
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="static")
     ap.add_argument("--work", type=Path, default=Path("var/flashpass-tune"))
+    ap.add_argument(
+        "--seed-contexts",
+        action="store_true",
+        help="each development seed its own context; the tuned θ: what a new context is served",
+    )
     a = ap.parse_args()
-    cfg = config(a.rounds, a.hosts, a.explorers, workload=a.workload)
+    cfg = config(a.rounds, a.hosts, a.explorers, workload=a.workload,
+                 seed_contexts=a.seed_contexts)  # fmt: skip
     history = tune(cfg, a.work, a.workload)
     command = "python -m gemini_lab.flashpass.tune " + " ".join(sys.argv[1:])
     (a.work / "record.md").write_text(plannertune.render(history, cfg, command))
-    plannertune.write_tuned(history, cfg, command, a.work / "tuned.json")
+    if a.seed_contexts:
+        write_tuned_contexts(history, cfg, command, a.work / "tuned.json")
+    else:
+        plannertune.write_tuned(history, cfg, command, a.work / "tuned.json")
     print(json.dumps(plannertune.tuned_theta(history)))
 
 

@@ -468,6 +468,8 @@ def main() -> None:
     ap.add_argument("work", type=Path, help="a gemini_lab.flashpass.tune work directory")
     ap.add_argument("--workload", choices=sorted(fptune.WORKLOADS), default="fctmix")
     ap.add_argument("--explorers", type=int, default=2, help="the tuning's --explorers")
+    ap.add_argument("--policy-ids", type=int, nargs="*", default=[1, 2, 3, 4, 5, 6, 7, 8],
+                    help="planner seeds (the policy's id) for the seed-context replay")  # fmt: skip
     a = ap.parse_args()
     rec = load_flashpass(a.work)
     hosts = len(rec.rounds[0].runs)  # the tuning's --hosts
@@ -488,6 +490,27 @@ def main() -> None:
     assert held_out is not None
     served = ", ".join(f"r{f[held_out].round} {key(f[held_out].incumbent)}" for f in refits)
     print(f"\nThe held-out context's incumbent at every refit: {served}")
+    if a.policy_ids:
+        print("\nThe seed-context replay's last refit by planner seed (the policy's id; the "
+              "rotation replay is of the tuning's, 1):\n")  # fmt: skip
+        print("\n".join(render_policy_ids(rec, cfg, a.policy_ids, key)))
+
+
+def render_policy_ids(rec: Recording, cfg: TuneConfig, ids: list[int], key: Callable) -> list[str]:
+    """The seed-context replay's published θ after the last round, per planner seed, with the
+    held-out context's best rival and its z against the θ it is served."""
+    names = (*fptune.seed_context_names(rec.scenario), fptune.held_out_name(rec.scenario))
+    lines = [f"| policy id | {' | '.join(names)} | new context's best rival (z) |",
+             "|---:|" + "---|" * (len(names) + 1)]  # fmt: skip
+    for pid in ids:
+        sc, refits = replay_seed_contexts(rec, replace(cfg, seed=pid))
+        last = refits[-1]
+        held_out = fptune.held_out_context(sc)
+        assert held_out is not None
+        rival = [f"{s.rival} ({s.z:+.2f})" for s in last[held_out].switches if s.z is not None]
+        cells = " | ".join(key(last[c].incumbent) for c in sorted(last))
+        lines.append(f"| {pid} | {cells} | {', '.join(rival) or '–'} |")
+    return lines
 
 
 if __name__ == "__main__":

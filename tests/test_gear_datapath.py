@@ -168,3 +168,56 @@ def test_the_baselines_run_on_the_held_out_port_as_the_pair_benchmark_runs_them(
     results = {"experiments": {f"{held.name}/gemini/12s": _pair(40, 20)}}
     table = gear_tune.baselines_table(results)
     assert "| gemini | 1 | 2.00–2.00 | 40.0–40.0 |" in table and "| dctcp | 0 | error |" in table
+
+
+def test_the_wan_test_runs_every_cc_three_times_through_the_cross_flows_wan_limit() -> None:
+    plan = gear.wan_plan_experiments()
+    assert len(plan) == len(gear.WAN_CCS) * len(gear.WAN_DURATIONS_S) == 15
+    assert set(gear.WAN_CCS) == {"gear", "gemini", "dctcp", "cubic", "bbr"}
+    wan = {"flow": 1, "rate_kbit": 30_000, "queue_packets": gear.WAN_QUEUE}
+    for e in plan:
+        assert e["wan"] == wan and e["sample_s"] == gear.WAN_SAMPLE_S
+        assert e["rtts_ms"] == gear.PAIR_RTTS_MS
+        cc = e["label"].split("/")[1]
+        # Gear behind its INT switch on drop-tail; the baselines marking at K as in the pair
+        assert e["kind"] == ("gear_pair" if cc == "gear" else "datapath_pair")
+        assert ("ecn_k" in e) == (cc != "gear")
+
+
+def test_delivered_packets_are_read_from_both_experiment_kinds_samples() -> None:
+    gear_pair = {
+        "samples": [
+            {"t": 0.1, "flows": [{"tcpi_delivered": 10}, {"tcpi_delivered": 4}]},
+            {"t": 0.2, "flows": [{"tcpi_delivered": 30}, {}]},  # the cross socket unread
+            {"t": 0.3, "flows": [{"tcpi_delivered": 50}]},
+        ]
+    }
+    assert gear.delivered_ticks(gear_pair) == [(0.1, 10, 4)]
+    datapath_pair = {
+        "flows": [
+            {"samples": [{"t": 0.1, "tcpi_delivered": 10}, {"t": 0.2, "tcpi_delivered": 20}]},
+            {"samples": [{"t": 0.2, "tcpi_delivered": 9}]},
+        ]
+    }
+    assert gear.delivered_ticks(datapath_pair) == [(0.2, 20, 9)]
+
+
+def test_the_share_is_taken_over_the_window_behind_each_tick() -> None:
+    ticks = [(0.0, 0, 0), (0.5, 70, 30), (1.0, 100, 60), (1.5, 100, 60)]
+    shares = gear.window_shares(ticks, 0.5)
+    assert shares[0] == (0.5, pytest.approx(70 / 30))
+    assert shares[1] == (1.0, pytest.approx(30 / 30))
+    assert shares[2] == (1.5, float("inf"))  # the cross flow delivered nothing
+    assert gear.window_shares(ticks[:1], 0.5) == []  # no full window yet
+
+
+def test_convergence_is_the_start_of_the_last_stretch_inside_the_band() -> None:
+    ideal = 7 / 3
+    inside, outside = ideal, ideal * 1.5
+    assert gear.convergence_s([(0.5, inside), (1.0, inside)]) == 0.5
+    # left the band and came back: converged only from the return
+    shares = [(0.5, inside), (1.0, outside), (1.5, inside), (2.0, inside)]
+    assert gear.convergence_s(shares) == 1.5
+    assert gear.convergence_s([(0.5, inside), (1.0, outside)]) is None  # ended outside: never
+    assert gear.convergence_s([(0.5, ideal / 1.2), (1.0, ideal * 1.2)]) == 0.5  # the edges
+    assert gear.convergence_s([(0.5, float("inf"))]) is None

@@ -274,6 +274,30 @@ def _diag_sockets(cc: str, port: int) -> list[dict]:
     return list(socks.values())
 
 
+WAN_BURST_PACKETS = 2  # the WAN limit's shaper burst: the pair switch's, so no queue hides
+
+
+def wan_limit(wan: dict | None, add: bool) -> None:
+    """The WAN bottleneck of Gear's 7:3 test on flow ``wan["flow"]``'s own link: a tbf at
+    ``rate_kbit`` with ``queue_packets`` of buffer on its sender's egress (the pair topology of
+    gemini_lab.fairness has no hop that only one flow crosses after the switch; docs/gear.md).
+    ``add`` False takes it off again; no ``wan``, nothing."""
+    from gemini_lab import fairness as fx
+    from gemini_lab.netem import WIRE_PACKET_BYTES
+
+    if not wan:
+        return
+    i = wan["flow"]
+    dev, ns = f"up{i}", fx.SENDERS[i]
+    sh("tc", "qdisc", "del", "dev", dev, "root", ns=ns, check=False)
+    if add:
+        limit = str(wan["queue_packets"] * WIRE_PACKET_BYTES)
+        burst = str(WAN_BURST_PACKETS * WIRE_PACKET_BYTES)
+        rate = f"{wan['rate_kbit']}kbit"
+        sh("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
+           "limit", limit, ns=ns)  # fmt: skip
+
+
 def exp_datapath_pair(e: dict, out: Path) -> dict:
     """Groups of flows of one CC with different RTTs (``e["rtts_ms"]``, ``e["parallel"]``
     connections each) started together through one bottleneck that marks ECN from K packets
@@ -281,7 +305,8 @@ def exp_datapath_pair(e: dict, out: Path) -> dict:
     place of its netem queue; receiver dctcp, for DCTCP's exact CE echo). The datapath's θ as
     in ``exp_datapath_flow``. Every ``sample_s`` of guest time each sender's sockets are read
     through sock_diag (window, RTTs, α, and GEMINI's F, h and cuts), so a share that is off
-    can be traced to the signal or the growth that made it."""
+    can be traced to the signal or the growth that made it. ``wan`` adds a WAN bottleneck on
+    one flow's link (``wan_limit``), as in Gear's 7:3 test."""
     from gemini_lab import fairness as fx
     from gemini_lab.experiment import _bulk
     from gemini_lab.netem import link_qdisc_commands
@@ -315,6 +340,7 @@ def exp_datapath_pair(e: dict, out: Path) -> dict:
     ports = [fx.FAIR_PORT + i for i in range(len(e["rtts_ms"]))]
     samples: list[list[dict]] = [[] for _ in ports]
     try:
+        wan_limit(e.get("wan"), add=True)
         if name:
             write_params(name, {**e.get("theta", {}), **extra})
         ran = read_params(name, tuple(extra)) if name else {}
@@ -341,6 +367,7 @@ def exp_datapath_pair(e: dict, out: Path) -> dict:
         ]
         marked = qdisc_of(fx.ROUTER, fx.BOTTLENECK_IF).get("marked", 0)
     finally:
+        wan_limit(e.get("wan"), add=False)
         if name:
             write_params(name, before)
     return {

@@ -133,27 +133,15 @@ def _pair_sample(cc: str, ports: list[int], t0: float) -> dict:
     return {"t": round(time.monotonic() - t0, 3), "flows": flows}
 
 
-PAIR_SAMPLE_FIELDS = ("tcpi_snd_cwnd", "bbr_min_rtt", "bbr_pacing_gain", "bbr_cwnd_gain")
-
-
-def _wan_limit(wan: dict | None, add: bool) -> None:
-    """The WAN bottleneck of the paper's 7:3 test on flow ``wan["flow"]``'s own link: a tbf
-    at ``rate_kbit`` with ``queue_packets`` of buffer on its sender's egress (the lab's pair
-    topology has no hop that only the cross-DC flow crosses after the switch; see docs/gear.md)."""
-    from gemini_lab import fairness as fx
-    from gemini_lab.netem import WIRE_PACKET_BYTES
-
-    if not wan:
-        return
-    i = wan["flow"]
-    dev, ns = f"up{i}", fx.SENDERS[i]
-    sh("tc", "qdisc", "del", "dev", dev, "root", ns=ns, check=False)
-    if add:
-        limit = str(wan["queue_packets"] * WIRE_PACKET_BYTES)
-        burst = str(PAIR_BURST_PACKETS * WIRE_PACKET_BYTES)
-        rate = f"{wan['rate_kbit']}kbit"
-        sh("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
-           "limit", limit, ns=ns)  # fmt: skip
+# the window, Gear's state (u, w^c, records: tcp_gear.c's get_info) and the packets delivered,
+# whose differences give each flow's rate between two samples (the 7:3 test's convergence)
+PAIR_SAMPLE_FIELDS = (
+    "tcpi_snd_cwnd",
+    "tcpi_delivered",
+    "bbr_min_rtt",
+    "bbr_pacing_gain",
+    "bbr_cwnd_gain",
+)
 
 
 def exp_gear_pair(e: dict, out: Path) -> dict:
@@ -163,8 +151,9 @@ def exp_gear_pair(e: dict, out: Path) -> dict:
     GEMINI and DCTCP in, there with RED marking). Flow i starts ``starts_s[i]`` after the
     first; each flow's goodput over the run comes back, and with ``sample_s`` each sender's
     state every ``sample_s``. ``cc`` (default gear) runs a kernel CC through the same drop-tail
-    queue instead; ``wan`` adds a WAN bottleneck on one flow's link (``_wan_limit``)."""
+    queue instead; ``wan`` adds a WAN bottleneck on one flow's link (``wan_limit``)."""
     from gemini_lab import fairness as fx
+    from gemini_lab.datapath_guest import wan_limit
     from gemini_lab.experiment import _bulk
     from gemini_lab.netem import tbf_args
 
@@ -185,7 +174,7 @@ def exp_gear_pair(e: dict, out: Path) -> dict:
     ports = [fx.FAIR_PORT + 10 + i for i in range(len(e["rtts_ms"]))]
     samples: list[dict] = []
     try:
-        _wan_limit(e.get("wan"), add=True)
+        wan_limit(e.get("wan"), add=True)
         (INT_PARAMS / "rate_mbit").write_text(f"{e['rate_kbit'] // 1000}\n")
         sh("sh", "-c", f"echo {fx.BOTTLENECK_IF} > {INT_PARAMS / 'dev'}", ns=fx.ROUTER)
         write_params(GEAR, {**e.get("theta", {}), **extra})
@@ -210,7 +199,7 @@ def exp_gear_pair(e: dict, out: Path) -> dict:
             for rtt, srv, cli in zip(e["rtts_ms"], servers, clients, strict=True)
         ]
     finally:
-        _wan_limit(e.get("wan"), add=False)
+        wan_limit(e.get("wan"), add=False)
         sh("sh", "-c", f"echo > {INT_PARAMS / 'dev'}", ns=fx.ROUTER)
         write_params(GEAR, before)
     return {"cc": cc, "flows": flows, "params_ran": ran, "insmod": loaded, "samples": samples}

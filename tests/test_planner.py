@@ -216,6 +216,39 @@ def test_a_context_in_its_initial_design_keeps_its_published_incumbent():
     assert taken.acquisition == "initial design" and taken.incumbent == LUCKY
 
 
+def test_the_initial_design_compares_two_thetas_over_the_buckets_both_ran_in():
+    """A θ explored only in a good hour does not unseat an incumbent that was better than it
+    in that same hour and also ran in a bad one: over all their buckets the explorer leads by
+    the hours' difference (23 against 20), over the hour both ran it trails (23 against 24).
+    The hours differ by less than a change of path (no drift is found). Better in the shared
+    hour by a clear margin, the explorer still takes over."""
+    contexts = {1: ContextKey("a", "b", "c", "d", 0)}
+    now = T0 + timedelta(hours=2)
+    planner, pol = Planner(SPEC), policy(n_initial_points=8)
+    published = {1: SPEC.key(DEFAULT)}
+    good_hour, bad_hour = 0, 1
+
+    def spread(mean: float) -> FlowSums:  # 60 flows, ±15 around ``mean``: a noisy mix
+        return exactly(*[mean - 15, mean + 15] * 30)
+
+    incumbent = [
+        trial(1, DEFAULT, spread(24.0), good_hour),
+        trial(1, DEFAULT, spread(16.0), bad_hour),
+    ]
+    worse = [*incumbent, trial(1, LUCKY, spread(23.0), good_hour)]
+    kept = planner.plan(pol, worse, contexts, [1], PolicyState(), now=now, incumbents=published)
+    assert kept[1].acquisition == "initial design"
+    assert kept[1].incumbent == DEFAULT
+    assert kept[1].incumbent_utility == pytest.approx(20.0)  # its mean over both hours
+    better = [*incumbent, trial(1, LUCKY, spread(32.0), good_hour)]
+    taken = planner.plan(pol, better, contexts, [1], PolicyState(), now=now, incumbents=published)
+    assert taken[1].incumbent == LUCKY
+    # in no shared bucket, their means decide as before: 23 against the bad hour's 16
+    apart = [incumbent[1], trial(1, LUCKY, spread(23.0), good_hour)]
+    moved = planner.plan(pol, apart, contexts, [1], PolicyState(), now=now, incumbents=published)
+    assert moved[1].incumbent == LUCKY
+
+
 def test_each_context_is_modelled_in_its_own_units():
     """Contexts at different levels: each has its own mean, and a spread in proportion to its
     flows' spread (not to its observed utilities', which shrinks as exploration gathers near

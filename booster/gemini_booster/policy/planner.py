@@ -310,11 +310,12 @@ class Planner:
         bounds = policy.resolved_bounds()
         space = ThetaSpace(self.spec, bounds)
         targets = sorted(set(targets))
-        obs = self._observations(policy, bounds, trials, state, now, incumbents)
+        obs, current = self._observations(policy, bounds, trials, state, now, incumbents)
         rng = np.random.default_rng(
             _seed(policy.id, policy.revision, len(trials), sum(o.flows for o in obs))
         )
         plan = _Refit(self, policy, space, obs, contexts, state, incumbents, candidates, rng)
+        plan.trials = current
         plan.recovering = recovering(state, now)
         plans = plan.run(targets)
         state.model_points = plan.points_used
@@ -328,9 +329,9 @@ class Planner:
         state: PolicyState,
         now: datetime | None,
         incumbents: dict[int, str],
-    ) -> list[Observation]:
-        """Observations of each context's current regime; a context whose path changed loses
-        its incumbent's protection."""
+    ) -> tuple[list[Observation], list[Trial]]:
+        """Observations of each context's current regime, and the regime's trials (buckets);
+        a context whose path changed loses its incumbent's protection."""
         recent = history.in_window(trials, now, policy.history_hours)
         # Changes are sought in each context's current regime only: a change already answered
         # is not found again, and the old regime's shift cannot mask a new one.
@@ -342,7 +343,8 @@ class Planner:
                 state.changes[c] = start
                 incumbents.pop(c, None)  # the path changed: no θ keeps its place on old merit
         current = history.since_change(recent, state.changes)
-        return history.observations(current, policy.sigma, self.spec, bounds, policy.objective)
+        obs = history.observations(current, policy.sigma, self.spec, bounds, policy.objective)
+        return obs, current
 
     def initial_design(
         self, space: ThetaSpace, bounds: Mapping, n: int, seed: int
@@ -396,6 +398,8 @@ class _Refit:
         self.y_mean, self.y_std = 0.0, 1.0
         self.recovering: set[int] = set()
         self.fleet: tuple[list[str], np.ndarray] | None = None  # _fleet_thetas
+        self.trials: list[Trial] = []  # the regime's buckets behind ``obs`` (paired tests)
+        self._buckets: dict[tuple[int, str], list[Trial]] | None = None  # by (context, θ)
         # contextual: each context's own level and spread (context_scales); other modes fit
         # utilities as they are (standard is context-blind, independent scales per context)
         self.scales: dict[int, Scale] = {}
@@ -654,7 +658,7 @@ class _Refit:
         published = self._published(context_id)
         key = None if published is None else self.planner.spec.key(published)
         mine = next((o for o in eligible if o.theta_key == key), None)
-        if published is not None and (best is None or not _measured_better(best, mine)):
+        if published is not None and (best is None or not self._better(best, mine)):
             incumbent, inc_u = published, (None if mine is None else mine.utility)
         elif best is not None:
             incumbent, inc_u = best.theta, best.utility
@@ -674,6 +678,47 @@ class _Refit:
                 incumbent, inc_u, tuple(self.space.sample(N_CANDIDATES, self.rng)), "random"
             )
         return ContextPlan(incumbent, inc_u, todo, "initial design")
+
+    def _better(self, best: Observation, published: Observation | None) -> bool:
+        """``_measured_better``, over the buckets both θ ran in where they share some
+        (``_paired``): two observations of one context (a context-blind plan's pool may hold
+        them from two contexts, which share no hour's conditions, and compares them as is)."""
+        if published is not None and published.context_id == best.context_id:
+            best, published = self._paired(best.context_id, best, published)
+        return _measured_better(best, published)
+
+    def _paired(
+        self, context_id: int, best: Observation, published: Observation
+    ) -> tuple[Observation, Observation]:
+        """The two θ measured over the time buckets both ran in, when they share some but not
+        all: the initial design's test then compares them under the same conditions.
+
+        Hosts run the incumbent and the explorers side by side, so every θ a context explored
+        shares its buckets with the incumbent; the incumbent's other buckets are other hours.
+        Compared over all of them, a θ explored only at a good hour beats one measured at good
+        and bad hours by the hours' difference, not by its own: the FlashPass mix tuning left
+        the paper's θ twice so when its rounds ran seeds a factor of two apart (benchmarks/
+        results/flashpass.md, "Why the mix tuning left the paper's θ"). Unchanged when the two
+        share no bucket or ran in exactly the same ones."""
+        if self._buckets is None:
+            self._buckets = defaultdict(list)
+            for t in self.trials:
+                self._buckets[(t.context_id, t.theta_key)].append(t)
+        mine = self._buckets.get((context_id, best.theta_key), [])
+        theirs = self._buckets.get((context_id, published.theta_key), [])
+        a, b = {t.bucket for t in mine}, {t.bucket for t in theirs}
+        shared = a & b
+        if not shared or a == b:
+            return best, published
+        both = [t for t in mine + theirs if t.bucket in shared]
+        pol = self.policy
+        paired = history.observations(
+            both, pol.sigma, self.planner.spec, self.bounds, pol.objective
+        )
+        by_key = {o.theta_key: o for o in paired}
+        if best.theta_key not in by_key or published.theta_key not in by_key:
+            return best, published
+        return by_key[best.theta_key], by_key[published.theta_key]
 
 
 def _measured_better(best: Observation, published: Observation | None) -> bool:

@@ -28,11 +28,14 @@ change of its path dropped (drift), buckets of one θ added.
     conditioned on the fit set and up to ``LOCAL_OWN_MAX`` of the most-measured others. A
     policy of a single context is fitted this way whatever its mode (``model_mode``).
 
-**Incumbent** (its rules in ``incumbent.py``, the candidate slots in ``slots.py``). A
-challenger replaces the published incumbent only when its posterior mean is higher with
-confidence (``SWITCH_Z`` standard deviations of the difference, their covariance included); a
-change of path found by ``history.py`` lifts that protection. Hosts keep their exploration
-role (``assignment.py``), and a published candidate not yet run keeps its slot
+**Incumbent** (its rules in ``incumbent.py``, the candidate slots in ``slots.py``). Before a
+context's model is fitted (its initial design), the best measured θ replaces the published
+incumbent only when its mean is higher by ``SWITCH_Z`` standard deviations of the difference,
+the two means taken over the hour buckets both θ ran in where they share some (``_paired``).
+After it, a challenger replaces the published incumbent only when its posterior mean is
+higher with confidence (``SWITCH_Z`` standard deviations of the difference, their covariance
+included); a change of path found by ``history.py`` lifts that protection. Hosts keep their
+exploration role (``assignment.py``), and a published candidate not yet run keeps its slot
 while the acquisition still rates it, so that a refit moves few hosts.
 
 **Transfer.** In ``contextual`` mode a context that has run fewer than ``n_initial_points``
@@ -315,7 +318,7 @@ class Planner:
             _seed(policy.id, policy.revision, len(trials), sum(o.flows for o in obs))
         )
         plan = _Refit(self, policy, space, obs, contexts, state, incumbents, candidates, rng)
-        plan.trials = current
+        plan.trials = current  # the buckets behind ``obs``, for the paired test (``_paired``)
         plan.recovering = recovering(state, now)
         plans = plan.run(targets)
         state.model_points = plan.points_used

@@ -26,8 +26,8 @@ from gemini_lab.netem import ROUTER_NS, link_device, qdisc_stats, sh
 GEAR, GEAR_CC = "gear", "gear"
 INT_PARAMS = Path("/sys/module/gear_int/parameters")
 GEAR_PORT = BASE_PORT + 160
-US_WRAP = 1 << 32
-PAIR_BURST_PACKETS = 2  # the sender reports the record's time in µs, low 32 bits
+US_WRAP = 1 << 32  # the sender reports the record's time in µs, low 32 bits
+PAIR_BURST_PACKETS = 2  # the pair switch's shaper burst: a larger one would hide the DC queue
 
 
 def _load_int() -> dict:

@@ -274,7 +274,7 @@ def _diag_sockets(cc: str, port: int) -> list[dict]:
     return list(socks.values())
 
 
-WAN_BURST_PACKETS = 2  # the WAN limit's shaper burst: the pair switch's, so no queue hides
+PAIR_BURST_PACKETS = 2  # the pair's shapers (switch, WAN limit): a larger burst hides a queue
 
 
 def wan_limit(wan: dict | None, add: bool) -> None:
@@ -292,7 +292,7 @@ def wan_limit(wan: dict | None, add: bool) -> None:
     sh("tc", "qdisc", "del", "dev", dev, "root", ns=ns, check=False)
     if add:
         limit = str(wan["queue_packets"] * WIRE_PACKET_BYTES)
-        burst = str(WAN_BURST_PACKETS * WIRE_PACKET_BYTES)
+        burst = str(PAIR_BURST_PACKETS * WIRE_PACKET_BYTES)
         rate = f"{wan['rate_kbit']}kbit"
         sh("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
            "limit", limit, ns=ns)  # fmt: skip
@@ -325,7 +325,7 @@ def exp_datapath_pair(e: dict, out: Path) -> dict:
         rate_kbit=e["rate_kbit"],
         queue_limit=e["queue_packets"],
         ecn_threshold_packets=e["ecn_k"],
-        burst_packets=2,
+        burst_packets=PAIR_BURST_PACKETS,
     )
     sh("tc", "qdisc", "del", "dev", fx.BOTTLENECK_IF, "root", ns=fx.ROUTER, check=False)
     for cmd in link_qdisc_commands(fx.BOTTLENECK_IF, link):

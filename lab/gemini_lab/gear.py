@@ -262,6 +262,22 @@ def pair_share(result: dict) -> float:
     return intra / cross if cross else float("inf")
 
 
+def runs_of(ex: dict, prefix: str) -> list[dict]:
+    """The experiments labelled ``prefix``… that finished, in label order."""
+    return [ex[k] for k in sorted(ex) if k.startswith(prefix) and "flows" in ex[k]]
+
+
+def share_cells(runs: list[dict]) -> str:
+    """Table cells: intra/cross share, intra and cross goodput, each min–max over ``runs``."""
+    shares = [pair_share(r) for r in runs]
+    intra = [r["flows"][0]["throughput_mbps"] for r in runs]
+    cross = [r["flows"][1]["throughput_mbps"] for r in runs]
+    return (
+        f"{min(shares):.2f}–{max(shares):.2f} | {min(intra):.1f}–{max(intra):.1f} "
+        f"| {min(cross):.1f}–{max(cross):.1f}"
+    )
+
+
 def render_pairs(results: dict, command: str, date: str, commit: str) -> str:
     ex = results["experiments"]
     lines = [
@@ -281,17 +297,11 @@ def render_pairs(results: dict, command: str, date: str, commit: str) -> str:
         "|---|---|---|---|---:|",
     ]
     for cc in ("gear", *PAIR_BASELINES):
-        runs = [r for k, r in ex.items() if k.startswith(f"pair/{cc}/") and "flows" in r]
+        runs = runs_of(ex, f"pair/{cc}/")
         if not runs:
             lines.append(f"| {cc} | error | | | 0 |")
             continue
-        shares = [pair_share(r) for r in runs]
-        intra = [r["flows"][0]["throughput_mbps"] for r in runs]
-        cross = [r["flows"][1]["throughput_mbps"] for r in runs]
-        lines.append(
-            f"| {cc} | {min(shares):.2f}–{max(shares):.2f} | {min(intra):.1f}–{max(intra):.1f} "
-            f"| {min(cross):.1f}–{max(cross):.1f} | {len(runs)} |"
-        )
+        lines.append(f"| {cc} | {share_cells(runs)} | {len(runs)} |")
     return "\n".join([*lines, *_lone_lines(ex), *_wan_lines(ex)]) + "\n"
 
 
@@ -379,18 +389,14 @@ def _wan_lines(ex: dict) -> list[str]:
         "|---|---|---|---|---|---|---:|",
     ]
     for cc in WAN_CCS:
-        runs = [ex[k] for k in sorted(ex) if k.startswith(f"wan/{cc}/") and "flows" in ex[k]]
+        runs = runs_of(ex, f"wan/{cc}/")
         if not runs:
             lines.append(f"| {cc} | error | | | | | 0 |")
             continue
-        shares = [pair_share(r) for r in runs]
-        intra = [r["flows"][0]["throughput_mbps"] for r in runs]
-        cross = [r["flows"][1]["throughput_mbps"] for r in runs]
         conv = [convergence_s(window_shares(delivered_ticks(r))) for r in runs]
         retx = [f"{r['flows'][0]['retransmits']}, {r['flows'][1]['retransmits']}" for r in runs]
         lines.append(
-            f"| {cc} | {min(shares):.2f}–{max(shares):.2f} | {min(intra):.1f}–{max(intra):.1f} "
-            f"| {min(cross):.1f}–{max(cross):.1f} "
+            f"| {cc} | {share_cells(runs)} "
             f"| {' / '.join('never' if c is None else f'{c:.1f}' for c in conv)} "
             f"| {' / '.join(retx)} | {len(runs)} |"
         )

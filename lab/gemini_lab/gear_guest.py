@@ -19,7 +19,14 @@ import subprocess
 import time
 from pathlib import Path
 
-from gemini_lab.datapath_guest import _diag, load_module, module_dir, read_params, write_params
+from gemini_lab.datapath_guest import (
+    PAIR_BURST_PACKETS,
+    _diag,
+    load_module,
+    module_dir,
+    read_params,
+    write_params,
+)
 from gemini_lab.experiment import BASE_PORT, finish_flow, start_flow
 from gemini_lab.netem import ROUTER_NS, link_device, qdisc_stats, sh
 
@@ -27,7 +34,6 @@ GEAR, GEAR_CC = "gear", "gear"
 INT_PARAMS = Path("/sys/module/gear_int/parameters")
 GEAR_PORT = BASE_PORT + 160
 US_WRAP = 1 << 32  # the sender reports the record's time in µs, low 32 bits
-PAIR_BURST_PACKETS = 2  # the pair switch's shaper burst: a larger one would hide the DC queue
 
 
 def _load_int() -> dict:

@@ -193,21 +193,29 @@ def observe_contexts(
     return rows
 
 
+def timeout(workload: str) -> float:
+    """Host seconds for one boot of one context's hosts on ``workload``."""
+    return fctmix.RUN_TIMEOUT_S if workload == "fctmix" else ROUND_TIMEOUT_S
+
+
+def boot(out: Path, plan: dict, timeout_s: float) -> Path:
+    """One UML boot of the FlashPass lab on ``plan``, its files in ``out`` (returned)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps(plan))
+    files = '"$GEMINI_LAB_OUT/plan.json" "$GEMINI_LAB_OUT/result.json"'
+    run_in_uml(f"{sys.executable} -m gemini_lab.flashpass.lab {files}", out, timeout_s=timeout_s)
+    return out
+
+
 def tune(cfg: TuneConfig, work: Path, workload: str = "static") -> dict[str, list[dict]]:
     if len(cfg.scenarios) > 1:
         return tune_contexts(cfg, work, workload)
     (scenario,) = cfg.scenarios
-    timeout_s = fctmix.RUN_TIMEOUT_S if workload == "fctmix" else ROUND_TIMEOUT_S
     tuner = Tuner(cfg)
     history: list[dict] = []
     for r in range(cfg.rounds):
         ((incumbent, runs),) = tuner.plan(r).values()
-        out = work / f"round-{r}"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "plan.json").write_text(json.dumps(round_plan(r, runs, workload)))
-        files = '"$GEMINI_LAB_OUT/plan.json" "$GEMINI_LAB_OUT/result.json"'
-        run_in_uml(f"{sys.executable} -m gemini_lab.flashpass.lab {files}", out,
-                   timeout_s=timeout_s)  # fmt: skip
+        out = boot(work / f"round-{r}", round_plan(r, runs, workload), timeout(workload))
         rows = observe(tuner, r, runs, out)
         history.append({"round": r, "incumbent": incumbent, "runs": rows})
         print(plannertune.progress_line(scenario, r, incumbent, rows, cfg.sigma), flush=True)
@@ -223,19 +231,13 @@ def tune_contexts(cfg: TuneConfig, work: Path, workload: str) -> dict[str, list[
     the held-out one included, planned at every refit (history: a row per context and round,
     the held-out context's with no runs)."""
     seeds = context_seeds(cfg)
-    timeout_s = (fctmix.RUN_TIMEOUT_S if workload == "fctmix" else ROUND_TIMEOUT_S) * len(seeds)
     tuner = Tuner(cfg)
     history: dict[str, list[dict]] = {n: [] for n in cfg.scenarios}
     for r in range(cfg.rounds):
         plans = tuner.plan(r)
         runs = {c: plans[c][1] for c in seeds}
-        out = work / f"round-{r}"
-        out.mkdir(parents=True, exist_ok=True)
-        boot, order = contexts_round_plan(runs, seeds, workload)
-        (out / "plan.json").write_text(json.dumps(boot))
-        files = '"$GEMINI_LAB_OUT/plan.json" "$GEMINI_LAB_OUT/result.json"'
-        run_in_uml(f"{sys.executable} -m gemini_lab.flashpass.lab {files}", out,
-                   timeout_s=timeout_s)  # fmt: skip
+        plan, order = contexts_round_plan(runs, seeds, workload)
+        out = boot(work / f"round-{r}", plan, timeout(workload) * len(seeds))
         rows = observe_contexts(tuner, r, runs, order, out)
         for c, (incumbent, _) in plans.items():
             name = cfg.scenarios[c - 1]

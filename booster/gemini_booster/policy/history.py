@@ -18,6 +18,10 @@ model sees them:
 3. **Noise.** Buckets of one θ are added into one observation; the variance of its mean is the
    sample variance shrunk toward the context's pooled per-flow variance (``PRIOR_FLOWS``), so two
    flows that happen to agree do not pin the model to a lucky mean.
+
+4. **Hours.** Given the hour levels of ``levels.py``, each observation is moved to the
+   context's common condition: its mean less the flow-weighted level of its buckets, its noise
+   plus that level's uncertainty.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from gemini_api.sums import MIN_FLOW_VARIANCE, Objective
 from gemini_api.theta import ThetaSpec
 
 from ..domain import SINGLE_FLOW_STD, FlowSums, Trial, Utility
+from .levels import ContextLevels
 
 PRIOR_FLOWS = 4  # weight, in flows, of a context's pooled per-flow variance in a trial's noise
 DRIFT_Z = 5.0  # |z| of the best split, far beyond what scanning every split finds by chance
@@ -210,11 +215,13 @@ def observations(
     spec: ThetaSpec,
     bounds: Mapping,
     objective: Objective = Objective.FLOW_MEAN,
+    levels: Mapping[int, ContextLevels] | None = None,
 ) -> list[Observation]:
     """One observation per (context, θ) inside the policy's region, buckets added, of the
-    flows that carry ``objective``'s sums. Eq. 9 in numpy: a fleet's refit adds up a hundred
-    thousand buckets; ``FlowSums.utility`` and ``shrunk_noise`` are the same computations one
-    at a time (checked by a test). Other objectives through ``FlowSums.utility`` per group."""
+    flows that carry ``objective``'s sums, at each context's common hour where ``levels`` has
+    one (``levels.py``). Eq. 9 in numpy: a fleet's refit adds up a hundred thousand buckets;
+    ``FlowSums.utility`` and ``shrunk_noise`` are the same computations one at a time (checked
+    by a test). Other objectives through ``FlowSums.utility`` per group."""
     group_of: dict[tuple[int, str], int] = {}
     gids: list[int] = []
     kept: list[Trial] = []
@@ -231,11 +238,13 @@ def observations(
         n, mean, var_of_mean = _eq9(index, [t.sums.astuple() for t in kept], sigma)
     else:
         n, mean, var_of_mean = _by_sums(index, kept, len(group_of), sigma, objective)
+    shift, level_var = _hour_shift(index, kept, len(group_of), n, levels or {}, objective)
+    mean = mean - shift
     groups = list(group_of)
     values, inside = _inside_region(spec, [k for _, k in groups], bounds)
     keep = np.flatnonzero(inside)  # the pooled spread is of the region's trials only
     contexts = np.asarray([groups[g][0] for g in keep])
-    noise = _noise(n[keep], var_of_mean[keep], contexts)
+    noise = _noise(n[keep], var_of_mean[keep], contexts) + level_var[keep]
     names = spec.names
     columns = zip(  # Python values in one conversion each: per-element numpy indexing is slow
         keep.tolist(),
@@ -250,6 +259,35 @@ def observations(
         Observation(groups[g][0], dict(zip(names, row, strict=True)), groups[g][1], u, v, f, t)
         for g, row, u, v, f, t in columns
     ]
+
+
+def _hour_shift(
+    index: np.ndarray,
+    kept: list[Trial],
+    count: int,
+    flows: np.ndarray,
+    levels: Mapping[int, ContextLevels],
+    objective: Objective,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per group, the flow-weighted hour level of its buckets and that level's variance; zero
+    for a context without levels, a bucket without a level, and the context's reference θ."""
+    shift = np.zeros(count)
+    var = np.zeros(count)
+    if not levels:
+        return shift, var
+    for g, t in zip(index.tolist(), kept, strict=True):
+        ctx = levels.get(t.context_id)
+        if ctx is None or t.bucket is None or t.theta_key == ctx.reference:
+            continue
+        level = ctx.buckets.get(t.bucket)
+        if level is None:  # the reference did not run in this bucket
+            continue
+        offset, offset_var = level
+        w = t.sums.flows_for(objective)
+        shift[g] += w * offset
+        var[g] += w * w * offset_var
+    weight = np.maximum(flows, 1.0)
+    return shift / weight, var / (weight * weight)
 
 
 Moments = tuple[np.ndarray, np.ndarray, np.ndarray]  # per group: flows, mean, var of the mean

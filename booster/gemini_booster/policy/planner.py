@@ -9,7 +9,9 @@ For every context h' Booster serves, the planner answers two things:
 
 **Data.** ``history.py`` turns stored trials (sums per context, θ and time bucket) into
 observations: buckets outside the history window dropped, each context's data before a detected
-change of its path dropped (drift), buckets of one θ added.
+change of its path dropped (drift), buckets of one θ added, each moved to its context's common
+hour where the hours differ beyond their noise (``levels.py``: an hour's level is shared by
+every θ that ran in it, and the model has no term for it).
 
 **Model, by mode.**
   - ``contextual`` (eq. 8, contexts pooled): the surrogate c·Matérn(θ)·k_h(h) has its
@@ -88,7 +90,7 @@ from gemini_api.theta import ThetaSpec
 
 from ..domain import ContextKey, Trial
 from ..models import Policy
-from . import acquisition, history
+from . import acquisition, history, levels
 from .acquisition import ACQUISITIONS
 from .history import Observation
 from .incumbent import (
@@ -346,7 +348,10 @@ class Planner:
                 state.changes[c] = start
                 incumbents.pop(c, None)  # the path changed: no θ keeps its place on old merit
         current = history.since_change(recent, state.changes)
-        obs = history.observations(current, policy.sigma, self.spec, bounds, policy.objective)
+        hours = levels.bucket_levels(current, policy.sigma, incumbents, policy.objective)
+        obs = history.observations(
+            current, policy.sigma, self.spec, bounds, policy.objective, levels=hours
+        )
         return obs, current
 
     def initial_design(

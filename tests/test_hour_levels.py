@@ -1,0 +1,105 @@
+"""Hour levels (``policy/levels.py``): an hour's level, shared by every θ that ran in it, is
+taken out of the observations before the model compares θ."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+from gemini_booster.domain import ContextKey, FlowSums
+from gemini_booster.policy import history, levels
+from gemini_booster.policy import planner as planner_module
+from gemini_booster.policy.planner import Planner, PolicyState
+from tests.test_planner import BOUNDS, SPEC, T0, policy, theta, trial
+
+REFERENCE, EXPLORER = theta(85, 10), theta(30, 4)
+
+
+def spread(mean: float, n: int = 60) -> FlowSums:
+    """``n`` flows at ``mean`` ± 15 (no queueing): the variance of their mean is 228.8 / n."""
+    return FlowSums.total(FlowSums.of_flow(u, 0.0) for u in [mean - 15, mean + 15] * (n // 2))
+
+
+def test_between_variance_is_the_spread_of_the_means_beyond_their_noise():
+    """DerSimonian–Laird by hand: means 0 and 2 of variance 1 each: Q = 2 on one degree of
+    freedom, Σw − Σw²/Σw = 1, so τ² = 1. Means that differ by less than their noise: 0."""
+    assert levels.between_variance(np.array([0.0, 2.0]), np.array([1.0, 1.0])) == pytest.approx(1.0)
+    assert levels.between_variance(np.array([0.0, 1.0]), np.array([1.0, 1.0])) == 0.0
+    assert levels.between_variance(np.array([5.0, 5.0, 5.0]), np.array([1.0, 2.0, 3.0])) == 0.0
+
+
+def test_an_explorer_of_the_good_hour_is_moved_to_the_common_hour():
+    """The reference ran hours at 24, 16 and 16; the explorer ran the good hour only, at 23 (1
+    below the reference there). Its raw mean (23) beats the reference's (18.67) by the hour's
+    level; moved by the good hour's shrunk level, it trails by about that 1, as it did in the
+    hour both ran, and its noise grows by the level's uncertainty. The reference stays."""
+    ref = [trial(1, REFERENCE, spread(m), h) for h, m in enumerate((24.0, 16.0, 16.0))]
+    data = [*ref, trial(1, EXPLORER, spread(23.0), 0)]
+    hours = levels.bucket_levels(data, 0.1, {})
+    assert hours[1].reference == SPEC.key(REFERENCE)
+    raw = {o.theta_key: o for o in history.observations(data, 0.1, SPEC, BOUNDS)}
+    moved = {o.theta_key: o for o in history.observations(data, 0.1, SPEC, BOUNDS, levels=hours)}
+    ref_key, exp_key = SPEC.key(REFERENCE), SPEC.key(EXPLORER)
+    assert moved[ref_key] == raw[ref_key]
+    assert raw[exp_key].utility == pytest.approx(23.0)
+    # by hand: s² = 228.8/60 = 3.81; Q = (5.33² + 2·2.67²)/3.81 = 11.2 on 2 dof; Σw − Σw²/Σw =
+    # 2/3.81, so τ² = 17.5; the good hour's level 17.5/(17.5 + 3.81)·(24 − 18.67) = 4.38
+    assert moved[exp_key].utility == pytest.approx(23.0 - 4.38, abs=0.05)
+    assert moved[exp_key].utility < moved[ref_key].utility
+    assert moved[exp_key].noise_var > raw[exp_key].noise_var
+
+
+def test_nothing_moves_when_the_hours_differ_by_no_more_than_their_noise():
+    ref = [trial(1, REFERENCE, spread(m), h) for h, m in enumerate((20.0, 20.5, 19.5))]
+    data = [*ref, trial(1, EXPLORER, spread(23.0), 0)]
+    assert levels.bucket_levels(data, 0.1, {}) == {}
+
+
+def test_the_reference_is_the_theta_of_most_hours_the_incumbent_on_a_tie():
+    a = [trial(1, REFERENCE, spread(20.0), h) for h in (0, 1)]
+    b = [trial(1, EXPLORER, spread(30.0), h) for h in (0, 1)]
+    thetas = {SPEC.key(REFERENCE): a, SPEC.key(EXPLORER): b}
+    assert levels.reference_theta(thetas, SPEC.key(EXPLORER)) == SPEC.key(EXPLORER)
+    assert levels.reference_theta(thetas, SPEC.key(REFERENCE)) == SPEC.key(REFERENCE)
+    thetas[SPEC.key(EXPLORER)] = b[:1]
+    assert levels.reference_theta(thetas, SPEC.key(EXPLORER)) == SPEC.key(REFERENCE)
+
+
+def _rotating_hours(explorer_good: float) -> list:
+    """Six hours alternating good (30) and bad (15) for the incumbent; θ explored in a bad hour
+    each (a little below it there), and EXPLORER in the two good hours at ``explorer_good``."""
+    good = (0, 2, 4)
+    data = [trial(1, REFERENCE, spread(30.0 if h in good else 15.0), h) for h in range(6)]
+    for h, (a, b) in zip((1, 3, 5), ((10, 0), (50, 7), (99, 2)), strict=True):
+        data.append(trial(1, theta(a, b), spread(14.0), h))
+    data += [trial(1, EXPLORER, spread(explorer_good), h) for h in (0, 2)]
+    return data
+
+
+def _incumbent(data: list) -> dict[str, int]:
+    contexts = {1: ContextKey("a", "b", "c", "d", 0)}
+    plans = Planner(SPEC).plan(
+        policy(n_initial_points=2),
+        data,
+        contexts,
+        [1],
+        PolicyState(),
+        now=T0 + timedelta(hours=6),
+        incumbents={1: SPEC.key(REFERENCE)},
+    )
+    assert plans[1].acquisition not in ("initial design", "random")  # the model decided
+    return plans[1].incumbent
+
+
+def test_the_model_does_not_take_a_good_hour_for_a_better_theta(monkeypatch):
+    """A θ run only in good hours (31 where the incumbent did 30) leads the incumbent's mean
+    over all hours (22.5) by the hours' difference: without hour levels the model switches to
+    it; with them it is about one unit better and stays behind the switching bar. A θ clearly
+    better within its hours (40 against 30) still takes over."""
+    same_hour = _rotating_hours(31.0)
+    assert _incumbent(same_hour) == REFERENCE
+    assert _incumbent(_rotating_hours(40.0)) == EXPLORER
+    monkeypatch.setattr(planner_module.levels, "bucket_levels", lambda *a, **k: {})
+    assert _incumbent(same_hour) == EXPLORER  # what the model did before hour levels

@@ -23,7 +23,7 @@ Every figure is the median over seeds. ``--timing`` also times one Booster refit
 10,000 / 100,000 aggregated trials over 1,000 contexts.
 
     python -m benchmarks.optimiser [--seeds 5] [--rounds 30]
-        [--landscapes lab shared24 drift plateau] [--methods ...] [--timing] [--quick]
+        [--landscapes lab shared24 drift plateau hourly] [--methods ...] [--timing] [--quick]
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from .optimiser_landscapes import (
     Landscape,
     bucket_time,
     flow_factors,
+    hour_factor,
     make_trial,
     run_flows,
     shared_landscape,
@@ -82,7 +83,9 @@ SETUP = [
     "part + time-block part; `drift`, one context, 4 parameters, optimum and peak move at "
     f"round {DRIFT_ROUND + 1} (after {DRIFT_ROUND} rounds of data); `plateau`, lab's two "
     "contexts with every θ within 1 % of the best, where an incumbent change is noise "
-    "(its changes are the churn a switching rule lets noise cause). Parameters outside a "
+    "(its changes are the churn a switching rule lets noise cause); `hourly`, lab's two "
+    "contexts with each hour (round) at a level of its own shared by the context's flows "
+    "(±20 %, drawn per seed, round and context). Parameters outside a "
     "landscape are pinned at the spec's default through a custom region (lo = hi), so every "
     "method searches the same dimensions. Policy: defaults except σ 0.1, that region, "
     "exploration share 0.5 and two time blocks.",
@@ -181,7 +184,9 @@ def simulate(landscape: Landscape, method_name: str, seed: int, rounds: int) -> 
                 key = spec.key(theta)
                 hist.ran[c][key] = hist.ran[c].get(key, 0) + FLOWS_PER_HOST
                 x = landscape.normalise([theta])
-                sums, slow = run_flows(surface, x, flow_factors(seed, landscape.name, r, c, host))
+                factors = flow_factors(seed, landscape.name, r, c, host)
+                factors = factors * hour_factor(seed, landscape, r, c)
+                sums, slow = run_flows(surface, x, factors)
                 runs[c].append(HostRun(host, theta, sums, slow))
                 hist.runs.append((FLOWS_PER_HOST, regret_pct(opt, float(surface.utility(x)[0]))))
         t0 = time.perf_counter()

@@ -26,6 +26,10 @@ Landscapes:
   - ``plateau``: the lab's two contexts with every θ within ``PLATEAU_SPREAD`` of the best, far
     inside one round's noise: what an incumbent change there buys is noise, so the changes it
     makes measure the churn a switching rule lets noise alone cause.
+  - ``hourly``: the lab's two contexts where each hour (round) also has a level of its own,
+    shared by every flow of the context in that hour (the day's load, cross traffic, the flow
+    mix that arrived): a factor with relative spread ``HOUR_SPREAD``, drawn per seed, round and
+    context. A θ explored in a good hour looks better by the hour, not by itself.
 """
 
 from __future__ import annotations
@@ -121,6 +125,7 @@ class Landscape:
     contexts: dict[int, ContextKey]
     surfaces: Mapping[int, UtilitySurface]
     drifted: Mapping[int, UtilitySurface] = field(default_factory=dict)  # from DRIFT_ROUND on
+    hour_spread: float = 0.0  # relative spread of an hour's level, shared by a context's flows
 
     def surface(self, context_id: int, round_index: int) -> UtilitySurface:
         if round_index >= DRIFT_ROUND and context_id in self.drifted:
@@ -305,11 +310,21 @@ def drift_landscape() -> Landscape:
     return Landscape("drift", LAB_DIMS, contexts, {1: before}, {1: after})
 
 
+HOUR_SPREAD = 0.2  # an hour's level: ±20 % (1 std) around the surface, chosen before any run
+
+
+def hourly_landscape() -> Landscape:
+    """The lab's contexts, each hour at a level of its own (``HOUR_SPREAD``)."""
+    lab = lab_landscape()
+    return Landscape("hourly", LAB_DIMS, lab.contexts, lab.surfaces, hour_spread=HOUR_SPREAD)
+
+
 LANDSCAPES = {
     "lab": lab_landscape,
     "shared24": shared_landscape,
     "drift": drift_landscape,
     "plateau": plateau_landscape,
+    "hourly": hourly_landscape,
 }
 
 
@@ -330,6 +345,17 @@ def flow_factors(seed: int, landscape: str, round_index: int, context_id: int, h
     )
     m = 1.0 + FLOW_NOISE * rng.standard_normal(FLOWS_PER_HOST)
     return np.maximum(m, MIN_NOISE_FACTOR)
+
+
+def hour_factor(seed: int, landscape: Landscape, round_index: int, context_id: int) -> float:
+    """The level every flow of ``context_id`` shares in one round (1 without ``hour_spread``):
+    the same draw for every method and host, so methods meet the same hours."""
+    if landscape.hour_spread <= 0.0:
+        return 1.0
+    rng = np.random.default_rng(
+        [seed, zlib.crc32(landscape.name.encode()), round_index, context_id, zlib.crc32(b"hour")]
+    )
+    return max(1.0 + landscape.hour_spread * float(rng.standard_normal()), MIN_NOISE_FACTOR)
 
 
 def run_flows(surface: UtilitySurface, x: np.ndarray, factors: np.ndarray) -> tuple[FlowSums, int]:

@@ -14,11 +14,13 @@ from benchmarks.optimiser_landscapes import (
     EXPLORATION_SHARE,
     FLOW_NOISE,
     HOSTS_PER_CONTEXT,
+    HOUR_SPREAD,
     LANDSCAPES,
     PLATEAU_SPREAD,
     SIGMA,
     fleet_hosts,
     flow_factors,
+    hour_factor,
     run_flows,
 )
 from gemini_api.theta import load_spec
@@ -101,6 +103,18 @@ def test_flows_are_eq9_at_sigma_with_the_stated_noise():
     assert slow == 0
     # the same draw for the same (seed, round, context, host), whatever the method
     assert np.array_equal(flow_factors(3, "lab", 2, 1, "h"), flow_factors(3, "lab", 2, 1, "h"))
+
+
+def test_an_hourly_landscape_gives_each_hour_one_level_with_the_stated_spread():
+    """Every flow of a context in one round shares the hour's factor (the benchmark multiplies
+    each host's flow factors by it); over many rounds the factors spread by HOUR_SPREAD. The
+    other landscapes have none."""
+    hourly, lab = LANDSCAPES["hourly"](), LANDSCAPES["lab"]()
+    levels = np.asarray([hour_factor(7, hourly, r, 1) for r in range(2000)])
+    assert levels.mean() == pytest.approx(1.0, abs=0.02)
+    assert levels.std() == pytest.approx(HOUR_SPREAD, rel=0.1)
+    assert hour_factor(7, hourly, 3, 1) != hour_factor(7, hourly, 3, 2)  # per context
+    assert {hour_factor(7, lab, r, 1) for r in range(50)} == {1.0}
 
 
 def test_every_context_has_half_its_hosts_exploring_by_the_services_own_rule():

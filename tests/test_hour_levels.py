@@ -17,9 +17,11 @@ from tests.test_planner import BOUNDS, SPEC, T0, policy, theta, trial
 REFERENCE, EXPLORER = theta(85, 10), theta(30, 4)
 
 
-def spread(mean: float, n: int = 60) -> FlowSums:
-    """``n`` flows at ``mean`` ± 15 (no queueing): the variance of their mean is 228.8 / n."""
-    return FlowSums.total(FlowSums.of_flow(u, 0.0) for u in [mean - 15, mean + 15] * (n // 2))
+def spread(mean: float, n: int = 60, width: float = 15.0) -> FlowSums:
+    """``n`` flows at ``mean`` ± ``width`` (no queueing): at ± 15 the variance of their mean is
+    228.8 / n."""
+    pair = [mean - width, mean + width]
+    return FlowSums.total(FlowSums.of_flow(u, 0.0) for u in pair * (n // 2))
 
 
 def test_between_variance_is_the_spread_of_the_means_beyond_their_noise():
@@ -103,3 +105,38 @@ def test_the_model_does_not_take_a_good_hour_for_a_better_theta(monkeypatch):
     assert _incumbent(_rotating_hours(40.0)) == EXPLORER
     monkeypatch.setattr(planner_module.levels, "bucket_levels", lambda *a, **k: {})
     assert _incumbent(same_hour) == EXPLORER  # what the model did before hour levels
+
+
+def _hours(levels_by_hour: list[float], first_hour: int = 0) -> list:
+    return [
+        trial(1, REFERENCE, spread(m, 200), first_hour + h) for h, m in enumerate(levels_by_hour)
+    ]
+
+
+UPS_AND_DOWNS = [17.0, 16.0, 18.0, 24.0, 23.0, 22.0, 24.0, 17.0, 16.0, 18.0, 23.0, 22.0]  # in runs
+
+
+def _largest_z_without_the_hours(buckets: list) -> float:
+    """The drift test as it was: Welch's z on the exact sums of each split's two sides."""
+    zs = []
+    for i in range(1, len(buckets)):
+        before = FlowSums.total(t.sums for t in buckets[:i]).utility(0.1)
+        after = FlowSums.total(t.sums for t in buckets[i:]).utility(0.1)
+        z = history._shift_z(before, after)
+        zs.append(0.0 if z is None else abs(z))
+    return max(zs)
+
+
+def test_the_hours_ordinary_ups_and_downs_are_not_a_change_of_path():
+    """Twelve hours of the incumbent, 200 flows each, the hours between 16 and 24 in runs: a
+    split's two sides differ far beyond their flows' noise (without the hours' variance the
+    largest z is above DRIFT_Z, and the context's search restarted), but no more than the
+    hours differ anyway. A drop of 40 % amid the same ups and downs is still found, at the
+    hour it happened."""
+    steady = _hours(UPS_AND_DOWNS)
+    assert _largest_z_without_the_hours(steady) > history.DRIFT_Z
+    assert history.hour_variance([t.sums.utility(0.1) for t in steady]) > 0
+    incumbent = {1: SPEC.key(REFERENCE)}
+    assert history.change_points(steady, 0.1, incumbent) == {}
+    moved = steady[:6] + _hours([m * 0.6 for m in UPS_AND_DOWNS[6:]], first_hour=6)
+    assert history.change_points(moved, 0.1, incumbent) == {1: T0 + timedelta(hours=6)}

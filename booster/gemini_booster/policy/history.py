@@ -9,7 +9,10 @@ model sees them:
 2. **Drift.** A path can change under a context (a new peering, a re-routed link) long before the
    window forgets the old regime. For the θ a context has run most (its incumbent, first of all),
    the bucket sequence is split at every point and the two sides' mean utilities compared
-   (Welch's z on the exact sums). When the best split is far beyond chance (``DRIFT_Z``) and
+   (Welch's z on the exact sums, its variance widened by how much the θ's hours differ from
+   one another anyway: ``hour_variance``, so that a day's ordinary ups and downs, which every
+   split of a busy θ's hundreds of flows would otherwise call far beyond chance, are not read
+   as a new path). When the best split is far beyond chance (``DRIFT_Z``) and
    large (``DRIFT_MIN_SHIFT`` of the utility), every trial of that context before the split is
    dropped: the model then sees the context as new and re-explores it. The split is recomputed
    from the data at every refit (so a takeover finds it again) and also remembered by the
@@ -31,6 +34,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import pairwise
 from typing import TypeVar
 
 import numpy as np
@@ -90,26 +94,53 @@ def best_split(
     """The split of one θ's time-ordered buckets with the largest |z| between the mean
     utilities (``objective``) before and after it; None with too few flows on either side."""
     buckets = sorted(buckets, key=_time)
+    tau2 = hour_variance([b.sums.utility(sigma, objective) for b in buckets])
+    weights = [float(b.sums.flows_for(objective)) for b in buckets]
     total = FlowSums.total(b.sums for b in buckets)
+    total_sq = sum(w * w for w in weights)
     before = FlowSums()
+    before_sq = 0.0
     best: Split | None = None
     for i in range(1, len(buckets)):
         before = before + buckets[i - 1].sums
+        before_sq += weights[i - 1] ** 2
         after = total - before
-        if min(before.flows_for(objective), after.flows_for(objective)) < DRIFT_MIN_FLOWS:
+        n_before, n_after = before.flows_for(objective), after.flows_for(objective)
+        if min(n_before, n_after) < DRIFT_MIN_FLOWS:
             continue
-        z = _shift_z(before.utility(sigma, objective), after.utility(sigma, objective))
+        # the hours' own spread in each side's flow-weighted mean: τ² Σ (n_b / N)²
+        hours = tau2 * (before_sq / n_before**2 + (total_sq - before_sq) / n_after**2)
+        z = _shift_z(before.utility(sigma, objective), after.utility(sigma, objective), hours)
         if z is not None and (best is None or abs(z) > abs(best.z)):
             best = Split(_time(buckets[i - 1]), _time(buckets[i]), z)
     return best
 
 
-def _shift_z(old: Utility, new: Utility) -> float | None:
-    """Welch's z for new − old, or None when the shift is too small to matter."""
+MEDIAN_CHI2_1 = 0.4549  # the median of χ² with one degree of freedom
+
+
+def hour_variance(means: list[Utility]) -> float:
+    """How much one θ's hours differ beyond their flows' noise, robust to one change of path.
+
+    Successive buckets' means differ by twice the hours' variance τ² plus both buckets' noise;
+    the median of the squared differences (over χ²₁'s median) is not moved by the one large
+    step a change of path adds, which is what the drift test looks for, so it measures the
+    ordinary ups and downs only. Zero with fewer than three buckets, or when the differences are
+    no larger than the noise."""
+    if len(means) < 3:
+        return 0.0
+    diffs = [(b.mean - a.mean) ** 2 for a, b in pairwise(means)]
+    noise = [a.var_of_mean + b.var_of_mean for a, b in pairwise(means)]
+    return max(0.0, float(np.median(diffs)) / MEDIAN_CHI2_1 - float(np.median(noise))) / 2
+
+
+def _shift_z(old: Utility, new: Utility, hours: float = 0.0) -> float | None:
+    """Welch's z for new − old (``hours``: the variance the hours add to the difference), or
+    None when the shift is too small to matter."""
     shift = new.mean - old.mean
     if abs(shift) < DRIFT_MIN_SHIFT * max(abs(old.mean), abs(new.mean), 1e-9):
         return None
-    se = math.sqrt(old.var_of_mean + new.var_of_mean)
+    se = math.sqrt(old.var_of_mean + new.var_of_mean + hours)
     return shift / se if se > 0 else math.copysign(math.inf, shift)
 
 

@@ -8,32 +8,32 @@ FlashPass mix tuning, whose rounds ran workloads a factor of two apart, left the
 way at the model's first refit (posterior z +2.93 for a θ run in one good round only:
 benchmarks/results/flashpass.md, "The mix tuning rerun at 448af28").
 
-So before the model sees them, the observations are moved to one common condition:
+So before the model sees them, the observations are moved to a common hour. Each cell (θ, hour)
+of a context is read as y = μ_θ + ℓ_hour + noise, the hour's level ℓ a random effect:
 
-1. **The reference.** The θ that ran in most of the context's buckets (the published incumbent
-   on a tie, then the most flows). Hosts run it every hour, so its bucket means trace the hours'
-   levels, each with the noise of its own flows.
-2. **How much the hours differ.** The variance τ² of the reference's bucket means beyond what
-   their noise explains, by DerSimonian and Laird's method of moments (the random-effects
-   estimator of meta-analysis, which has no setting to tune). When the buckets differ no more
-   than their flows' noise says, τ² = 0 and nothing moves.
-3. **Each hour's level,** shrunk toward the mean by τ² / (τ² + s_b²) (s_b² the variance of the
-   bucket's mean), so a bucket of few flows moves its θ little; then centred on the reference's
-   own flows, so the reference's observation stays as measured.
-4. **Every other θ's observation** subtracts the flow-weighted mean of its buckets' levels, and
-   its noise grows by the levels' own uncertainty (``history.observations``).
+1. **How much the hours differ.** The variance τ² of the hour levels beyond what the flows'
+   noise explains: DerSimonian and Laird's method of moments (the random-effects estimator of
+   meta-analysis, which has no setting to tune) on the bucket means of the θ that ran in most
+   of the context's buckets (hosts run the incumbent every hour, so its buckets trace the
+   hours). When its buckets differ no more than their noise says, τ² = 0 and nothing moves.
+2. **The levels,** from every θ that ran in an hour at once: μ and ℓ by weighted least squares
+   with ℓ shrunk toward 0 with prior variance τ² (backfitting: each θ's mean over its hours
+   less their levels, then each hour's shrunk mean of its θ's residuals, until they settle).
+   An hour of few flows moves little; a θ that was alone in its hour keeps its own mean. After
+   the incumbent changes, the new one's hours are levelled by whatever else ran in them.
+3. **Every observation** subtracts the flow-weighted mean of its buckets' levels, and its noise
+   grows by the levels' own uncertainty (``history.observations``). Utilities are then those
+   of an average hour of the context.
 
-Buckets the reference did not run in have no level: flows there stay as measured. The initial
-design's test compares two θ over the buckets both ran in (``Planner._paired``), which needs no
-estimate; this carries the same idea to the model, where a θ's buckets are many and partly
-shared.
+The initial design's test compares two θ over the buckets both ran in (``Planner._paired``),
+which needs no estimate; this carries the same idea to the model, where a θ's buckets are many
+and partly shared.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
@@ -41,30 +41,12 @@ import numpy as np
 from gemini_api.sums import Objective
 
 from ..domain import Trial
+from . import history
+from .history import HourLevels
 
-MIN_LEVEL_BUCKETS = 2  # buckets of the reference needed before hours can be told apart
-
-
-@dataclass(frozen=True)
-class ContextLevels:
-    """One context's hour levels: the reference θ, and per bucket its level's (offset, variance)
-    in utility units, centred so that the reference's flow-weighted offset is zero."""
-
-    reference: str
-    buckets: Mapping[datetime, tuple[float, float]]
-
-
-def reference_theta(thetas: Mapping[str, list[Trial]], incumbent: str | None) -> str:
-    """The θ of most buckets; the published incumbent on a tie, then the θ of most flows."""
-    return max(
-        thetas,
-        key=lambda k: (
-            len({t.bucket for t in thetas[k]}),
-            k == incumbent,
-            sum(t.flow_count for t in thetas[k]),
-            k,
-        ),
-    )
+MIN_LEVEL_BUCKETS = 2  # buckets of the reference θ needed before hours can be told apart
+MAX_SWEEPS = 200  # backfitting sweeps at most; a context's design settles in a few dozen
+SETTLED = 1e-9  # a sweep that moves no level by more than this share of the spread τ stops
 
 
 def bucket_levels(
@@ -72,55 +54,80 @@ def bucket_levels(
     sigma: float,
     incumbents: Mapping[int, str],
     objective: Objective = Objective.FLOW_MEAN,
-) -> dict[int, ContextLevels]:
-    """Per context whose reference θ's buckets differ beyond their noise, the hour levels."""
-    by_context: dict[int, dict[str, list[Trial]]] = defaultdict(lambda: defaultdict(list))
+) -> HourLevels:
+    """(context, bucket) → (level, its variance) for every context whose hours differ beyond
+    their noise; contexts whose hours do not are absent."""
+    by_context: dict[int, list[Trial]] = defaultdict(list)
     for t in trials:
         if t.bucket is not None and t.sums.flows_for(objective) > 0:
-            by_context[t.context_id][t.theta_key].append(t)
-    out: dict[int, ContextLevels] = {}
-    for context_id, thetas in by_context.items():
-        if len(thetas) < 2:  # one θ: nothing to compare it with
-            continue
-        ref = reference_theta(thetas, incumbents.get(context_id))
-        levels = _levels(thetas[ref], sigma, objective)
-        if levels:
-            out[context_id] = ContextLevels(ref, levels)
+            by_context[t.context_id].append(t)
+    out: dict[tuple[int, datetime], tuple[float, float]] = {}
+    for context_id, kept in by_context.items():
+        cells = _cells(kept, sigma, objective)
+        tau2 = _hours_spread(cells, incumbents.get(context_id))
+        if tau2 > 0.0:
+            for bucket, level in _backfit(cells, tau2).items():
+                out[(context_id, bucket)] = level
     return out
 
 
-def _levels(
-    buckets: list[Trial], sigma: float, objective: Objective
-) -> dict[datetime, tuple[float, float]]:
-    """The reference's buckets' shrunk, centred levels; empty when τ² is zero."""
-    sums: dict[datetime, list[Trial]] = defaultdict(list)
-    for t in buckets:
-        sums[t.bucket].append(t)  # type: ignore[index]  # bucket_levels kept bucketed trials only
-    if len(sums) < MIN_LEVEL_BUCKETS:
-        return {}
-    keys = sorted(sums)
-    moments = [_bucket_utility(sums[b], sigma, objective) for b in keys]
-    m = np.asarray([u[0] for u in moments])
-    s2 = np.asarray([u[1] for u in moments])
-    n = np.asarray([u[2] for u in moments], dtype=float)
-    tau2 = between_variance(m, s2)
-    if tau2 <= 0.0:
-        return {}
-    w = 1.0 / (s2 + tau2)
-    centre = float(np.sum(w * m) / np.sum(w))
-    keep = tau2 / (tau2 + s2)
-    offset = keep * (m - centre)
-    var = tau2 * s2 / (tau2 + s2)
-    offset = offset - float(np.sum(n * offset) / np.sum(n))
-    return {b: (float(o), float(v)) for b, o, v in zip(keys, offset, var, strict=True)}
+class _Cells:
+    """One context's (θ, bucket) cells: mean utility, variance of that mean, flows."""
+
+    def __init__(self, keys: list[tuple[str, datetime]], moments: history.Moments):
+        self.thetas = sorted({k for k, _ in keys})
+        self.buckets = sorted({b for _, b in keys})
+        theta_of = {k: i for i, k in enumerate(self.thetas)}
+        bucket_of = {b: i for i, b in enumerate(self.buckets)}
+        self.theta = np.asarray([theta_of[k] for k, _ in keys])
+        self.bucket = np.asarray([bucket_of[b] for _, b in keys])
+        self.flows, self.mean, self.var = moments
 
 
-def _bucket_utility(trials: list[Trial], sigma: float, objective: Objective) -> tuple:
-    total = trials[0].sums
-    for t in trials[1:]:
-        total = total + t.sums
-    u = total.utility(sigma, objective)
-    return u.mean, u.var_of_mean, u.flows
+def _cells(trials: list[Trial], sigma: float, objective: Objective) -> _Cells:
+    cell_of: dict[tuple[str, datetime], int] = {}
+    index = [
+        cell_of.setdefault((t.theta_key, t.bucket), len(cell_of))  # type: ignore[arg-type]
+        for t in trials
+    ]
+    moments = history.moments(np.asarray(index), trials, len(cell_of), sigma, objective)
+    return _Cells(list(cell_of), moments)
+
+
+def _hours_spread(cells: _Cells, incumbent: str | None) -> float:
+    """τ² from the reference θ's buckets (0 with one θ or too few of its buckets)."""
+    if len(cells.thetas) < 2:
+        return 0.0
+    counts = np.bincount(cells.theta, minlength=len(cells.thetas))
+    flows = np.bincount(cells.theta, weights=cells.flows, minlength=len(cells.thetas))
+    ref = max(
+        range(len(cells.thetas)),
+        key=lambda i: (counts[i], cells.thetas[i] == incumbent, flows[i], cells.thetas[i]),
+    )
+    mine = cells.theta == ref
+    if int(mine.sum()) < MIN_LEVEL_BUCKETS:
+        return 0.0
+    return between_variance(cells.mean[mine], cells.var[mine])
+
+
+def _backfit(cells: _Cells, tau2: float) -> dict[datetime, tuple[float, float]]:
+    """Each bucket's shrunk level and its variance, by backfitting μ_θ and ℓ_b."""
+    w = 1.0 / cells.var
+    n_theta, n_bucket = len(cells.thetas), len(cells.buckets)
+    theta_weight = np.bincount(cells.theta, weights=w, minlength=n_theta)
+    bucket_weight = np.bincount(cells.bucket, weights=w, minlength=n_bucket) + 1.0 / tau2
+    level = np.zeros(n_bucket)
+    for _ in range(MAX_SWEEPS):
+        resid = cells.mean - level[cells.bucket]
+        mu = np.bincount(cells.theta, weights=w * resid, minlength=n_theta) / theta_weight
+        resid = cells.mean - mu[cells.theta]
+        new = np.bincount(cells.bucket, weights=w * resid, minlength=n_bucket) / bucket_weight
+        moved = float(np.max(np.abs(new - level)))
+        level = new
+        if moved <= SETTLED * np.sqrt(tau2):
+            break
+    var = 1.0 / bucket_weight
+    return {b: (float(lv), float(v)) for b, lv, v in zip(cells.buckets, level, var, strict=True)}
 
 
 def between_variance(means: np.ndarray, variances: np.ndarray) -> float:

@@ -17,10 +17,10 @@ of a context is read as y = μ_θ + ℓ_hour + noise, the hour's level ℓ a ran
    of the context's buckets (hosts run the incumbent every hour, so its buckets trace the
    hours). When its buckets differ no more than their noise says, τ² = 0 and nothing moves.
 2. **The levels,** from every θ that ran in an hour at once: μ and ℓ by weighted least squares
-   with ℓ shrunk toward 0 with prior variance τ² (backfitting: each θ's mean over its hours
-   less their levels, then each hour's shrunk mean of its θ's residuals, until they settle).
-   An hour of few flows moves little; a θ that was alone in its hour keeps its own mean. After
-   the incumbent changes, the new one's hours are levelled by whatever else ran in them.
+   with ℓ shrunk toward 0 with prior variance τ² (``_solve``: one small linear system per
+   context, a row per hour). An hour of few flows moves little; a θ that was alone in its hour
+   keeps its own mean. After the incumbent changes, the new one's hours are levelled by
+   whatever else ran in them.
 3. **Every observation** subtracts the flow-weighted mean of its buckets' levels, and its noise
    grows by the levels' own uncertainty (``history.observations``). Utilities are then those
    of an average hour of the context.
@@ -45,8 +45,6 @@ from . import history
 from .history import HourLevels
 
 MIN_LEVEL_BUCKETS = 2  # buckets of the reference θ needed before hours can be told apart
-MAX_SWEEPS = 200  # backfitting sweeps at most; a context's design settles in a few dozen
-SETTLED = 1e-9  # a sweep that moves no level by more than this share of the spread τ stops
 
 
 def bucket_levels(
@@ -66,7 +64,7 @@ def bucket_levels(
         cells = _cells(kept, sigma, objective)
         tau2 = _hours_spread(cells, incumbents.get(context_id))
         if tau2 > 0.0:
-            for bucket, level in _backfit(cells, tau2).items():
+            for bucket, level in _solve(cells, tau2).items():
                 out[(context_id, bucket)] = level
     return out
 
@@ -110,24 +108,27 @@ def _hours_spread(cells: _Cells, incumbent: str | None) -> float:
     return between_variance(cells.mean[mine], cells.var[mine])
 
 
-def _backfit(cells: _Cells, tau2: float) -> dict[datetime, tuple[float, float]]:
-    """Each bucket's shrunk level and its variance, by backfitting μ_θ and ℓ_b."""
-    w = 1.0 / cells.var
-    n_theta, n_bucket = len(cells.thetas), len(cells.buckets)
-    theta_weight = np.bincount(cells.theta, weights=w, minlength=n_theta)
-    bucket_weight = np.bincount(cells.bucket, weights=w, minlength=n_bucket) + 1.0 / tau2
-    level = np.zeros(n_bucket)
-    for _ in range(MAX_SWEEPS):
-        resid = cells.mean - level[cells.bucket]
-        mu = np.bincount(cells.theta, weights=w * resid, minlength=n_theta) / theta_weight
-        resid = cells.mean - mu[cells.theta]
-        new = np.bincount(cells.bucket, weights=w * resid, minlength=n_bucket) / bucket_weight
-        moved = float(np.max(np.abs(new - level)))
-        level = new
-        if moved <= SETTLED * np.sqrt(tau2):
-            break
-    var = 1.0 / bucket_weight
-    return {b: (float(lv), float(v)) for b, lv, v in zip(cells.buckets, level, var, strict=True)}
+def _solve(cells: _Cells, tau2: float) -> dict[datetime, tuple[float, float]]:
+    """Each bucket's shrunk level and its posterior variance: the weighted least squares of
+    y = μ_θ + ℓ_b with a prior ℓ ~ N(0, τ²), μ profiled out. With B the θ × bucket weights
+    (1 / variance of each cell's mean) and Y the weighted means, the levels solve
+    (diag(Σ_θ B + 1/τ²) − Bᵀ diag(1/W_θ) B) ℓ = Σ_θ Y − Bᵀ diag(1/W_θ) Σ_b Y, a system of one
+    row per bucket (a context's hours in the window, so small); the inverse's diagonal is each
+    level's variance, which counts what the θ means leave uncertain."""
+    shape = (len(cells.thetas), len(cells.buckets))
+    weight = np.zeros(shape)
+    np.add.at(weight, (cells.theta, cells.bucket), 1.0 / cells.var)
+    weighted = np.zeros(shape)
+    np.add.at(weighted, (cells.theta, cells.bucket), cells.mean / cells.var)
+    share = weight / weight.sum(axis=1, keepdims=True)
+    system = np.diag(weight.sum(axis=0) + 1.0 / tau2) - weight.T @ share
+    rhs = weighted.sum(axis=0) - share.T @ weighted.sum(axis=1)
+    cov = np.linalg.inv(system)
+    level = cov @ rhs
+    return {
+        b: (float(lv), float(v))
+        for b, lv, v in zip(cells.buckets, level, np.diag(cov), strict=True)
+    }
 
 
 def between_variance(means: np.ndarray, variances: np.ndarray) -> float:

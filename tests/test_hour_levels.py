@@ -130,3 +130,39 @@ def test_the_hours_ordinary_ups_and_downs_are_not_a_change_of_path():
     assert history.change_points(steady, 0.1, incumbent) == {}
     moved = steady[:6] + _hours([m * 0.5 for m in UPS_AND_DOWNS[6:]], first_hour=6)
     assert history.change_points(moved, 0.1, incumbent) == {1: T0 + timedelta(hours=6)}
+
+
+def _dense_levels(keys, mean, var, tau2):
+    """The levels' least squares solved directly: unknowns μ_θ and ℓ_b, prior ℓ ~ N(0, τ²)."""
+    thetas = sorted({k for k, _ in keys})
+    buckets = sorted({b for _, b in keys})
+    nt, nb = len(thetas), len(buckets)
+    design = np.zeros((len(keys), nt + nb))
+    for row, (k, b) in enumerate(keys):
+        design[row, thetas.index(k)] = design[row, nt + buckets.index(b)] = 1.0
+    precision = design.T @ (design / var[:, None])
+    precision[nt:, nt:] += np.eye(nb) / tau2
+    cov = np.linalg.inv(precision)
+    solution = cov @ (design.T @ (mean / var))
+    return solution[nt:], np.diag(cov)[nt:]
+
+
+def test_the_levels_are_the_least_squares_of_theta_plus_hour_with_the_prior():
+    """Random designs (θ in one or many hours, uneven noise): the Woodbury solve of
+    ``levels._solve`` gives the levels and variances of the full least squares."""
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        n_theta, n_hours = int(rng.integers(2, 12)), int(rng.integers(2, 30))
+        keys = sorted(
+            {
+                (f"θ{rng.integers(n_theta)}", T0 + timedelta(hours=int(rng.integers(n_hours))))
+                for _ in range(3 * n_hours)
+            }
+        )
+        mean = rng.normal(20.0, 3.0, len(keys))
+        var = rng.uniform(0.1, 2.0, len(keys))
+        cells = levels._Cells(keys, (np.full(len(keys), 20.0), mean, var))
+        got = levels._solve(cells, 1.7)
+        want, want_var = _dense_levels(keys, mean, var, 1.7)
+        assert [got[b][0] for b in cells.buckets] == pytest.approx(list(want), abs=1e-9)
+        assert [got[b][1] for b in cells.buckets] == pytest.approx(list(want_var), abs=1e-9)

@@ -17,10 +17,10 @@ of a context is read as y = μ_θ + ℓ_hour + noise, the hour's level ℓ a ran
    of the context's buckets (hosts run the incumbent every hour, so its buckets trace the
    hours). When its buckets differ no more than their noise says, τ² = 0 and nothing moves.
 2. **The levels,** from every θ that ran in an hour at once: μ and ℓ by weighted least squares
-   with ℓ shrunk toward 0 with prior variance τ² (``_solve``: one small linear system per
-   context, a row per hour). An hour of few flows moves little; a θ that was alone in its hour
-   keeps its own mean. After the incumbent changes, the new one's hours are levelled by
-   whatever else ran in them.
+   with ℓ shrunk toward 0 with prior variance τ² (``_solve``: per context, a system of a row
+   per hour, inverted through the few θ that ran in more than one hour). An hour of few flows
+   moves little; a θ that was alone in its hour keeps its own mean. After the incumbent
+   changes, the new one's hours are levelled by whatever else ran in them.
 3. **Every observation** subtracts the flow-weighted mean of its buckets' levels, and its noise
    grows by the levels' own uncertainty (``history.observations``). Utilities are then those
    of an average hour of the context.
@@ -110,25 +110,34 @@ def _hours_spread(cells: _Cells, incumbent: str | None) -> float:
 
 def _solve(cells: _Cells, tau2: float) -> dict[datetime, tuple[float, float]]:
     """Each bucket's shrunk level and its posterior variance: the weighted least squares of
-    y = μ_θ + ℓ_b with a prior ℓ ~ N(0, τ²), μ profiled out. With B the θ × bucket weights
-    (1 / variance of each cell's mean) and Y the weighted means, the levels solve
-    (diag(Σ_θ B + 1/τ²) − Bᵀ diag(1/W_θ) B) ℓ = Σ_θ Y − Bᵀ diag(1/W_θ) Σ_b Y, a system of one
-    row per bucket (a context's hours in the window, so small); the inverse's diagonal is each
-    level's variance, which counts what the θ means leave uncertain."""
-    shape = (len(cells.thetas), len(cells.buckets))
+    y = μ_θ + ℓ_b with a prior ℓ ~ N(0, τ²), μ profiled out.
+
+    With B the θ × bucket weights (1 / variance of each cell's mean), W_θ its row sums and Y the
+    weighted means, the levels solve A ℓ = Σ_θ Y − Bᵀ (Σ_b Y / W) with A = diag(Σ_θ B + 1/τ²)
+    − Bᵀ diag(1/W) B, and A⁻¹'s diagonal is each level's variance. A θ seen in one bucket
+    cancels out of both sides (its own mean absorbs it), so only θ of two or more buckets enter:
+    the incumbents and repeated candidates, a handful against a window's hundreds of hours.
+    A is then a diagonal less a product of that handful of rows, inverted by the Woodbury
+    identity in O(hours · θ²) rather than O(hours³)."""
+    repeated = np.bincount(cells.theta, minlength=len(cells.thetas)) >= 2
+    keep = repeated[cells.theta]
+    rows = np.cumsum(repeated) - 1  # each repeated θ's row
+    shape = (int(repeated.sum()), len(cells.buckets))
     weight = np.zeros(shape)
-    np.add.at(weight, (cells.theta, cells.bucket), 1.0 / cells.var)
+    np.add.at(weight, (rows[cells.theta[keep]], cells.bucket[keep]), 1.0 / cells.var[keep])
     weighted = np.zeros(shape)
-    np.add.at(weighted, (cells.theta, cells.bucket), cells.mean / cells.var)
-    share = weight / weight.sum(axis=1, keepdims=True)
-    system = np.diag(weight.sum(axis=0) + 1.0 / tau2) - weight.T @ share
-    rhs = weighted.sum(axis=0) - share.T @ weighted.sum(axis=1)
-    cov = np.linalg.inv(system)
-    level = cov @ rhs
-    return {
-        b: (float(lv), float(v))
-        for b, lv, v in zip(cells.buckets, level, np.diag(cov), strict=True)
-    }
+    np.add.at(
+        weighted, (rows[cells.theta[keep]], cells.bucket[keep]), (cells.mean / cells.var)[keep]
+    )
+    diag = weight.sum(axis=0) + 1.0 / tau2
+    row_weight = weight.sum(axis=1)
+    rhs = weighted.sum(axis=0) - weight.T @ (weighted.sum(axis=1) / row_weight)
+    # A⁻¹ = D⁻¹ + D⁻¹ Bᵀ C⁻¹ B D⁻¹, C = diag(W) − B D⁻¹ Bᵀ (Woodbury; C is θ × θ)
+    scaled = weight / diag
+    inner = np.linalg.inv(np.diag(row_weight) - scaled @ weight.T)
+    level = rhs / diag + scaled.T @ (inner @ (scaled @ rhs))
+    var = 1.0 / diag + np.einsum("ib,ij,jb->b", scaled, inner, scaled)
+    return {b: (float(lv), float(v)) for b, lv, v in zip(cells.buckets, level, var, strict=True)}
 
 
 def between_variance(means: np.ndarray, variances: np.ndarray) -> float:

@@ -152,6 +152,19 @@ def test_the_committed_gear_record_can_take_a_run_and_keep_its_analysis() -> Non
     assert gear.with_section(text, "x").endswith(kept)
 
 
+def test_a_gear_run_keeps_its_raw_results_only_in_an_empty_work_directory(tmp_path, capsys):
+    """``--work DIR`` keeps the boot's results; without it they go to a temporary directory.
+    A DIR holding anything is refused with one line before any boot, so an earlier run's
+    results are never mixed in."""
+    assert gear.work_dir([]) is None
+    assert gear.work_dir(["--work", str(tmp_path / "new")]) == tmp_path / "new"
+    assert gear.work_dir(["--work", str(tmp_path)]) == tmp_path  # exists, empty
+    (tmp_path / "run0").mkdir()
+    with pytest.raises(SystemExit):
+        gear.work_dir(["--work", str(tmp_path)])
+    assert "exists and is not an empty directory" in capsys.readouterr().err
+
+
 def test_the_baselines_run_on_the_held_out_port_as_the_pair_benchmark_runs_them() -> None:
     plan = gear_tune.baselines_plan()
     held = gear_tune.HELDOUT_PAIR

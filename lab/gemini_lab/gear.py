@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import statistics
+from pathlib import Path
 
 from gemini_lab.scenario import Scenario
 
@@ -425,24 +426,42 @@ def with_section(record: str, section: str) -> str:
     return f"{head}{SECTION_BEGIN}\n{section.rstrip()}\n{SECTION_END}{tail}"
 
 
-def main() -> None:
+def work_dir(argv: list[str] | None = None) -> Path | None:
+    """``--work DIR`` from the command line: where the boot's raw results are kept (None: a
+    temporary directory, removed after the run). A DIR that exists and is not empty is
+    refused, so an earlier run's results are never mixed in or overwritten."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m gemini_lab.gear", description=main.__doc__)
+    parser.add_argument("--work", type=Path, help="keep the boot's raw results here")
+    work: Path | None = parser.parse_args(argv).work
+    if work is not None and work.exists() and (not work.is_dir() or any(work.iterdir())):
+        parser.error(f"--work {work}: exists and is not an empty directory")
+    return work
+
+
+def main(argv: list[str] | None = None) -> None:
     """``python -m gemini_lab.gear``: run the pair benchmark in one UML boot and write its
     section of benchmarks/results/gear.md (the markers checked before the boot)."""
     import datetime
     import subprocess
     import sys
     import tempfile
-    from pathlib import Path
 
     from gemini_lab.host import REPO, run_plan
 
+    work = work_dir(argv)
     out = REPO / "benchmarks" / "results" / RESULTS_NAME
     try:
         with_section(out.read_text(), "")
     except ValueError as exc:
         raise SystemExit(f"python -m gemini_lab.gear: {out}: {exc}") from exc
-    with tempfile.TemporaryDirectory(prefix="gear-pairs-") as tmp:
-        results = run_plan(pair_plan(), Path(tmp), backend="uml", timeout_s=3600)
+    if work is None:
+        with tempfile.TemporaryDirectory(prefix="gear-pairs-") as tmp:
+            results = run_plan(pair_plan(), Path(tmp), backend="uml", timeout_s=3600)
+    else:
+        work.mkdir(parents=True, exist_ok=True)
+        results = run_plan(pair_plan(), work, backend="uml", timeout_s=3600)
     commit = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()

@@ -95,8 +95,9 @@ def test_a_theta_measured_on_the_high_seed_alone_no_longer_unseats_the_paper(rec
     kept = {o.theta_key: o for o in at2.kept}
     assert kept["10,100,400"].flows == 16  # both seeds' flows in the model's observation
     assert kept[switch.rival].flows in (8, 16)
-    # raw, the explorer's 7.9 (seed 1 alone) leads the paper's 5.9; at the common hour they tie
-    assert kept[switch.rival].utility == pytest.approx(kept["10,100,400"].utility, abs=0.01)
+    # raw, the explorer's 7.9 (seed 1 alone) leads the paper's 5.9 by 2; at the common hour
+    # they tie (the hour's level shrunk a little toward none: 8 flows per cell)
+    assert kept[switch.rival].utility == pytest.approx(kept["10,100,400"].utility, abs=0.05)
     assert kept["10,100,400"].utility == pytest.approx(5.9, abs=0.01)
     assert all(f.change is None for f in refits)
 

@@ -43,7 +43,18 @@ from gemini_api.theta import ThetaSpec
 
 from ..domain import SINGLE_FLOW_STD, FlowSums, Trial, Utility
 
-HourLevels = Mapping[tuple[int, datetime], tuple[float, float]]  # (context, bucket) → level, var
+
+@dataclass(frozen=True)
+class HourLevels:
+    """Per context, the θ its levels are measured against, and per (context, bucket) the
+    bucket's level less the reference's flow-weighted mean level, with the variance of that
+    difference (``levels.py``). Against the reference, the part of the levels' uncertainty that
+    every θ of the context shares (where the whole context sits) cancels, as it does when two
+    θ are compared; the reference itself is not moved."""
+
+    references: Mapping[int, str]
+    buckets: Mapping[tuple[int, datetime], tuple[float, float]]
+
 
 PRIOR_FLOWS = 4  # weight, in flows, of a context's pooled per-flow variance in a trial's noise
 DRIFT_Z = 5.0  # |z| of the best split, far beyond what scanning every split finds by chance
@@ -64,9 +75,10 @@ class Observation:
     theta: dict[str, int]
     theta_key: str
     utility: float
-    noise_var: float
+    noise_var: float  # the variance of ``utility``: the flows' noise plus ``level_var``
     flows: int
     last_seen: float
+    level_var: float = 0.0  # the part of ``noise_var`` from its hours' estimated levels
 
 
 def in_window(trials: Iterable[Trial], now: datetime | None, history_hours: float) -> list[Trial]:
@@ -175,7 +187,8 @@ def change_points(
     the context's search a second time)."""
     by_theta: dict[int, dict[str, list[Trial]]] = defaultdict(lambda: defaultdict(list))
     for t in trials:
-        by_theta[t.context_id][t.theta_key].append(t)
+        if t.sums.flows_for(objective) > 0:  # a bucket without the objective's sums is no hour
+            by_theta[t.context_id][t.theta_key].append(t)
     found: dict[int, datetime] = {}
     for context_id, thetas in by_theta.items():
         order = sorted(thetas, key=lambda k: -sum(b.flow_count for b in thetas[k]))
@@ -241,7 +254,7 @@ def _inside_region(
     return values, np.all((values >= low) & (values <= high), axis=1)
 
 
-def _noise(n: np.ndarray, var_of_mean: np.ndarray, contexts: np.ndarray) -> np.ndarray:
+def shrunk_noises(n: np.ndarray, var_of_mean: np.ndarray, contexts: np.ndarray) -> np.ndarray:
     """``shrunk_noise`` for every observation at once, with each context's pooled spread."""
     many = n >= 2
     dof = np.where(many, n - 1, 0)
@@ -279,13 +292,14 @@ def observations(
     newest = np.full(len(group_of), -np.inf)
     np.maximum.at(newest, index, np.asarray([t.last_seen.timestamp() for t in kept]))
     n, mean, var_of_mean = moments(index, kept, len(group_of), sigma, objective)
-    shift, level_var = _hour_shift(index, kept, len(group_of), n, levels or {}, objective)
+    shift, level_var = _hour_shift(index, kept, len(group_of), n, levels, objective)
     mean = mean - shift
     groups = list(group_of)
     values, inside = _inside_region(spec, [k for _, k in groups], bounds)
     keep = np.flatnonzero(inside)  # the pooled spread is of the region's trials only
     contexts = np.asarray([groups[g][0] for g in keep])
-    noise = _noise(n[keep], var_of_mean[keep], contexts) + level_var[keep]
+    hours = level_var[keep]
+    noise = shrunk_noises(n[keep], var_of_mean[keep], contexts) + hours
     names = spec.names
     columns = zip(  # Python values in one conversion each: per-element numpy indexing is slow
         keep.tolist(),
@@ -294,11 +308,12 @@ def observations(
         noise.tolist(),
         n[keep].astype(int).tolist(),
         newest[keep].tolist(),
+        hours.tolist(),
         strict=True,
     )
     return [
-        Observation(groups[g][0], dict(zip(names, row, strict=True)), groups[g][1], u, v, f, t)
-        for g, row, u, v, f, t in columns
+        Observation(groups[g][0], dict(zip(names, row, strict=True)), groups[g][1], u, v, f, t, h)
+        for g, row, u, v, f, t, h in columns
     ]
 
 
@@ -307,17 +322,21 @@ def _hour_shift(
     kept: list[Trial],
     count: int,
     flows: np.ndarray,
-    levels: HourLevels,
+    levels: HourLevels | None,
     objective: Objective,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per group, the flow-weighted hour level of its buckets and that level's variance (zero
-    where a bucket has no level)."""
+    """Per group, the flow-weighted level of its buckets and that level's variance (each
+    bucket's own; the covariance between a θ's buckets is left out). Zero for the context's
+    reference θ, a bucket without a level, and a trial without a bucket (its flows still count
+    in the weights: they ran at no known hour)."""
     shift = np.zeros(count)
     var = np.zeros(count)
-    if not levels:
+    if levels is None or not levels.buckets:
         return shift, var
     for g, t in zip(index.tolist(), kept, strict=True):
-        level = None if t.bucket is None else levels.get((t.context_id, t.bucket))
+        if t.bucket is None or levels.references.get(t.context_id) == t.theta_key:
+            continue
+        level = levels.buckets.get((t.context_id, t.bucket))
         if level is None:
             continue
         w = t.sums.flows_for(objective)

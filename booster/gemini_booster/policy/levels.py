@@ -21,9 +21,12 @@ of a context is read as y = μ_θ + ℓ_hour + noise, the hour's level ℓ a ran
    per hour, inverted through the few θ that ran in more than one hour). An hour of few flows
    moves little; a θ that was alone in its hour keeps its own mean. After the incumbent
    changes, the new one's hours are levelled by whatever else ran in them.
-3. **Every observation** subtracts the flow-weighted mean of its buckets' levels, and its noise
-   grows by the levels' own uncertainty (``history.observations``). Utilities are then those
-   of an average hour of the context.
+3. **Against the reference.** The levels are taken less the reference θ's flow-weighted mean
+   level, with the variance of that difference: the part of their uncertainty every θ of the
+   context shares (where the whole context sits) cancels when two θ are compared, so it is not
+   charged to each. The reference's observation stays as measured; every other observation
+   subtracts the flow-weighted mean of its buckets' levels, and its noise grows by their
+   variance (``history.observations``). Utilities are then those of the reference's hours.
 
 The initial design's test compares two θ over the buckets both ran in (``Planner._paired``),
 which needs no estimate; this carries the same idea to the model, where a θ's buckets are many
@@ -42,7 +45,6 @@ from gemini_api.sums import Objective
 
 from ..domain import Trial
 from . import history
-from .history import HourLevels
 
 MIN_LEVEL_BUCKETS = 2  # buckets of the reference θ needed before hours can be told apart
 
@@ -52,25 +54,32 @@ def bucket_levels(
     sigma: float,
     incumbents: Mapping[int, str],
     objective: Objective = Objective.FLOW_MEAN,
-) -> HourLevels:
-    """(context, bucket) → (level, its variance) for every context whose hours differ beyond
-    their noise; contexts whose hours do not are absent."""
+) -> history.HourLevels:
+    """The hour levels of every context whose hours differ beyond their noise, each against
+    the context's reference θ; contexts whose hours do not are absent."""
     by_context: dict[int, list[Trial]] = defaultdict(list)
     for t in trials:
         if t.bucket is not None and t.sums.flows_for(objective) > 0:
             by_context[t.context_id].append(t)
-    out: dict[tuple[int, datetime], tuple[float, float]] = {}
+    references: dict[int, str] = {}
+    buckets: dict[tuple[int, datetime], tuple[float, float]] = {}
     for context_id, kept in by_context.items():
         cells = _cells(kept, sigma, objective)
-        tau2 = _hours_spread(cells, incumbents.get(context_id))
-        if tau2 > 0.0:
-            for bucket, level in _solve(cells, tau2).items():
-                out[(context_id, bucket)] = level
-    return out
+        ref = _reference(cells, incumbents.get(context_id))
+        if ref is None:
+            continue
+        tau2 = between_variance(cells.mean[cells.theta == ref], cells.var[cells.theta == ref])
+        solved = _solve(cells, tau2, ref) if tau2 > 0.0 else None
+        if solved:
+            references[context_id] = cells.thetas[ref]
+            buckets.update(((context_id, b), level) for b, level in solved.items())
+    return history.HourLevels(references, buckets)
 
 
 class _Cells:
-    """One context's (θ, bucket) cells: mean utility, variance of that mean, flows."""
+    """One context's (θ, bucket) cells: flows, mean utility, and the variance of that mean
+    with the flows' spread shrunk toward the context's (``history.shrunk_noises``), so that two
+    flows which happen to agree do not pin an hour's level, as they may not pin a θ's mean."""
 
     def __init__(self, keys: list[tuple[str, datetime]], moments: history.Moments):
         self.thetas = sorted({k for k, _ in keys})
@@ -79,7 +88,8 @@ class _Cells:
         bucket_of = {b: i for i, b in enumerate(self.buckets)}
         self.theta = np.asarray([theta_of[k] for k, _ in keys])
         self.bucket = np.asarray([bucket_of[b] for _, b in keys])
-        self.flows, self.mean, self.var = moments
+        self.flows, self.mean, raw = moments
+        self.var = history.shrunk_noises(self.flows, raw, np.zeros(len(keys), dtype=int))
 
 
 def _cells(trials: list[Trial], sigma: float, objective: Objective) -> _Cells:
@@ -92,52 +102,75 @@ def _cells(trials: list[Trial], sigma: float, objective: Objective) -> _Cells:
     return _Cells(list(cell_of), moments)
 
 
-def _hours_spread(cells: _Cells, incumbent: str | None) -> float:
-    """τ² from the reference θ's buckets (0 with one θ or too few of its buckets)."""
+def _reference(cells: _Cells, incumbent: str | None) -> int | None:
+    """The θ of most buckets (the published incumbent on a tie, then the most flows); None
+    with a single θ, or too few of its buckets to tell hours apart."""
     if len(cells.thetas) < 2:
-        return 0.0
+        return None
     counts = np.bincount(cells.theta, minlength=len(cells.thetas))
     flows = np.bincount(cells.theta, weights=cells.flows, minlength=len(cells.thetas))
     ref = max(
         range(len(cells.thetas)),
         key=lambda i: (counts[i], cells.thetas[i] == incumbent, flows[i], cells.thetas[i]),
     )
-    mine = cells.theta == ref
-    if int(mine.sum()) < MIN_LEVEL_BUCKETS:
-        return 0.0
-    return between_variance(cells.mean[mine], cells.var[mine])
+    return ref if counts[ref] >= MIN_LEVEL_BUCKETS else None
 
 
-def _solve(cells: _Cells, tau2: float) -> dict[datetime, tuple[float, float]]:
-    """Each bucket's shrunk level and its posterior variance: the weighted least squares of
-    y = μ_θ + ℓ_b with a prior ℓ ~ N(0, τ²), μ profiled out.
+def _solve(cells: _Cells, tau2: float, ref: int) -> dict[datetime, tuple[float, float]]:
+    """Each bucket's level less the reference θ's flow-weighted mean level, and the variance
+    of that difference: the weighted least squares of y = μ_θ + ℓ_b with a prior
+    ℓ ~ N(0, τ²), μ profiled out. Empty when the system cannot be solved to finite values.
 
     With B the θ × bucket weights (1 / variance of each cell's mean), W_θ its row sums and Y the
     weighted means, the levels solve A ℓ = Σ_θ Y − Bᵀ (Σ_b Y / W) with A = diag(Σ_θ B + 1/τ²)
-    − Bᵀ diag(1/W) B, and A⁻¹'s diagonal is each level's variance. A θ seen in one bucket
-    cancels out of both sides (its own mean absorbs it), so only θ of two or more buckets enter:
-    the incumbents and repeated candidates, a handful against a window's hundreds of hours.
-    A is then a diagonal less a product of that handful of rows, inverted by the Woodbury
-    identity in O(hours · θ²) rather than O(hours³)."""
+    − Bᵀ diag(1/W) B, whose inverse is the levels' covariance. A θ seen in one bucket cancels
+    out of both sides (its own mean absorbs it), so only θ of two or more buckets enter: the
+    incumbents and repeated candidates, a handful against a window's hundreds of hours. A is
+    then a diagonal less a product of that handful of rows, inverted by the Woodbury identity
+    in O(hours · θ²) rather than O(hours³); the θ × θ matrix's diagonal is summed from the
+    other θ's weights, never as a difference of two nearly equal sums."""
     repeated = np.bincount(cells.theta, minlength=len(cells.thetas)) >= 2
     keep = repeated[cells.theta]
     rows = np.cumsum(repeated) - 1  # each repeated θ's row
+    at = (rows[cells.theta[keep]], cells.bucket[keep])
     shape = (int(repeated.sum()), len(cells.buckets))
     weight = np.zeros(shape)
-    np.add.at(weight, (rows[cells.theta[keep]], cells.bucket[keep]), 1.0 / cells.var[keep])
+    np.add.at(weight, at, 1.0 / cells.var[keep])
     weighted = np.zeros(shape)
-    np.add.at(
-        weighted, (rows[cells.theta[keep]], cells.bucket[keep]), (cells.mean / cells.var)[keep]
-    )
+    np.add.at(weighted, at, (cells.mean / cells.var)[keep])
     diag = weight.sum(axis=0) + 1.0 / tau2
     row_weight = weight.sum(axis=1)
     rhs = weighted.sum(axis=0) - weight.T @ (weighted.sum(axis=1) / row_weight)
-    # A⁻¹ = D⁻¹ + D⁻¹ Bᵀ C⁻¹ B D⁻¹, C = diag(W) − B D⁻¹ Bᵀ (Woodbury; C is θ × θ)
-    scaled = weight / diag
-    inner = np.linalg.inv(np.diag(row_weight) - scaled @ weight.T)
-    level = rhs / diag + scaled.T @ (inner @ (scaled @ rhs))
-    var = 1.0 / diag + np.einsum("ib,ij,jb->b", scaled, inner, scaled)
+    scaled = weight / diag  # E = B D⁻¹
+    inner = -scaled @ weight.T  # C = diag(W) − B D⁻¹ Bᵀ, its diagonal below
+    np.fill_diagonal(inner, np.sum(weight * _others(weight, 1.0 / tau2) / diag, axis=1))
+    try:
+        inner = np.linalg.inv(inner)
+    except np.linalg.LinAlgError:
+        return {}
+
+    def cov_times(x: np.ndarray) -> np.ndarray:  # A⁻¹ x = D⁻¹ x + Eᵀ C⁻¹ E x
+        return x / diag + scaled.T @ (inner @ (scaled @ x))
+
+    share = np.bincount(cells.bucket[cells.theta == ref], cells.flows[cells.theta == ref], shape[1])
+    share = share / share.sum()  # the reference's flows by bucket
+    level = cov_times(rhs)
+    toward = cov_times(share)
+    var_each = 1.0 / diag + np.einsum("ib,ij,jb->b", scaled, inner, scaled)
+    var = np.maximum(var_each - 2.0 * toward + float(share @ toward), 0.0)
+    level = level - float(share @ level)
+    if not (np.all(np.isfinite(level)) and np.all(np.isfinite(var))):
+        return {}
     return {b: (float(lv), float(v)) for b, lv, v in zip(cells.buckets, level, var, strict=True)}
+
+
+def _others(weight: np.ndarray, prior: float) -> np.ndarray:
+    """Per row and column, the prior plus the other rows' weights, summed from both sides
+    (exclusive prefix and suffix sums) rather than as the column's total less the row's."""
+    zero = np.zeros((1, weight.shape[1]))
+    before = np.vstack([zero, np.cumsum(weight, axis=0)[:-1]])
+    after = np.vstack([np.cumsum(weight[::-1], axis=0)[::-1][1:], zero])
+    return prior + before + after
 
 
 def between_variance(means: np.ndarray, variances: np.ndarray) -> float:

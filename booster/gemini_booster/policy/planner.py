@@ -229,8 +229,8 @@ class Scale:
 
 def flow_spread(obs: Iterable[Observation]) -> float:
     """The median per-flow standard deviation of utility over observations (each one's noise
-    variance is its per-flow variance over its flows)."""
-    spread = float(np.sqrt(np.median([o.noise_var * o.flows for o in obs])))
+    variance, less the part from its hours' levels, is its per-flow variance over its flows)."""
+    spread = float(np.sqrt(np.median([(o.noise_var - o.level_var) * o.flows for o in obs])))
     return max(spread, MIN_FLOW_SPREAD)
 
 
@@ -698,16 +698,18 @@ class _Refit:
     def _paired(
         self, context_id: int, best: Observation, published: Observation
     ) -> tuple[Observation, Observation]:
-        """The two θ measured over the time buckets both ran in, when they share some but not
-        all: the initial design's test then compares them under the same conditions.
+        """The two θ measured over the time buckets both ran in, as measured (no hour levels):
+        the initial design's test then compares them under the same conditions.
 
         Hosts run the incumbent and the explorers side by side, so every θ a context explored
         shares its buckets with the incumbent; the incumbent's other buckets are other hours.
         Compared over all of them, a θ explored only at a good hour beats one measured at good
         and bad hours by the hours' difference, not by its own: the FlashPass mix tuning left
         the paper's θ twice so when its rounds ran seeds a factor of two apart (benchmarks/
-        results/flashpass.md, "Why the mix tuning left the paper's θ"). Unchanged when the two
-        share no bucket or ran in exactly the same ones."""
+        results/flashpass.md, "Why the mix tuning left the paper's θ"). Over the shared buckets
+        the hours cancel exactly, so the hour levels' estimate and its noise are not wanted
+        here, also when the two ran in exactly the same buckets. Unchanged when they share
+        none."""
         if self._buckets is None:
             self._buckets = defaultdict(list)
             for t in self.trials:
@@ -716,7 +718,7 @@ class _Refit:
         theirs = self._buckets.get((context_id, published.theta_key), [])
         a, b = {t.bucket for t in mine}, {t.bucket for t in theirs}
         shared = a & b
-        if not shared or a == b:
+        if not shared:
             return best, published
         both = [t for t in mine + theirs if t.bucket in shared]
         pol = self.policy

@@ -77,7 +77,10 @@ class IncumbentChangeOut(BaseModel):
     datapath: str = Field(description="whose θ (the policy's target CC may have changed)")
     theta: dict[str, int]
     natural: dict[str, float]
-    predicted_utility: float | None = Field(description="the planner's, at ``sigma``")
+    predicted_utility: float | None = Field(
+        description="the planner's, at ``sigma``, at the hours the context's most-run θ ran "
+        "(hour levels taken out; the trials show the flows as measured)"
+    )
     sigma: float = Field(description="the policy's σ at that refit")
     plan_generation: int | None = Field(
         description="the refit that chose it (the policy's plan generation it published); "

@@ -62,7 +62,8 @@ class PlanCollector:
         utility = GaugeMetricFamily(
             PREFIX + "incumbent_utility",
             "Predicted eq. 9 utility (throughput minus sigma times queueing delay) of the "
-            "incumbent theta of each context in the policy's current plan",
+            "incumbent theta of each context in the policy's current plan, at the hours its "
+            "most-run theta ran (hour levels taken out)",
             labels=["policy", "context"],
         )
         planned = GaugeMetricFamily(

@@ -36,7 +36,7 @@ def test_between_variance_is_the_spread_of_the_means_beyond_their_noise():
 def test_an_explorer_of_the_good_hour_is_moved_to_the_common_hour():
     """The reference ran hours at 24, 16 and 16; the explorer ran the good hour only, at 23 (1
     below the reference there). Its raw mean (23) beats the reference's (18.67) by the hour's
-    level; moved by the good hour's shrunk level, it trails by about that 1, as it did in the
+    level; moved by the good hour's shrunk level, it trails the reference, as it did in the
     hour both ran, and its noise grows by the level's uncertainty. The reference stays."""
     ref = [trial(1, REFERENCE, spread(m), h) for h, m in enumerate((24.0, 16.0, 16.0))]
     data = [*ref, trial(1, EXPLORER, spread(23.0), 0)]

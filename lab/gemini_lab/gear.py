@@ -443,6 +443,7 @@ def work_dir(argv: list[str] | None = None) -> Path | None:
 def main(argv: list[str] | None = None) -> None:
     """``python -m gemini_lab.gear``: run the pair benchmark in one UML boot and write its
     section of benchmarks/results/gear.md (the markers checked before the boot)."""
+    import contextlib
     import datetime
     import subprocess
     import sys
@@ -456,12 +457,11 @@ def main(argv: list[str] | None = None) -> None:
         with_section(out.read_text(), "")
     except ValueError as exc:
         raise SystemExit(f"python -m gemini_lab.gear: {out}: {exc}") from exc
-    if work is None:
-        with tempfile.TemporaryDirectory(prefix="gear-pairs-") as tmp:
-            results = run_plan(pair_plan(), Path(tmp), backend="uml", timeout_s=3600)
-    else:
-        work.mkdir(parents=True, exist_ok=True)
-        results = run_plan(pair_plan(), work, backend="uml", timeout_s=3600)
+    keep = contextlib.nullcontext(str(work)) if work is not None else None
+    # a temporary directory only when no --work was given (removed after the run)
+    with keep or tempfile.TemporaryDirectory(prefix="gear-pairs-") as where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        results = run_plan(pair_plan(), Path(where), backend="uml", timeout_s=3600)
     commit = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()

@@ -151,12 +151,26 @@ def _within_sides(means: list[Utility]) -> Callable[[int], float]:
         k = len(means)
         q_b, scale_b, share_b = side(0, i)
         q_a, scale_a, share_a = side(i, k)
-        if scale_b + scale_a <= 0.0:  # one bucket on each side: nothing within them
-            return 0.0
-        tau2 = max(0.0, (q_b + q_a - (k - 2)) / (scale_b + scale_a))
-        return tau2 * (share_b + share_a)
+        return _moment_tau2(q_b + q_a, scale_b + scale_a, k - 2) * (share_b + share_a)
 
     return hours
+
+
+def between_variance(means: np.ndarray, variances: np.ndarray) -> float:
+    """DerSimonian–Laird τ²: the variance among ``means`` beyond their own ``variances``, by the
+    method of moments; 0 when Cochran's Q is no more than its degrees of freedom."""
+    w = 1.0 / variances
+    pooled = float(np.sum(w * means) / np.sum(w))
+    q = float(np.sum(w * (means - pooled) ** 2))
+    return _moment_tau2(q, float(np.sum(w) - np.sum(w * w) / np.sum(w)), len(means) - 1)
+
+
+def _moment_tau2(q: float, scale: float, dof: int) -> float:
+    """DerSimonian and Laird's moment estimate from Cochran's Q, Σw − Σw²/Σw (summed over the
+    groups pooled) and Q's degrees of freedom; 0 where nothing is within the groups."""
+    if scale <= 0.0:
+        return 0.0
+    return max(0.0, (q - dof) / scale)
 
 
 def _shift_z(old: Utility, new: Utility, hours: float = 0.0) -> float | None:

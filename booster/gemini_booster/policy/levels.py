@@ -45,6 +45,7 @@ from gemini_api.sums import Objective
 
 from ..domain import Trial
 from . import history
+from .history import between_variance
 
 MIN_LEVEL_BUCKETS = 2  # buckets of the reference θ needed before hours can be told apart
 
@@ -68,7 +69,8 @@ def bucket_levels(
         ref = _reference(cells, incumbents.get(context_id))
         if ref is None:
             continue
-        tau2 = between_variance(cells.mean[cells.theta == ref], cells.var[cells.theta == ref])
+        mine = cells.theta == ref
+        tau2 = between_variance(cells.mean[mine], cells.var[mine])
         solved = _solve(cells, tau2, ref) if tau2 > 0.0 else None
         if solved:
             references[context_id] = cells.thetas[ref]
@@ -152,7 +154,8 @@ def _solve(cells: _Cells, tau2: float, ref: int) -> dict[datetime, tuple[float, 
     def cov_times(x: np.ndarray) -> np.ndarray:  # A⁻¹ x = D⁻¹ x + Eᵀ C⁻¹ E x
         return x / diag + scaled.T @ (inner @ (scaled @ x))
 
-    share = np.bincount(cells.bucket[cells.theta == ref], cells.flows[cells.theta == ref], shape[1])
+    mine = cells.theta == ref
+    share = np.bincount(cells.bucket[mine], cells.flows[mine], shape[1])
     share = share / share.sum()  # the reference's flows by bucket
     level = cov_times(rhs)
     toward = cov_times(share)
@@ -171,15 +174,3 @@ def _others(weight: np.ndarray, prior: float) -> np.ndarray:
     before = np.vstack([zero, np.cumsum(weight, axis=0)[:-1]])
     after = np.vstack([np.cumsum(weight[::-1], axis=0)[::-1][1:], zero])
     return prior + before + after
-
-
-def between_variance(means: np.ndarray, variances: np.ndarray) -> float:
-    """DerSimonian–Laird τ²: the variance among ``means`` beyond their own ``variances``, by the
-    method of moments; 0 when Cochran's Q is no more than its degrees of freedom."""
-    w = 1.0 / variances
-    pooled = float(np.sum(w * means) / np.sum(w))
-    q = float(np.sum(w * (means - pooled) ** 2))
-    scale = float(np.sum(w) - np.sum(w * w) / np.sum(w))
-    if scale <= 0.0:
-        return 0.0
-    return max(0.0, (q - (len(means) - 1)) / scale)

@@ -275,3 +275,25 @@ def test_the_access_queues_loss_is_their_drops_over_the_packets_offered() -> Non
     assert fctmix.access_loss({}) is None
     qs = [{"drops": 1, "packets": 9}, {"drops": 0, "packets": 10}]
     assert fctmix.access_loss({"access_qdiscs": qs}) == pytest.approx(1 / 20)
+
+
+def test_wan_rtts_give_each_sender_one_of_the_paper_s_round_trips_and_change_nothing_else() -> None:
+    old = fctmix.mix_runs(2, flows=5, transports=fctmix.ARMS)
+    runs = fctmix.mix_runs(2, flows=5, transports=fctmix.ARMS, wan_rtts=True)
+    (delays,) = {tuple(r["sender_delays_ms"]) for r in runs}
+    assert len(delays) == fctmix.SENDERS
+    rtts = {d + r["return_ms"] for d in delays for r in runs}
+    assert rtts == set(fctmix.WAN_RTTS_MS)  # all three drawn among 20 senders on this seed
+    assert delays == tuple(fctmix.wan_delays(2)) != tuple(fctmix.wan_delays(3))
+    assert [{**r, "sender_delays_ms": None} for r in runs] == [
+        {**r, "sender_delays_ms": None} for r in old
+    ]
+    with pytest.raises(ValueError, match="without access links only"):
+        fctmix.mix_runs(2, flows=5, wan_rtts=True, access_ratio=fctmix.ACCESS_RATIO)
+
+
+def test_the_table_refuses_to_join_boots_of_different_delays() -> None:
+    flows = fctmix.mix_flows(1, flows=3)
+    one = {"seed": 1, "flows_run": flows, "runs": {"cubic": {}}, "delays_ms": [1.0, 2.0]}
+    with pytest.raises(ValueError, match="different senders' delays"):
+        fctmix.merge([one, {**one, "delays_ms": [50.0, 70.0]}])

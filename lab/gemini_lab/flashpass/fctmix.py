@@ -87,6 +87,12 @@ DCTCP_K = 4
 # BDP, under a packet at 10 Mbit/s, so shallower buffers are the direction of the paper's.
 # FlashPass*'s selective drop starts above 2 packets, and dctcp marks at half the buffer:
 MIN_BUFFER_PACKETS = 4
+# `run --wan-rtts`: the paper's dynamic experiment's round trips. Its three datacentres are 20,
+# 30 and 40 ms apart one way, so a WAN flow's base RTT is 40, 60 or 80 ms; the N = 20 path's
+# U(0, 20 ms) + 10 ms gives 10-30 ms. Each sender is given one of the three, drawn by the seed
+# from its own generator, as its one-way delay plus the path's return (evaluate.RETURN_MS).
+WAN_RTTS_MS = (40.0, 60.0, 80.0)
+WAN_SALT = 104729
 RUN_TIMEOUT_S = 3 * 3600  # host seconds for one boot (the guest's clock is simulated)
 # the classes, in the CDF's (unscaled) bytes: label, lower bound, upper bound (exclusive)
 CLASSES = (
@@ -120,6 +126,13 @@ def mix_flows(seed: int, flows: int = FLOWS, load: float = LOAD) -> list[dict]:
     ]
 
 
+def wan_delays(seed: int, senders: int = SENDERS) -> list[float]:
+    """Each sender's one-way delay under ``--wan-rtts``: a WAN_RTTS_MS round trip drawn by the
+    seed, less the path's return."""
+    pick = random.Random(WAN_SALT + seed)
+    return [pick.choice(WAN_RTTS_MS) - evaluate.RETURN_MS for _ in range(senders)]
+
+
 def mix_runs(
     seed: int,
     flows: int = FLOWS,
@@ -128,6 +141,7 @@ def mix_runs(
     theta: dict[str, int] | None = None,
     access_ratio: int = 0,
     buffer_packets: int = evaluate.BUFFER_PACKETS,
+    wan_rtts: bool = False,
 ) -> list[dict]:
     """One run per transport: the N = 20 path of ``seed`` (evaluate.seed_runs: the same
     delays) carrying the seed's mix instead of one 1 MB flow per sender; FlashPass's arms at
@@ -135,7 +149,15 @@ def mix_runs(
     an access link at the bottleneck's rate ÷ that ratio (ACCESS_RATIO: the paper's 1 Gbit/s
     hosts on its 10 Gbit/s WAN); 0, no access link (the senders' links never limit).
     ``buffer_packets`` is the bottleneck's data buffer; the access queues keep
-    evaluate.BUFFER_PACKETS whatever it is, so that a sweep moves the bottleneck only."""
+    evaluate.BUFFER_PACKETS whatever it is, so that a sweep moves the bottleneck only.
+    ``wan_rtts`` replaces the senders' delays with wan_delays (the paper's 40-80 ms round
+    trips); it runs without access links only, whose netem queue would hold the longer delay's
+    packets too and so be shallower than the shorter paths' (lab.sender_egress)."""
+    if wan_rtts and access_ratio:
+        raise ValueError(
+            "wan_rtts: runs without access links only (an access queue also holds the packets "
+            "still in its delay, so longer delays would make it shallower)"
+        )
     if buffer_packets < MIN_BUFFER_PACKETS:
         raise ValueError(
             f"buffer_packets: {buffer_packets} is below {MIN_BUFFER_PACKETS}, the shallowest "
@@ -150,7 +172,8 @@ def mix_runs(
         else {}
     )  # fmt: skip
     depth = {"data_buffer_packets": buffer_packets}
-    runs = [r | {"flows": mix} | access | depth for r in arms]
+    delays = {"sender_delays_ms": wan_delays(seed)} if wan_rtts else {}
+    runs = [r | {"flows": mix} | access | depth | delays for r in arms]
     k = min(DCTCP_K, buffer_packets // 2)  # a mark before the limit on a shallow buffer
     dctcp = {"data_ecn_k_packets": k, "receiver_cc": DCTCP}
     return [r | dctcp if r["transport"] == DCTCP else r for r in runs]
@@ -245,12 +268,13 @@ def run_seed(
     theta: dict[str, int] | None = None,
     access_ratio: int = 0,
     buffer_packets: int = evaluate.BUFFER_PACKETS,
+    wan_rtts: bool = False,
 ) -> dict:
     """One UML boot: the seed's mix under each transport; ``out``/summary.json."""
     from gemini_lab.uml import run_in_uml
 
     out.mkdir(parents=True, exist_ok=True)
-    runs = mix_runs(seed, flows, load, transports, theta, access_ratio, buffer_packets)
+    runs = mix_runs(seed, flows, load, transports, theta, access_ratio, buffer_packets, wan_rtts)
     plan: dict = {"runs": runs}
     if evaluate.GEMINI in transports:
         from gemini_lab.uml import build_kernel, build_module
@@ -402,6 +426,8 @@ def merge(summaries: Sequence[dict]) -> list[dict]:
                 f"seed {s['seed']}: two boots ran different data buffers "
                 f"({buffer_of(have)} and {buffer_of(s)} packets)"
             )
+        if have.get("delays_ms") != s.get("delays_ms"):
+            raise ValueError(f"seed {s['seed']}: two boots ran different senders' delays")
         have["runs"] = have["runs"] | s["runs"]
     return [by_seed[k] for k in sorted(by_seed)]
 
@@ -460,10 +486,17 @@ def main(argv: list[str] | None = None) -> None:
         default=evaluate.BUFFER_PACKETS,
         help=f"the bottleneck's data buffer in packets (at least {MIN_BUFFER_PACKETS})",
     )
+    r.add_argument(
+        "--wan-rtts",
+        action="store_true",
+        help="the paper's WAN round trips, 40, 60 or 80 ms per sender (no access links)",
+    )
     t = sub.add_parser("table", help="the tables from the seeds' summary.json files")
     t.add_argument("dirs", type=Path, nargs="+")
     t.add_argument("--held-out", type=int, nargs="*", default=[4])
     a = ap.parse_args(argv)
+    if a.cmd == "run" and a.wan_rtts and a.access_ratio:
+        ap.error("--wan-rtts runs without access links only (give no --access-ratio)")
     if a.cmd == "run":
         theta = evaluate.flashpass_theta(a.theta)  # the paper's, with --theta in place
         for seed in a.seed:
@@ -476,6 +509,7 @@ def main(argv: list[str] | None = None) -> None:
                 theta,
                 a.access_ratio,
                 a.buffer,
+                a.wan_rtts,
             )
             print(report([s], set()), flush=True)
         return

@@ -5,6 +5,7 @@ its own end)."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -297,3 +298,36 @@ def test_the_table_refuses_to_join_boots_of_different_delays() -> None:
     one = {"seed": 1, "flows_run": flows, "runs": {"cubic": {}}, "delays_ms": [1.0, 2.0]}
     with pytest.raises(ValueError, match="different senders' delays"):
         fctmix.merge([one, {**one, "delays_ms": [50.0, 70.0]}])
+
+
+def test_flashpass_s_data_losses_are_split_into_scheduled_and_unscheduled() -> None:
+    res = _result(fctmix.FLASHPASS_STAR, {1: 0.1, 2: 0.2}, {})
+    res["senders"][0] |= {"data_sends": [0] * 90, "unscheduled_sends": [0] * 10}
+    res["senders"][1] |= {"data_sends": [0] * 10}  # no pre-credit phase
+    res["receiver"] = {  # flow 1: 92 arrivals, 4 of them unscheduled; flow 2: 9 arrivals
+        "1": {"received": 91, "duplicates": 1, "unscheduled_in": 4},
+        "2": {"received": 9, "duplicates": 0, "unscheduled_in": 0},
+    }
+    flows = [{"flow": 1, "bytes": 5_000, "start_ms": 0.0}, {"flow": 2, "bytes": 5, "start_ms": 1}]
+    f = fctmix.figures(res, flows)
+    assert f.scheduled_loss == pytest.approx(3 / 100)  # 100 sent on credits, 88 + 9 arrived
+    assert f.unscheduled_loss == pytest.approx(6 / 10)  # 10 sent before credits, 4 arrived
+    cubic = fctmix.figures(_result("cubic", {1: 0.1}, {}) | {"receiver": {}}, flows[:1])
+    assert cubic.scheduled_loss is None and cubic.unscheduled_loss is None
+
+
+def test_the_table_makes_the_figures_again_from_the_boots_own_result(tmp_path) -> None:
+    flows = [{"flow": 1, "bytes": 5_000, "start_ms": 0.0}]
+    res = _result(fctmix.FLASHPASS_STAR, {1: 0.25}, {})
+    res["senders"][0] |= {"data_sends": [0] * 8, "unscheduled_sends": [0] * 2}
+    res["receiver"] = {"1": {"received": 9, "duplicates": 0, "unscheduled_in": 1}}
+    stale = {"overall_mean_ms": 1.0}  # written by a boot before the figure existed
+    summary = {"seed": 1, "runs": {fctmix.FLASHPASS_STAR: {"figures": stale}}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert fctmix.refigured(tmp_path) == summary  # nothing kept beside it: as written
+    plan = {"runs": [{"transport": fctmix.FLASHPASS_STAR, "flows": flows}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "result.json").write_text(json.dumps([res]))
+    f = fctmix.refigured(tmp_path)["runs"][fctmix.FLASHPASS_STAR]["figures"]
+    assert f["overall_mean_ms"] == pytest.approx(250.0)
+    assert (f["scheduled_loss"], f["unscheduled_loss"]) == (0.0, 0.5)

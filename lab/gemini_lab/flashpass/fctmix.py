@@ -35,8 +35,10 @@ that drops unscheduled data above 2 packets (gemini_lab.flashpass.sender and .sw
 (refused outside Θ'). ``--access-ratio 10`` puts every arm's senders behind their own link at
 a tenth of the bottleneck's rate (the paper's dynamic experiment: 1 Gbit/s hosts on a
 10 Gbit/s WAN; gemini_lab.flashpass.lab, ``access_kbit``), FlashPass's senders taking it as
-their line rate; without it the senders' links never limit. ``table`` gathers a seed's arms
-from every directory given.
+their line rate; without it the senders' links never limit. ``--wan-rtts`` gives each sender
+one of the paper's WAN round trips (40, 60 or 80 ms) instead of the N = 20 path's 10-30 ms.
+``table`` gathers a seed's arms from every directory given, each run's figures made again from
+its boot's result.json (FlashPass's data lost on credits and before them, told apart there).
 
     python -m gemini_lab.flashpass.fctmix run --seed 1 --work DIR   one boot, DIR/seed1/
     python -m gemini_lab.flashpass.fctmix table DIR ... --held-out 4
@@ -205,6 +207,10 @@ class MixFigures:
     complete: int  # flows that finished
     flows: int
     access_loss: float | None = None  # the senders' access queues' drops (with access links)
+    # FlashPass's arms: the data its senders sent on credits (scheduled) and in FlashPass*'s
+    # pre-credit phase (unscheduled) that never reached the receiver, each ÷ what was sent
+    scheduled_loss: float | None = None
+    unscheduled_loss: float | None = None
 
 
 def figures(result: dict, flows: Sequence[dict]) -> MixFigures:
@@ -240,7 +246,29 @@ def figures(result: dict, flows: Sequence[dict]) -> MixFigures:
         complete=len(done),
         flows=len(flows),
         access_loss=access_loss(result),
+        **data_losses(result),
     )
+
+
+def data_losses(result: dict) -> dict[str, float | None]:
+    """A FlashPass arm's data lost by kind, from its senders' and receiver's logs: every data
+    packet sent (retransmissions included) less every one that arrived (duplicates included),
+    the unscheduled ones told apart by their missing emulation timestamp. {} for TCP, and for a
+    result without the receiver's counts."""
+    if result["transport"] not in FLASHPASS_ARMS or "receiver" not in result:
+        return {}
+    received = result["receiver"]
+    sent = unscheduled = arrived = unscheduled_in = 0
+    for s in result["senders"]:
+        r = received.get(str(s["flow"]), {})
+        sent += len(s["data_sends"])
+        unscheduled += len(s.get("unscheduled_sends", ()))
+        arrived += r.get("received", 0) + r.get("duplicates", 0)
+        unscheduled_in += r.get("unscheduled_in", 0)
+    return {
+        "scheduled_loss": (sent - (arrived - unscheduled_in)) / max(1, sent),
+        "unscheduled_loss": (unscheduled - unscheduled_in) / unscheduled if unscheduled else None,
+    }
 
 
 def access_loss(result: dict) -> float | None:
@@ -312,6 +340,21 @@ def run_seed(
     return summary
 
 
+def refigured(seed_dir: Path) -> dict:
+    """A boot's summary.json with each run's figures made again from the boot's own
+    result.json and plan.json when they are kept beside it, so that a figure added since the
+    boot covers it too; the summary as written otherwise."""
+    summary = json.loads((seed_dir / "summary.json").read_text())
+    result, plan = seed_dir / "result.json", seed_dir / "plan.json"
+    if not (result.exists() and plan.exists()):
+        return summary
+    runs = json.loads(plan.read_text())["runs"]
+    for run, res in zip(runs, json.loads(result.read_text()), strict=True):
+        if "error" not in res and run["transport"] in summary["runs"]:
+            summary["runs"][run["transport"]]["figures"] = figures(res, run["flows"]).__dict__
+    return summary
+
+
 def _span(xs: Sequence[float], fmt: str) -> str:
     xs = [x for x in xs if x is not None and not math.isnan(x)]
     if not xs:
@@ -330,12 +373,20 @@ def table(summaries: Sequence[dict], transports: Sequence[str] = ARMS) -> list[s
         for s in summaries
         for r in s["runs"].values()
     )  # a column for the access queues' loss only when the senders had access links
+    kinds = any(
+        r.get("figures", {}).get("scheduled_loss") is not None
+        for s in summaries
+        for r in s["runs"].values()
+    )  # FlashPass's data lost by kind, when its arms' figures have it
     lines = [
         "| transport | small < 100 KB: mean FCT ms | small: p99 ms | large > 10 MB: mean ms "
         "| 1–10 MB: mean ms | overall mean ms | utilisation | data-queue loss | emulation loss % "
         + ("| access-queue loss " if access else "")
+        + ("| data lost: scheduled / unscheduled % " if kinds else "")
         + "| complete |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if access else ""),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        + ("---:|" if access else "")
+        + ("---:|" if kinds else ""),
     ]
     for t in transports:
         figs = [s["runs"][t]["figures"] for s in summaries if "figures" in s["runs"].get(t, {})]
@@ -356,9 +407,19 @@ def table(summaries: Sequence[dict], transports: Sequence[str] = ARMS) -> list[s
                 if access
                 else ""
             )
+            + (f"| {_kinds(figs)} " if kinds else "")
             + f"| {sum(f['complete'] for f in figs)}/{sum(f['flows'] for f in figs)} |"
         )
     return lines
+
+
+def _kinds(figs: Sequence[dict]) -> str:
+    """The data-lost-by-kind cell: scheduled / unscheduled, min–max (— for TCP)."""
+    sched = [100 * x for f in figs if (x := f.get("scheduled_loss")) is not None]
+    if not sched:
+        return "—"
+    unsched = [100 * x for f in figs if (x := f.get("unscheduled_loss")) is not None]
+    return f"{_span(sched, '.2f')} / {_span(unsched, '.1f')}"
 
 
 def per_seed(summaries: Sequence[dict], transports: Sequence[str] = ARMS) -> list[str]:
@@ -513,7 +574,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             print(report([s], set()), flush=True)
         return
-    found = [json.loads(p.read_text()) for d in a.dirs for p in d.glob("seed*/summary.json")]
+    found = [refigured(p.parent) for d in a.dirs for p in d.glob("seed*/summary.json")]
     print(report(merge(found), set(a.held_out)))
 
 

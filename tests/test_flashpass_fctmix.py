@@ -314,6 +314,9 @@ def test_flashpass_s_data_losses_are_split_into_scheduled_and_unscheduled() -> N
     assert f.unscheduled_loss == pytest.approx(6 / 10)  # 10 sent before credits, 4 arrived
     cubic = fctmix.figures(_result("cubic", {1: 0.1}, {}) | {"receiver": {}}, flows[:1])
     assert cubic.scheduled_loss is None and cubic.unscheduled_loss is None
+    idle = _result(fctmix.FLASHPASS, {1: 0.1}, {}) | {"receiver": {}}  # nothing sent on credits
+    idle["senders"][0] |= {"data_sends": []}
+    assert fctmix.figures(idle, flows[:1]).scheduled_loss is None
 
 
 def test_the_table_makes_the_figures_again_from_the_boots_own_result(tmp_path) -> None:

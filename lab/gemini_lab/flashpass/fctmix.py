@@ -14,7 +14,7 @@ Rescaling: G9 ran this CDF's sizes unchanged on a 100 Mbit/s datacenter hop and 
 80 Mbit/s WAN hop (s = 10). This path is FlashPass's 10 Mbit/s one, so every size is divided
 by ``SIZE_SCALE`` = 10: a flow then takes as long alone on this link as the unscaled flow on
 a 100 Mbit/s one (mean 171 KB, at most 3 MB; 4.6 BDPs of the longest, 30 ms, path; the
-Alibaba mix's 65 MB is 1.6–3.3 BDPs of the paper's 40–80 ms WAN round trips at 10 Gbit/s).
+Alibaba mix's 65 MB is 0.65–1.3 BDPs of the paper's 40–80 ms WAN round trips at 10 Gbit/s).
 The classes are the CDF's, before scaling: small < 100 KB (< 10 KB = 1–7 packets here),
 large > 10 MB (> 1 MB here).
 
@@ -266,7 +266,7 @@ def data_losses(result: dict) -> dict[str, float | None]:
         arrived += r.get("received", 0) + r.get("duplicates", 0)
         unscheduled_in += r.get("unscheduled_in", 0)
     return {
-        "scheduled_loss": (sent - (arrived - unscheduled_in)) / max(1, sent),
+        "scheduled_loss": (sent - (arrived - unscheduled_in)) / sent if sent else None,
         "unscheduled_loss": (unscheduled - unscheduled_in) / unscheduled if unscheduled else None,
     }
 

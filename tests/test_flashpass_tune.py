@@ -97,6 +97,20 @@ def test_the_mix_workload_tunes_flashpass_alone_on_the_dev_seeds_mix() -> None:
     assert runs[3]["flows"] == fctmix.mix_runs(5, transports=("flashpass",))[0]["flows"]
 
 
+def test_the_wan_mix_workload_is_the_headline_s_path_and_buffer() -> None:
+    cfg = tune.config(workload="fctmix-wan")
+    assert cfg.scenarios == ("flashpass-fctmix-wan",) and cfg.start() == PAPER
+    plan = tune.round_plan(1, {"h0": PAPER}, "fctmix-wan")["runs"]
+    (wan,) = fctmix.mix_runs(
+        tune.DEV_SEEDS[1], transports=("flashpass",), wan_rtts=True, buffer_packets=4
+    )
+    (short,) = fctmix.mix_runs(tune.DEV_SEEDS[1], transports=("flashpass",))
+    assert plan[0]["sender_delays_ms"] == wan["sender_delays_ms"] != short["sender_delays_ms"]
+    assert plan[0]["data_buffer_packets"] == 4 and plan[0]["flows"] == short["flows"]
+    (held,) = compare.plan([4], {"paper": PAPER}, 1, "fctmix-wan")
+    assert held["sender_delays_ms"] == fctmix.wan_delays(4)
+
+
 def test_a_mix_runs_figures_carry_the_classes_and_eq_9(tmp_path: Path) -> None:
     flows = [
         {"flow": 1, "bytes": 5_000, "start_ms": 0.0},

@@ -145,6 +145,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--workload", choices=sorted(tune.WORKLOADS), default="static")
     ap.add_argument("--arms", nargs="+", choices=("paper", "tuned"), default=["paper", "tuned"])
+    ap.add_argument(
+        "--theta",
+        nargs="*",
+        default=[],
+        metavar="NAME=UNITS",
+        type=evaluate._setting,
+        help="the paper arm's θ with these settings in place (e.g. T_wait by the paper's rule)",
+    )
     ap.add_argument("--tables", type=Path, nargs="+", help="print the tables of these runs")
     ap.add_argument("--work", type=Path, default=Path("var/flashpass-compare"))
     a = ap.parse_args()
@@ -156,7 +164,7 @@ def main() -> None:
         ap.error(f"seeds {sorted(set(a.seeds) & set(tune.DEV_SEEDS))} were tuned on")
     if "tuned" in a.arms and a.tuned is None:
         ap.error("the tuned arm needs --tuned")
-    thetas = {"paper": evaluate.THETA}
+    thetas = {"paper": evaluate.flashpass_theta(a.theta)}
     if a.tuned is not None:
         (thetas["tuned"],) = json.loads(a.tuned.read_text())["theta"].values()
     thetas = {k: v for k, v in thetas.items() if k in a.arms}
@@ -164,10 +172,10 @@ def main() -> None:
     a.work.mkdir(parents=True, exist_ok=True)
     (a.work / "plan.json").write_text(json.dumps({"runs": runs}))
     files = '"$GEMINI_LAB_OUT/plan.json" "$GEMINI_LAB_OUT/result.json"'
-    timeout_s = fctmix.RUN_TIMEOUT_S if a.workload == "fctmix" else 1500
+    timeout_s = fctmix.RUN_TIMEOUT_S if a.workload in tune.MIX_WORKLOADS else 1500
     run_in_uml(f"{sys.executable} -m gemini_lab.flashpass.lab {files}", a.work, timeout_s=timeout_s)
     results = json.loads((a.work / "result.json").read_text())
-    each = mix_figures if a.workload == "fctmix" else figures
+    each = mix_figures if a.workload in tune.MIX_WORKLOADS else figures
     rows = [
         each(run, res, a.work / f"run{i}")
         for i, (run, res) in enumerate(zip(runs, results, strict=True))
@@ -176,7 +184,7 @@ def main() -> None:
     lines = [
         "; ".join(f"{k} θ {v}" for k, v in thetas.items()) + ".",
         "",
-        *(mix_table(rows) if a.workload == "fctmix" else table(rows)),
+        *(mix_table(rows) if a.workload in tune.MIX_WORKLOADS else table(rows)),
         "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at commit {commit.stdout.strip()}.",
     ]

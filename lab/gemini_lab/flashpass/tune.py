@@ -1,7 +1,7 @@
 """Booster's planner tunes FlashPass's θ on the evaluation's development workload (UML lab).
 
     python -m gemini_lab.flashpass.tune [--rounds 4] [--hosts 3] [--explorers 2] \
-        [--workload static|fctmix]
+        [--workload static|fctmix|fctmix-wan]
 
 The driver is gemini_lab.plannertune's (the service's Planner, its trials as FlowSums per
 (context, θ, hour bucket), its host assignment); what this module adds is the round: one UML
@@ -12,6 +12,8 @@ the round alike, so a round compares θs on one draw); the held-out seeds are ne
 With ``--workload fctmix`` each host runs instead the flow-size mix of
 gemini_lab.flashpass.fctmix (the N = 20 path, 120 flows from the scaled web-search CDF at load
 0.8) on the same development seeds, FlashPass only; the context is then ``flashpass-fctmix``.
+``--workload fctmix-wan`` runs that mix at the paper's 40-80 ms round trips on a 4-packet data
+buffer (``fctmix run --wan-rtts --buffer 4``); its context is ``flashpass-fctmix-wan``.
 
 A θ's trial is eq. 9 over its flows as the agent reports them from the flow log: throughput =
 bytes delivered / FCT, queueing delay = the record's RTT mean − min. At σ = 0.1 one ms of
@@ -47,7 +49,14 @@ from gemini_lab.uml import run_in_uml
 
 DEV_SEEDS = (1, 2, 3)  # evaluate's development seeds; its held-out seed 4 is not tuned on
 SCENARIO = "flashpass-dev"  # the context's name (one context: the dev workload)
-WORKLOADS = {"static": SCENARIO, "fctmix": "flashpass-fctmix"}  # workload: its context
+# the flow-size mix's workloads: fctmix.mix_runs's settings for each. "fctmix-wan" is the
+# configuration of the FCT headline (benchmarks/results/flashpass-wan.md): the paper's 40-80 ms
+# round trips and the shallowest data buffer the lab runs
+MIX_WORKLOADS: dict[str, dict] = {
+    "fctmix": {},
+    "fctmix-wan": {"wan_rtts": True, "buffer_packets": fctmix.MIN_BUFFER_PACKETS},
+}
+WORKLOADS = {"static": SCENARIO} | {w: f"flashpass-{w}" for w in MIX_WORKLOADS}  # its context
 ROUND_TIMEOUT_S = 1500
 US_PER_S = 1_000_000
 
@@ -100,8 +109,8 @@ def dev_seed(r: int) -> int:
 
 def base_run(seed: int, workload: str = "static") -> dict:
     """FlashPass's run of ``seed`` on ``workload``: evaluate's 4 × 1 MB, or fctmix's mix."""
-    if workload == "fctmix":
-        (base,) = fctmix.mix_runs(seed, transports=("flashpass",))
+    if workload in MIX_WORKLOADS:
+        (base,) = fctmix.mix_runs(seed, transports=("flashpass",), **MIX_WORKLOADS[workload])
         return base
     (base,) = [x for x in evaluate.seed_runs(seed) if x["transport"] == "flashpass"]
     return base
@@ -195,7 +204,7 @@ def observe_contexts(
 
 def timeout(workload: str) -> float:
     """Host seconds for one boot of one context's hosts on ``workload``."""
-    return fctmix.RUN_TIMEOUT_S if workload == "fctmix" else ROUND_TIMEOUT_S
+    return fctmix.RUN_TIMEOUT_S if workload in MIX_WORKLOADS else ROUND_TIMEOUT_S
 
 
 def boot(out: Path, plan: dict, timeout_s: float) -> Path:

@@ -172,10 +172,14 @@ def main() -> None:
     a.work.mkdir(parents=True, exist_ok=True)
     (a.work / "plan.json").write_text(json.dumps({"runs": runs}))
     files = '"$GEMINI_LAB_OUT/plan.json" "$GEMINI_LAB_OUT/result.json"'
-    timeout_s = fctmix.RUN_TIMEOUT_S if a.workload in tune.MIX_WORKLOADS else 1500
-    run_in_uml(f"{sys.executable} -m gemini_lab.flashpass.lab {files}", a.work, timeout_s=timeout_s)
+    run_in_uml(
+        f"{sys.executable} -m gemini_lab.flashpass.lab {files}",
+        a.work,
+        timeout_s=tune.timeout(a.workload),
+    )
     results = json.loads((a.work / "result.json").read_text())
-    each = mix_figures if a.workload in tune.MIX_WORKLOADS else figures
+    mix = a.workload in tune.MIX_WORKLOADS
+    each = mix_figures if mix else figures
     rows = [
         each(run, res, a.work / f"run{i}")
         for i, (run, res) in enumerate(zip(runs, results, strict=True))
@@ -184,7 +188,7 @@ def main() -> None:
     lines = [
         "; ".join(f"{k} θ {v}" for k, v in thetas.items()) + ".",
         "",
-        *(mix_table(rows) if a.workload in tune.MIX_WORKLOADS else table(rows)),
+        *(mix_table(rows) if mix else table(rows)),
         "",
         f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at commit {commit.stdout.strip()}.",
     ]

@@ -368,16 +368,8 @@ def table(summaries: Sequence[dict], transports: Sequence[str] = ARMS) -> list[s
     if not summaries:
         return ["(none)"]
     transports = [t for t in transports if any(t in s["runs"] for s in summaries)]
-    access = any(
-        r.get("figures", {}).get("access_loss") is not None
-        for s in summaries
-        for r in s["runs"].values()
-    )  # a column for the access queues' loss only when the senders had access links
-    kinds = any(
-        r.get("figures", {}).get("scheduled_loss") is not None
-        for s in summaries
-        for r in s["runs"].values()
-    )  # FlashPass's data lost by kind, when its arms' figures have it
+    access = _has_figure(summaries, "access_loss")  # only when the senders had access links
+    kinds = _has_figure(summaries, "scheduled_loss")  # FlashPass's data lost by kind
     lines = [
         "| transport | small < 100 KB: mean FCT ms | small: p99 ms | large > 10 MB: mean ms "
         "| 1–10 MB: mean ms | overall mean ms | utilisation | data-queue loss | emulation loss % "
@@ -411,6 +403,13 @@ def table(summaries: Sequence[dict], transports: Sequence[str] = ARMS) -> list[s
             + f"| {sum(f['complete'] for f in figs)}/{sum(f['flows'] for f in figs)} |"
         )
     return lines
+
+
+def _has_figure(summaries: Sequence[dict], name: str) -> bool:
+    """Whether any run of ``summaries`` has figure ``name`` (a table column only then)."""
+    return any(
+        r.get("figures", {}).get(name) is not None for s in summaries for r in s["runs"].values()
+    )
 
 
 def _kinds(figs: Sequence[dict]) -> str:
@@ -556,22 +555,15 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("dirs", type=Path, nargs="+")
     t.add_argument("--held-out", type=int, nargs="*", default=[4])
     a = ap.parse_args(argv)
-    if a.cmd == "run" and a.wan_rtts and a.access_ratio:
-        ap.error("--wan-rtts runs without access links only (give no --access-ratio)")
     if a.cmd == "run":
         theta = evaluate.flashpass_theta(a.theta)  # the paper's, with --theta in place
+        setting = (a.flows, a.load, a.transports, theta, a.access_ratio, a.buffer, a.wan_rtts)
+        try:  # mix_runs's refusals (buffer, access links with --wan-rtts) before any boot
+            mix_runs(a.seed[0], *setting)
+        except ValueError as exc:
+            ap.error(str(exc))
         for seed in a.seed:
-            s = run_seed(
-                seed,
-                a.work / f"seed{seed}",
-                a.flows,
-                a.load,
-                a.transports,
-                theta,
-                a.access_ratio,
-                a.buffer,
-                a.wan_rtts,
-            )
+            s = run_seed(seed, a.work / f"seed{seed}", *setting)
             print(report([s], set()), flush=True)
         return
     found = [refigured(p.parent) for d in a.dirs for p in d.glob("seed*/summary.json")]

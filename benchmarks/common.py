@@ -16,6 +16,10 @@ RESULTS = Path(__file__).parent / "results"
 OPERATOR = "bench-operator"
 AGENT = "bench-agent"
 
+# A report method Booster does not serve: each host's reports as messages on one long-lived
+# stream of its own (benchmarks.grpc_floor serves it, benchmarks.replicas --floor-stream drives it).
+STREAM_METHOD = "ReportStream"
+
 
 def start_booster(**overrides) -> BoosterServer:
     data = Path(tempfile.mkdtemp(prefix="gemini-bench-"))

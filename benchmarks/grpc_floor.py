@@ -9,6 +9,10 @@ It authenticates, parses, validates and stores nothing. ``benchmarks.replicas --
 under the same load as a replica, so the record can say how much of Booster's CPU per report is
 gRPC's own per-call cost, which no change inside Booster can remove.
 
+It also serves ``ReportStream``, which Booster does not: each host's reports as messages on one
+bidirectional stream that stays open, each answered before the next
+(``benchmarks.replicas --floor-stream``), to measure what that pattern would save.
+
     python -m benchmarks.grpc_floor --listen 127.0.0.1:PORT
 """
 
@@ -28,6 +32,8 @@ import uvloop  # noqa: E402
 
 from gemini_booster.service.grpc_server import SERVICE, GrpcLimits  # noqa: E402
 
+from .common import STREAM_METHOD  # noqa: E402
+
 METHODS = ("ReportAggregates", "GetParameters")
 
 
@@ -44,9 +50,15 @@ def handler(limits: GrpcLimits) -> grpc.GenericRpcHandler:
                 await context.read()
         return b""
 
-    return grpc.method_handlers_generic_handler(
-        SERVICE, {m: grpc.stream_unary_rpc_method_handler(call) for m in METHODS}
-    )
+    async def stream(_requests: Any, context: grpc.aio.ServicerContext) -> None:
+        next((v for k, v in context.invocation_metadata() or () if k == "authorization"), None)
+        while (message := await context.read()) is not grpc.aio.EOF:
+            assert isinstance(message, bytes)
+            await context.write(b"")
+
+    handlers = {m: grpc.stream_unary_rpc_method_handler(call) for m in METHODS}
+    handlers[STREAM_METHOD] = grpc.stream_stream_rpc_method_handler(stream)
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
 async def serve(listen: str) -> None:

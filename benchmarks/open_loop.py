@@ -35,6 +35,7 @@ from .replicas import (
     loadgen,
     migrate,
     seed_plans,
+    started,
 )
 
 AGENT_DEADLINE_S = 10.0  # gemini_agent.config: rpc_deadline_s
@@ -66,6 +67,7 @@ def run(binary: Path, side: Side, fleet, args, work: Path) -> dict:
             f"-rate={args.rate}",
             f"-timeout={args.deadline_s}s",
         )
+    started(list(procs.values()))
     out = {m: json.loads(p.communicate()[0]) for m, p in procs.items()}
     cpu = cpu_s([r.proc.pid for r in side.replicas if r.proc]) - cpu0
     out["stored"] = side.stored() - stored0

@@ -65,7 +65,7 @@ from gemini_booster.service.grpc_server import SERVICE, GrpcLimits
 from gemini_booster.storage import credentials, database
 
 from . import report_size as mix
-from .common import OPERATOR, write_result
+from .common import OPERATOR, STREAM_METHOD, write_result
 from .get_parameters import CONTEXTS, contexts
 from .ingest import loadgen_binary
 
@@ -75,7 +75,10 @@ READ_PORT = "read port"  # the side whose GetParameters go to the read port (--r
 FLOOR = "grpc floor"  # the side served by benchmarks.grpc_floor (--floor)
 FLOOR_GO = "grpc-go floor"  # benchmarks/grpc_floor_go, as many threads as Go likes (--floor-go)
 FLOOR_GO_1 = "grpc-go floor, GOMAXPROCS=1"  # the same, its Go code on one thread at a time
-FLOORS = (FLOOR, FLOOR_GO, FLOOR_GO_1)
+# The Python floor with each host's reports on one long-lived stream of its own (--floor-stream)
+FLOOR_STREAM = "grpc floor, a stream per host"
+FLOORS = (FLOOR, FLOOR_GO, FLOOR_GO_1, FLOOR_STREAM)
+STREAMS_PER_CONNECTION = GrpcLimits().max_streams_per_connection
 PYTHON_FLOOR = (sys.executable, "-m", "benchmarks.grpc_floor")  # FLOOR's command
 START_S = 180
 LOCK_WAIT = re.compile(r"still waiting for (\w+) on .* after ([\d.]+) ms")
@@ -123,6 +126,19 @@ def cpu_s(pids: list[int]) -> float:
                 continue
             total += sum(int(v) for v in stat[CPU_FIELDS.start - 2 : CPU_FIELDS.stop - 2])
     return total / TICKS
+
+
+def rss_mb(pids: list[int]) -> float:
+    """Resident memory of ``pids`` and their live descendants, MiB."""
+    kib = 0
+    for root in pids:
+        for pid in _tree(root):
+            try:
+                lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            kib += sum(int(x.split()[1]) for x in lines if x.startswith("VmRSS:"))
+    return kib / 1024
 
 
 def switches(pids: list[int]) -> int:
@@ -364,6 +380,8 @@ class Side:
     minute: int = 0  # minutes of reports used so far, back from start_min
     start_min: int = field(default_factory=lambda: int(time.time() // 60))
     fleet: Fleet | None = None  # its own reports (--baseline-dense); None: the common fleet
+    report_method: str = "ReportAggregates"
+    report_flags: tuple[str, ...] = ()  # the report load generator's further options
 
     def stored(self) -> int:
         if not self.url:
@@ -443,6 +461,7 @@ class Run:
     lock_waits: list[LockWait]
     seconds: float = 0.0  # the calls' offered duration
     switches: float = 0.0  # Booster's context switches per stored report
+    rss_mb: float = 0.0  # Booster's resident memory at the end of the run, all processes
 
 
 def loadgen(
@@ -455,7 +474,8 @@ def loadgen(
     conc: int,
     *flags: str,
 ):
-    """The Go load generator on ``method``; ``flags`` add its other options (-rate, -timeout)."""
+    """The Go load generator on ``method``, connected and waiting for a line on its stdin to
+    start (``started``); ``flags`` add its other options (-rate, -timeout)."""
     return subprocess.Popen(
         [
             str(binary),
@@ -466,11 +486,29 @@ def loadgen(
             f"-concurrency={conc}",
             f"-connections={max(conc // 8, 1)}",
             f"-duration={secs}s",
+            "-wait-go",
             *flags,
         ],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def started(procs: list[subprocess.Popen]) -> None:
+    """Wait until every load generator is connected (its streams open), then start them all:
+    what a run measures leaves out the connections' and streams' setup, which a fleet's
+    agents pay once, not per report."""
+    for p in procs:
+        assert p.stderr is not None and p.stdin is not None
+        line = p.stderr.readline().strip()
+        if line != "ready":
+            raise RuntimeError(f"load generator did not start: {line} {p.stderr.read()[-2000:]}")
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()  # communicate() closes it
 
 
 def merged(results: list[dict]) -> dict:
@@ -548,13 +586,12 @@ def measure(
             files[name].append((d, t))
     log_offset = pg_log.stat().st_size
     booster_pids = [r.proc.pid for r in side.replicas if r.proc is not None]
-    s0 = switches(booster_pids)
-    n0, b0, p0, t0 = side.stored(), cpu_s(booster_pids), cpu_s([pg_pid]), time.monotonic()
     conc, gconc = max(args.concurrency // n, 1), max(args.get_concurrency // n, 1)
     get_rate = [f"-rate={args.get_rate / share:g}"] if args.get_rate > 0 else []
     report_rate = [f"-rate={args.report_rate / share:g}"] if args.report_rate > 0 else []
+    report_flags = [*report_rate, *side.report_flags]
     procs = [  # --concurrency 0: GetParameters alone, the control for its latency under ingest
-        loadgen(binary, r.target, d, t, "ReportAggregates", args.seconds, conc, *report_rate)
+        loadgen(binary, r.target, d, t, side.report_method, args.seconds, conc, *report_flags)
         for r, (d, t) in zip(serving, files["reports"], strict=True)
         if args.concurrency > 0
     ]
@@ -562,11 +599,16 @@ def measure(
         loadgen(binary, r.get_target, d, t, "GetParameters", args.seconds, gconc, *get_rate)
         for r, (d, t) in zip(serving, files["gets"], strict=True)
     ]
+    for p in (*procs, *get_procs):
+        assert p.stderr is not None
+    s0 = switches(booster_pids)
+    n0, b0, p0, t0 = side.stored(), cpu_s(booster_pids), cpu_s([pg_pid]), time.monotonic()
+    started([*procs, *get_procs])
     reports = merged([json.loads(p.communicate()[0]) for p in procs])
     got = merged([json.loads(p.communicate()[0]) for p in get_procs])
     wall = time.monotonic() - t0
     b1, p1, n1 = cpu_s(booster_pids), cpu_s([pg_pid]), side.stored()
-    s1 = switches(booster_pids)
+    s1, rss = switches(booster_pids), rss_mb(booster_pids)
     # The floor stores nothing: its figures are per report answered.
     stored = max(n1 - n0 if side.url else reports["codes"].get("OK", 0), 1)
     return Run(
@@ -580,6 +622,7 @@ def measure(
         lock_waits(pg_log, log_offset),
         args.seconds,
         (s1 - s0) / stored,
+        rss,
     )
 
 
@@ -762,6 +805,12 @@ def main() -> None:
         "(gRPC serving both calls as Booster does, and nothing else)",
     )
     ap.add_argument(
+        "--floor-stream",
+        action="store_true",
+        help="also against benchmarks.grpc_floor with each host's reports as messages on one "
+        "long-lived stream of its own (ReportStream, which Booster does not serve)",
+    )
+    ap.add_argument(
         "--floor-go",
         action="store_true",
         help="also against benchmarks/grpc_floor_go (the same floor in grpc-go; needs go), "
@@ -827,6 +876,15 @@ def main() -> None:
         if args.floor:  # as many floor processes as replicas, so each layout has its floor
             floors = [FloorServer(f"grpc-floor-{i + 1}", "", work) for i in range(args.replicas)]
             sides.append(Side(FLOOR, "", [f.start() for f in floors], sides[0].tokens))
+        if args.floor_stream:
+            floors = [
+                FloorServer(f"grpc-floor-stream-{i + 1}", "", work) for i in range(args.replicas)
+            ]
+            side = Side(FLOOR_STREAM, "", [f.start() for f in floors], sides[0].tokens)
+            side.report_method = STREAM_METHOD
+            per_connection = STREAMS_PER_CONNECTION - 2  # room for GetParameters' calls
+            side.report_flags = ("-streams", f"-connections={-(-args.hosts // per_connection)}")
+            sides.append(side)
         if args.floor_go:
             command = build_go_floor(work)
             for label, name, env in (
@@ -875,12 +933,13 @@ def main() -> None:
         "Every run:",
         "",
         "| build | replicas | stored/s | Booster ms | PostgreSQL ms | Report p99 | Get p99 | "
-        "GetParameters/s | lock waits | Booster switches/report |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "GetParameters/s | lock waits | Booster switches/report | Booster RSS MiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         *[
             f"| {r.side} | {r.replicas} | {r.stored_per_s:,.0f} | {r.booster_ms:.2f} | "
             f"{r.postgres_ms:.2f} | {r.report['p99_ms']:.1f} | {r.get['p99_ms']:.1f} | "
-            f"{r.get['calls'] / args.seconds:,.0f} | {len(r.lock_waits)} | {r.switches:.1f} |"
+            f"{r.get['calls'] / args.seconds:,.0f} | {len(r.lock_waits)} | {r.switches:.1f} | "
+            f"{r.rss_mb:,.0f} |"
             for r in runs
         ],
     ]

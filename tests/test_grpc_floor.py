@@ -3,7 +3,8 @@ fleet benchmark measures as gRPC's own per-call cost (``benchmarks.replicas --fl
 ``--floor-go``) serve Booster's two methods at their real paths, the way
 Booster's agent service does (one message read, then the end of the stream), and nothing more.
 If it stopped answering, or answered other paths, the floor rows of the records would measure
-refusals instead of calls."""
+refusals instead of calls. The Python floor also serves ``ReportStream`` (``--floor-stream``):
+a host's reports as messages on one stream, each answered before the next."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from benchmarks.common import STREAM_METHOD
 from benchmarks.replicas import PYTHON_FLOOR, build_go_floor, free_port
 from gemini_api.v1 import booster_pb2 as pb
 from gemini_booster.service.grpc_server import SERVICE
@@ -62,3 +64,28 @@ def test_the_floor_serves_only_boosters_methods(floor: str) -> None:
     with grpc.insecure_channel(floor) as channel, pytest.raises(grpc.RpcError) as e:
         _call(channel, "Other", b"")
     assert e.value.code() is grpc.StatusCode.UNIMPLEMENTED
+
+
+@pytest.fixture
+def python_floor(tmp_path: Path) -> Iterator[str]:
+    target = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([*PYTHON_FLOOR, "--listen", target], cwd=ROOT, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"serving"
+        yield target
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_the_stream_floor_answers_each_message_on_one_stream(python_floor: str) -> None:
+    reports = [
+        pb.ReportRequest(report_id=f"h:{i}", host_id="h").SerializeToString() for i in range(5)
+    ]
+    with grpc.insecure_channel(python_floor) as channel:
+        stream = channel.stream_stream(f"/{SERVICE}/{STREAM_METHOD}")
+        answers = list(
+            stream(iter(reports), metadata=(("authorization", "Bearer any"),), timeout=10)
+        )
+    assert answers == [b""] * len(reports)

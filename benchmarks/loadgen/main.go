@@ -2,6 +2,13 @@
 // or starts calls at a fixed rate whatever the answers (-rate, open loop: as a fleet whose
 // agents each report once a minute does), and prints a JSON summary.
 //
+// With -streams each host (each distinct token) sends its requests as messages on one
+// long-lived bidirectional stream of its own, opened before the load starts, and waits for the
+// answer to each before its next: the stream-per-agent pattern of xDS, measured against one
+// call per request. With -wait-go it connects (and opens its streams), says "ready" on stderr
+// and starts the load when a line arrives on stdin, so a caller can leave the setup out of what
+// it measures.
+//
 // Requests are pre-serialized protobuf messages read from a file (each prefixed with its
 // length as a varint) and sent as raw bytes, round-robin, so that the load generator spends
 // almost no CPU per call and leaves the machine to the server under test. Calls still in
@@ -121,6 +128,8 @@ func main() {
 	tokens := flag.String("tokens", "", "file of bearer tokens, one a line: request i is sent with token i (a host's own)")
 	rate := flag.Float64("rate", 0, "calls started per second (open loop); 0: closed loop at -concurrency")
 	timeout := flag.Duration("timeout", 0, "each call's deadline (0: none)")
+	streams := flag.Bool("streams", false, "each host's requests as messages on one stream of its own (bidirectional)")
+	waitGo := flag.Bool("wait-go", false, `connect, say "ready" on stderr, start on a line from stdin`)
 	flag.Parse()
 
 	reqs, err := readRequests(*requests)
@@ -141,6 +150,23 @@ func main() {
 		log.Fatal(err)
 	}
 
+	var hostStreams map[string]*hostStream
+	if *streams {
+		hostStreams, err = openStreams(conns, ctxs, *method)
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+	if *waitGo {
+		for _, c := range conns {
+			c.Connect()
+		}
+		fmt.Fprintln(os.Stderr, "ready")
+		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+			log.Fatalf("waiting for the start: %v", err)
+		}
+	}
+
 	var next atomic.Int64
 	var mu sync.Mutex
 	codes := map[string]int{}
@@ -158,7 +184,12 @@ func main() {
 		}
 		var resp []byte
 		t0 := time.Now()
-		err := conn.Invoke(ctx, *method, &req, &resp)
+		var err error
+		if hostStreams != nil {
+			err = hostStreams[tokenOf(ctx)].send(&req, &resp)
+		} else {
+			err = conn.Invoke(ctx, *method, &req, &resp)
+		}
 		took := time.Since(t0)
 		mu.Lock()
 		latencies = append(latencies, took)
@@ -206,4 +237,43 @@ func main() {
 		P99Ms:    percentile(latencies, 99),
 	})
 	fmt.Println(string(out))
+}
+
+// hostStream is one host's long-lived stream: one request at a time, each answered before the
+// next is sent.
+type hostStream struct {
+	mu     sync.Mutex
+	stream grpc.ClientStream
+}
+
+func (h *hostStream) send(req, resp *[]byte) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.stream.SendMsg(req); err != nil {
+		return err
+	}
+	return h.stream.RecvMsg(resp)
+}
+
+func tokenOf(ctx context.Context) string {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	return strings.Join(md.Get("authorization"), "")
+}
+
+// openStreams opens a stream per distinct token (host), spread over the connections.
+func openStreams(conns []*grpc.ClientConn, ctxs []context.Context, method string) (map[string]*hostStream, error) {
+	out := map[string]*hostStream{}
+	desc := &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}
+	for _, ctx := range ctxs {
+		key := tokenOf(ctx)
+		if _, ok := out[key]; ok {
+			continue
+		}
+		s, err := conns[len(out)%len(conns)].NewStream(ctx, desc, method)
+		if err != nil {
+			return nil, fmt.Errorf("opening stream %d: %w", len(out), err)
+		}
+		out[key] = &hostStream{stream: s}
+	}
+	return out, nil
 }

@@ -873,17 +873,23 @@ def main() -> None:
                 side.fleet = build_fleet(args.hosts, args.seed, work, dense=True)
             seed_plans(side, fleet)
             sides.append(side)
+        # Streams need a connection per STREAMS_PER_CONNECTION hosts: with --floor-stream the
+        # call floor's reports use as many, so the two differ in streams against calls alone.
+        per_connection = STREAMS_PER_CONNECTION - 2  # room for GetParameters' calls
+        stream_connections = f"-connections={-(-args.hosts // per_connection)}"
         if args.floor:  # as many floor processes as replicas, so each layout has its floor
             floors = [FloorServer(f"grpc-floor-{i + 1}", "", work) for i in range(args.replicas)]
-            sides.append(Side(FLOOR, "", [f.start() for f in floors], sides[0].tokens))
+            side = Side(FLOOR, "", [f.start() for f in floors], sides[0].tokens)
+            if args.floor_stream:
+                side.report_flags = (stream_connections,)
+            sides.append(side)
         if args.floor_stream:
             floors = [
                 FloorServer(f"grpc-floor-stream-{i + 1}", "", work) for i in range(args.replicas)
             ]
             side = Side(FLOOR_STREAM, "", [f.start() for f in floors], sides[0].tokens)
             side.report_method = STREAM_METHOD
-            per_connection = STREAMS_PER_CONNECTION - 2  # room for GetParameters' calls
-            side.report_flags = ("-streams", f"-connections={-(-args.hosts // per_connection)}")
+            side.report_flags = ("-streams", stream_connections)
             sides.append(side)
         if args.floor_go:
             command = build_go_floor(work)

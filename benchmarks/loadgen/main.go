@@ -240,19 +240,38 @@ func main() {
 }
 
 // hostStream is one host's long-lived stream: one request at a time, each answered before the
-// next is sent.
+// next is sent. A stream that ended is opened again for the host's next request, as an agent
+// would.
 type hostStream struct {
 	mu     sync.Mutex
+	conn   *grpc.ClientConn
+	ctx    context.Context
+	method string
 	stream grpc.ClientStream
 }
+
+var bidi = &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}
 
 func (h *hostStream) send(req, resp *[]byte) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if err := h.stream.SendMsg(req); err != nil {
-		return err
+	if h.stream == nil {
+		s, err := h.conn.NewStream(h.ctx, bidi, h.method)
+		if err != nil {
+			return err
+		}
+		h.stream = s
 	}
-	return h.stream.RecvMsg(resp)
+	err := h.stream.SendMsg(req)
+	if err == nil {
+		err = h.stream.RecvMsg(resp)
+	} else if rerr := h.stream.RecvMsg(resp); rerr != nil {
+		err = rerr // io.EOF from SendMsg: the stream has ended, and RecvMsg says why
+	}
+	if err != nil {
+		h.stream = nil
+	}
+	return err
 }
 
 func tokenOf(ctx context.Context) string {
@@ -263,17 +282,17 @@ func tokenOf(ctx context.Context) string {
 // openStreams opens a stream per distinct token (host), spread over the connections.
 func openStreams(conns []*grpc.ClientConn, ctxs []context.Context, method string) (map[string]*hostStream, error) {
 	out := map[string]*hostStream{}
-	desc := &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}
 	for _, ctx := range ctxs {
 		key := tokenOf(ctx)
 		if _, ok := out[key]; ok {
 			continue
 		}
-		s, err := conns[len(out)%len(conns)].NewStream(ctx, desc, method)
+		conn := conns[len(out)%len(conns)]
+		s, err := conn.NewStream(ctx, bidi, method)
 		if err != nil {
 			return nil, fmt.Errorf("opening stream %d: %w", len(out), err)
 		}
-		out[key] = &hostStream{stream: s}
+		out[key] = &hostStream{conn: conn, ctx: ctx, method: method, stream: s}
 	}
 	return out, nil
 }

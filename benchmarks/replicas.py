@@ -461,7 +461,7 @@ class Run:
     lock_waits: list[LockWait]
     seconds: float = 0.0  # the calls' offered duration
     switches: float = 0.0  # Booster's context switches per stored report
-    rss_mb: float = 0.0  # Booster's resident memory at the end of the run, all processes
+    rss_mb: float = 0.0  # Booster's resident memory, connections and streams open, all processes
 
 
 def loadgen(
@@ -496,19 +496,31 @@ def loadgen(
     )
 
 
-def started(procs: list[subprocess.Popen]) -> None:
-    """Wait until every load generator is connected (its streams open), then start them all:
-    what a run measures leaves out the connections' and streams' setup, which a fleet's
-    agents pay once, not per report."""
+def ready(procs: list[subprocess.Popen]) -> None:
+    """Wait until every load generator is connected, its streams open: what a run measures
+    starts after this, so it leaves out the connections' and streams' setup, which a fleet's
+    agents pay once, not per report. On a failure the others are stopped."""
     for p in procs:
-        assert p.stderr is not None and p.stdin is not None
+        assert p.stderr is not None
         line = p.stderr.readline().strip()
         if line != "ready":
+            for q in procs:
+                q.kill()
             raise RuntimeError(f"load generator did not start: {line} {p.stderr.read()[-2000:]}")
+
+
+def go(procs: list[subprocess.Popen]) -> None:
+    """Start every ready load generator's load."""
     for p in procs:
         assert p.stdin is not None
         p.stdin.write("go\n")
         p.stdin.flush()  # communicate() closes it
+
+
+def started(procs: list[subprocess.Popen]) -> None:
+    """``ready``, then ``go``."""
+    ready(procs)
+    go(procs)
 
 
 def merged(results: list[dict]) -> dict:
@@ -599,16 +611,16 @@ def measure(
         loadgen(binary, r.get_target, d, t, "GetParameters", args.seconds, gconc, *get_rate)
         for r, (d, t) in zip(serving, files["gets"], strict=True)
     ]
-    for p in (*procs, *get_procs):
-        assert p.stderr is not None
+    ready([*procs, *get_procs])
+    rss = rss_mb(booster_pids)  # with every connection and stream open, before the load
     s0 = switches(booster_pids)
     n0, b0, p0, t0 = side.stored(), cpu_s(booster_pids), cpu_s([pg_pid]), time.monotonic()
-    started([*procs, *get_procs])
+    go([*procs, *get_procs])
     reports = merged([json.loads(p.communicate()[0]) for p in procs])
     got = merged([json.loads(p.communicate()[0]) for p in get_procs])
     wall = time.monotonic() - t0
     b1, p1, n1 = cpu_s(booster_pids), cpu_s([pg_pid]), side.stored()
-    s1, rss = switches(booster_pids), rss_mb(booster_pids)
+    s1 = switches(booster_pids)
     # The floor stores nothing: its figures are per report answered.
     stored = max(n1 - n0 if side.url else reports["codes"].get("OK", 0), 1)
     return Run(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -29,22 +30,24 @@ def _command(kind: str, work: Path) -> tuple[str, ...]:
     return PYTHON_FLOOR
 
 
-@pytest.fixture(params=["python", pytest.param("go", marks=pytest.mark.tools)])
-def floor(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+@contextmanager
+def _serving(command: tuple[str, ...]) -> Iterator[str]:
+    """A floor process listening on a free port, stopped afterwards."""
     target = f"127.0.0.1:{free_port()}"
-    proc = subprocess.Popen(
-        [*_command(request.param, tmp_path), "--listen", target],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proc = subprocess.Popen([*command, "--listen", target], cwd=ROOT, stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "serving"
+        assert proc.stdout.readline().strip() == b"serving"
         yield target
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(params=["python", pytest.param("go", marks=pytest.mark.tools)])
+def floor(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    with _serving(_command(request.param, tmp_path)) as target:
+        yield target
 
 
 def _call(channel: grpc.Channel, method: str, body: bytes) -> bytes:
@@ -67,16 +70,9 @@ def test_the_floor_serves_only_boosters_methods(floor: str) -> None:
 
 
 @pytest.fixture
-def python_floor(tmp_path: Path) -> Iterator[str]:
-    target = f"127.0.0.1:{free_port()}"
-    proc = subprocess.Popen([*PYTHON_FLOOR, "--listen", target], cwd=ROOT, stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == b"serving"
+def python_floor() -> Iterator[str]:
+    with _serving(PYTHON_FLOOR) as target:
         yield target
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_the_stream_floor_answers_each_message_on_one_stream(python_floor: str) -> None:
